@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine:
+#   ./dev.sh run    set everything up (services, venv, database, migrations, demo data), serve :8000
+#   ./dev.sh test   set everything up the same way, then run the whole test suite
+#   ./dev.sh setup  only the set-up part
+# Idempotent: safe to run again and again.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+VENV=.venv
+export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-shop.settings}
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_updated=
+apt_install() {
+  [ -n "$apt_updated" ] || { as_root apt-get update -qq; apt_updated=1; }
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_packages() {
+  local want=()
+  [ -x /usr/sbin/mariadbd ] || command -v mysqld >/dev/null 2>&1 || want+=(mariadb-server)
+  command -v redis-server >/dev/null 2>&1 || want+=(redis-server)
+  pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null \
+    || want+=(libmariadb-dev pkg-config)
+  command -v gcc >/dev/null 2>&1 || want+=(gcc)
+  if [ "${1:-}" = test ]; then
+    command -v chromium >/dev/null 2>&1 || want+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || want+=(chromium-driver)
+  fi
+  if [ ${#want[@]} -gt 0 ]; then say "installing ${want[*]}"; apt_install "${want[@]}"; fi
+}
+
+mysql_ok() { "$VENV/bin/python" - <<'PY' 2>/dev/null
+import MySQLdb
+MySQLdb.connect(host="127.0.0.1", port=3306, user="root", passwd="", connect_timeout=2).close()
+PY
+}
+
+ensure_mariadb() {
+  if mysqladmin --protocol=tcp -h127.0.0.1 -uroot ping >/dev/null 2>&1; then :; else
+    say "starting MariaDB"
+    as_root mkdir -p /run/mysqld && as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
+    as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+    for _ in $(seq 60); do
+      mysqladmin --protocol=tcp -h127.0.0.1 -uroot ping >/dev/null 2>&1 && break
+      mysqladmin -uroot ping >/dev/null 2>&1 && break
+      sleep 0.5
+    done
+  fi
+  # A fresh Debian MariaDB lets root in only through the socket: allow the empty TCP password too.
+  if ! mysql --protocol=tcp -h127.0.0.1 -uroot -e 'SELECT 1' >/dev/null 2>&1; then
+    say "allowing root@127.0.0.1 with an empty password (local development server)"
+    as_root mysql -uroot -e "ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD(''); FLUSH PRIVILEGES;"
+  fi
+}
+
+ensure_redis() {
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    say "starting Redis"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
+    for _ in $(seq 40); do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 0.25; done
+  fi
+}
+
+ensure_venv() {
+  local reqs=$1 stamp
+  [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+  stamp="$VENV/.installed-$(basename "$reqs")-$(cat requirements*.txt | sha1sum | cut -c1-12)"
+  if [ ! -f "$stamp" ]; then
+    say "installing $reqs"
+    "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+    "$VENV/bin/pip" install -q -r "$reqs"
+    touch "$stamp"
+  fi
+}
+
+setup() {
+  local mode=${1:-run}
+  ensure_packages "$mode"
+  ensure_redis
+  ensure_mariadb
+  if [ "$mode" = test ]; then ensure_venv requirements-dev.txt; else ensure_venv requirements.txt; fi
+  "$VENV/bin/python" manage.py createdb
+  "$VENV/bin/python" manage.py migrate --no-input -v 0
+}
+
+case "${1:-}" in
+  run)
+    setup run
+    "$VENV/bin/python" manage.py seed_demo
+    say "serving on http://127.0.0.1:8000 (admin: /admin/, user admin / password admin)"
+    exec "$VENV/bin/python" manage.py runserver 127.0.0.1:8000
+    ;;
+  test)
+    shift
+    setup test
+    exec "$VENV/bin/python" -m pytest "$@"
+    ;;
+  setup)
+    setup "${2:-run}"
+    ;;
+  *)
+    echo "usage: ./dev.sh run | test [pytest args] | setup [run|test]" >&2
+    exit 2
+    ;;
+esac

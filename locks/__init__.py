@@ -1,0 +1,11 @@
+"""Distributed locks on Redis, for Django: fair hand-off, fencing tokens, leases, metrics.
+
+    from locks import Lock, LockTimeout, LockNotOwned, LockUnavailable
+    with Lock("product:42", ttl=10.0, wait=3.0) as held:
+        held.fence, held.remaining()
+"""
+
+from locks.exceptions import LockError, LockLost, LockNotOwned, LockTimeout, LockUnavailable
+from locks.lock import Hold, Lock
+
+__all__ = ["Hold", "Lock", "LockError", "LockLost", "LockNotOwned", "LockTimeout", "LockUnavailable"]

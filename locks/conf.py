@@ -1,0 +1,43 @@
+"""The `LOCKS` setting, with defaults (the DRF `api_settings` idea, without the caching).
+
+Values are read from `settings.LOCKS` on every access, so `override_settings` and tests that
+change the prefix work without a reload hook. The lookups are dict reads: cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # django-redis cache alias whose connection pool the locks use.
+    "CACHE_ALIAS": "default",
+    # Prepended to every key, e.g. "shop:" -> "shop:lock:{product:42}".
+    "KEY_PREFIX": "",
+    # Lease (seconds) when Lock(ttl=...) is not given. A lock always expires.
+    "DEFAULT_TTL": 10.0,
+    # How long acquire waits (seconds) when Lock(wait=...) is not given.
+    "DEFAULT_WAIT": 3.0,
+    # Renewal: extend every ttl * RENEW_FRACTION; never renew past MAX_HOLD seconds in total.
+    "RENEW_FRACTION": 1 / 3,
+    "MAX_HOLD": 60.0,
+    # Metrics kept in Redis (counters and histograms per lock name); one TTL for all of them.
+    "METRICS": True,
+    "METRICS_TTL": 7 * 24 * 3600,
+    # Bounded event log (timeouts, lost locks, force releases, long waits).
+    "EVENT_LOG_SIZE": 1000,
+    "LONG_WAIT": 1.0,
+    # The fence counter outlives the lock by this much; TIME-derived fences cover its loss.
+    "FENCE_TTL": 30 * 24 * 3600,
+}
+
+
+class LockSettings:
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"unknown LOCKS setting {name!r}")
+        return getattr(settings, "LOCKS", {}).get(name, DEFAULTS[name])
+
+
+locks_settings = LockSettings()

@@ -1,0 +1,15 @@
+-- A waiter gives up. If a release handed it the lock in the meantime, it keeps it.
+-- KEYS: lock queue waiters stats
+-- ARGV: token sigprefix metrics_ttl_ms
+-- -> {1, fence} the lock was handed over just in time | {0} removed from the queue
+local lock, queue, waiters, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, sigprefix, metrics_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+redis.call('DEL', sigprefix .. token)
+if redis.call('HGET', lock, 'token') == token then
+  return {1, tonumber(redis.call('HGET', lock, 'fence'))}
+end
+redis.call('LREM', queue, 0, token)
+redis.call('HDEL', waiters, token)
+stat(stats, metrics_ttl, 'timeouts')
+touch_stats(stats, metrics_ttl)
+return {0}

@@ -1,0 +1,143 @@
+"""The one error hierarchy of the shop. Every failure a caller can see is a `ShopError`.
+
+Each class carries a stable `code` (part of the public API: clients switch on it), the HTTP
+status the views map it to, and a `details` dict safe to show to the client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ShopError(Exception):
+    code: str = "shop_error"
+    status: int = 400
+    default_message: str = "The request could not be completed."
+    retry_after: int | None = None
+
+    def __init__(self, message: str | None = None, *, details: dict[str, Any] | None = None) -> None:
+        self.message = message or self.default_message
+        self.details = details or {}
+        super().__init__(self.message)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, details={self.details!r})"
+
+
+# --- input -----------------------------------------------------------------------------------
+class InvalidInput(ShopError):
+    code = "invalid_input"
+    default_message = "The request is not valid."
+
+
+class InvalidQuantity(InvalidInput):
+    code = "invalid_quantity"
+    default_message = "Quantities must be whole numbers from 1 to the per-line maximum."
+
+
+# --- catalog ---------------------------------------------------------------------------------
+class UnknownProduct(ShopError):
+    code = "unknown_product"
+    status = 404
+    default_message = "No such product."
+
+
+class InactiveProduct(ShopError):
+    code = "inactive_product"
+    status = 409
+    default_message = "This product is not on sale."
+
+
+class OutOfStock(ShopError):
+    """Lists every short line: details = {"lines": [{"product_id", "requested", "available"}]}."""
+
+    code = "out_of_stock"
+    status = 409
+    default_message = "Not enough stock."
+
+
+# --- coupons ---------------------------------------------------------------------------------
+class CouponUnknown(ShopError):
+    code = "coupon_unknown"
+    status = 404
+    default_message = "No such coupon."
+
+
+class CouponExpired(ShopError):
+    code = "coupon_expired"
+    status = 409
+    default_message = "This coupon is not valid now."
+
+
+class CouponSoldOut(ShopError):
+    code = "coupon_sold_out"
+    status = 409
+    default_message = "This coupon has been fully claimed."
+
+
+class CouponAlreadyClaimed(ShopError):
+    code = "coupon_already_claimed"
+    status = 409
+    default_message = "You already have this coupon."
+
+
+class CouponNotClaimed(ShopError):
+    code = "coupon_not_claimed"
+    status = 409
+    default_message = "Claim this coupon before using it (or it was already used)."
+
+
+# --- orders ----------------------------------------------------------------------------------
+class OrderNotFound(ShopError):
+    code = "order_not_found"
+    status = 404
+    default_message = "No such order."
+
+
+class OrderNotCancellable(ShopError):
+    code = "order_not_cancellable"
+    status = 409
+    default_message = "This order cannot be cancelled."
+
+
+class IdempotencyConflict(ShopError):
+    code = "idempotency_conflict"
+    status = 422
+    default_message = "This idempotency key was already used for a different order."
+
+
+# --- infrastructure (retryable) --------------------------------------------------------------
+class LockTimeout(ShopError):
+    code = "lock_timeout"
+    status = 503
+    retry_after = 1
+    default_message = "Busy right now, please retry."
+
+
+class LockUnavailable(ShopError):
+    code = "lock_unavailable"
+    status = 503
+    retry_after = 5
+    default_message = "The lock service is unavailable; nothing was written. Please retry."
+
+
+class Conflict(ShopError):
+    """Deadlocks, lock-wait timeouts or stale fences that outlasted the bounded retries."""
+
+    code = "conflict"
+    status = 503
+    retry_after = 1
+    default_message = "Too much contention right now; nothing was written. Please retry."
+
+
+ERRORS_BY_CODE: dict[str, type[ShopError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock,
+        CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed, CouponNotClaimed,
+        OrderNotFound, OrderNotCancellable, IdempotencyConflict, LockTimeout, LockUnavailable, Conflict,
+    )
+}

@@ -1,0 +1,156 @@
+"""The shop's tables. Invariants that must hold under any bug are database constraints.
+
+Stock and coupon counters are only ever changed by guarded UPDATEs in `shop.services`;
+the CHECK constraints below are the last line of defence, not the mechanism.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+
+class Product(models.Model):
+    sku = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    price = models.DecimalField(max_digits=10, decimal_places=2)
+    stock = models.PositiveIntegerField(default=0)
+    # Highest lock fencing token that has written this row; a stale holder's write is refused.
+    fence = models.BigIntegerField(default=0, editable=False)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(stock__gte=0), name="product_stock_not_negative"),
+            models.CheckConstraint(condition=Q(price__gte=0), name="product_price_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.sku})"
+
+    @property
+    def lock_name(self) -> str:
+        return f"product:{self.pk}"
+
+
+class Coupon(models.Model):
+    code = models.CharField(max_length=40, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+    discount = models.DecimalField(max_digits=10, decimal_places=2, help_text="Amount off the order")
+    total = models.PositiveIntegerField(help_text="How many users may claim it")
+    remaining = models.PositiveIntegerField()
+    valid_from = models.DateTimeField(null=True, blank=True)
+    valid_until = models.DateTimeField(null=True, blank=True)
+    active = models.BooleanField(default=True)
+    fence = models.BigIntegerField(default=0, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(remaining__gte=0), name="coupon_remaining_not_negative"),
+            models.CheckConstraint(condition=Q(remaining__lte=F("total")), name="coupon_remaining_le_total"),
+            models.CheckConstraint(condition=Q(discount__gte=0), name="coupon_discount_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return self.code
+
+    @property
+    def lock_name(self) -> str:
+        return f"coupon:{self.pk}"
+
+
+class Order(models.Model):
+    class Status(models.TextChoices):
+        PLACED = "placed", "Placed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PLACED)
+    subtotal = models.DecimalField(max_digits=12, decimal_places=2)
+    discount = models.DecimalField(max_digits=12, decimal_places=2, default=0)
+    total = models.DecimalField(max_digits=12, decimal_places=2)
+    coupon = models.ForeignKey(Coupon, null=True, blank=True, on_delete=models.PROTECT, related_name="orders")
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True)
+    # Digest of (lines, coupon) so a replayed key with a different body is detected.
+    request_digest = models.CharField(max_length=64, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "idempotency_key"], name="order_idempotency_key_per_user"),
+            models.CheckConstraint(condition=Q(total__gte=0), name="order_total_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Order #{self.pk}"
+
+
+class OrderLine(models.Model):
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="lines")
+    product = models.ForeignKey(Product, on_delete=models.PROTECT, related_name="order_lines")
+    quantity = models.PositiveIntegerField()
+    unit_price = models.DecimalField(max_digits=10, decimal_places=2)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(quantity__gt=0), name="orderline_quantity_positive"),
+            models.UniqueConstraint(fields=["order", "product"], name="orderline_one_per_product"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.quantity} × {self.product_id}"
+
+
+class CouponClaim(models.Model):
+    coupon = models.ForeignKey(Coupon, on_delete=models.PROTECT, related_name="claims")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="coupon_claims")
+    order = models.OneToOneField(
+        Order, null=True, blank=True, on_delete=models.SET_NULL, related_name="coupon_claim"
+    )
+    claimed_at = models.DateTimeField(auto_now_add=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["coupon", "user"], name="couponclaim_one_per_user"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.coupon_id} → user {self.user_id}"
+
+
+class StockLedger(models.Model):
+    """Append-only record of every stock movement; its sum per product explains the stock."""
+
+    class Reason(models.TextChoices):
+        ORDER = "order", "Order"
+        CANCEL = "cancel", "Cancel"
+        RESTOCK = "restock", "Restock"
+        ADMIN = "admin", "Admin"
+
+    product = models.ForeignKey(Product, on_delete=models.PROTECT, related_name="ledger")
+    quantity = models.IntegerField(help_text="Signed: negative leaves stock, positive returns it")
+    reason = models.CharField(max_length=16, choices=Reason.choices)
+    order = models.ForeignKey(Order, null=True, blank=True, on_delete=models.PROTECT, related_name="ledger")
+    fence = models.BigIntegerField(null=True, blank=True)
+    actor = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "stock ledger"
+        constraints = [
+            models.CheckConstraint(condition=~Q(quantity=0), name="stockledger_quantity_not_zero"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.product_id} {self.quantity:+d} ({self.reason})"

@@ -1,0 +1,166 @@
+"""Settings, read from the environment with working local defaults.
+
+Every value can be set as an environment variable (or in a `.env` file beside manage.py).
+A mistake fails at start with a message that names the variable, not deep inside a request.
+"""
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env")
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = env.str(name, default=str(default)).strip().lower()
+    if raw in {"1", "true", "yes", "on"}:
+        return True
+    if raw in {"0", "false", "no", "off", ""}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use true or false.")
+
+
+DEBUG = _env_bool("DEBUG", True)
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is false.")
+    SECRET_KEY = "dev-only-insecure-key-do-not-use-in-production"
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "locks",
+    "shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "shop.urls"
+WSGI_APPLICATION = "shop.wsgi.application"
+ASGI_APPLICATION = "shop.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- MySQL / MariaDB -------------------------------------------------------------------------
+DATABASE_URL = env.str("DATABASE_URL", default="mysql://root@127.0.0.1:3306/shop")
+if urlsplit(DATABASE_URL).scheme not in {"mysql", "mysql2"}:
+    raise ImproperlyConfigured(
+        f"DATABASE_URL={DATABASE_URL!r}: this project runs on MySQL/MariaDB only "
+        "(e.g. mysql://root@127.0.0.1:3306/shop); its guarantees rely on InnoDB row locks."
+    )
+try:
+    _db = env.db_url_config(DATABASE_URL)
+except Exception as exc:  # django-environ raises several types for a malformed URL
+    raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r} cannot be parsed: {exc}") from exc
+if not _db.get("NAME"):
+    raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r} names no database (…:3306/shop).")
+# The Redis lock must cover COMMIT, so a request must never be one big transaction.
+_db["ATOMIC_REQUESTS"] = False
+_db["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
+_db.setdefault("OPTIONS", {}).update(
+    {"charset": "utf8mb4", "isolation_level": "read committed", "connect_timeout": 5}
+)
+_db["TEST"] = {
+    "NAME": env.str("TEST_DATABASE_NAME", default=f"test_{_db['NAME']}"),
+    "CHARSET": "utf8mb4",
+    "COLLATION": "utf8mb4_unicode_ci",
+}
+DATABASES = {"default": _db}
+
+# --- Redis (through django-redis, so pools and Sentinel are configured the Django way) -------
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+if urlsplit(REDIS_URL).scheme not in {"redis", "rediss", "unix"}:
+    raise ImproperlyConfigured(
+        f"REDIS_URL={REDIS_URL!r} is not a Redis URL (e.g. redis://127.0.0.1:6379/0)."
+    )
+LOCKS_REDIS_URL = env.str("LOCKS_REDIS_URL", default=REDIS_URL)
+
+
+def _redis_cache(location: str) -> dict:
+    return {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": location,
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            "SOCKET_CONNECT_TIMEOUT": 2,
+            "CONNECTION_POOL_KWARGS": {
+                "max_connections": env.int("REDIS_MAX_CONNECTIONS", default=200),
+                "health_check_interval": 30,
+            },
+        },
+    }
+
+
+CACHES = {
+    "default": _redis_cache(REDIS_URL),
+    # Locks get their own alias: never IGNORE_EXCEPTIONS, never a replica or a shard.
+    "locks": _redis_cache(LOCKS_REDIS_URL),
+}
+
+LOCKS = {
+    "CACHE_ALIAS": "locks",
+    "KEY_PREFIX": env.str("LOCKS_KEY_PREFIX", default=""),
+    "DEFAULT_TTL": env.float("LOCKS_DEFAULT_TTL", default=10.0),
+    "DEFAULT_WAIT": env.float("LOCKS_DEFAULT_WAIT", default=3.0),
+}
+
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "catalog"
+LOGOUT_REDIRECT_URL = "catalog"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+}
