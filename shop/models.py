@@ -75,7 +75,8 @@ class Order(models.Model):
     discount = models.DecimalField(max_digits=12, decimal_places=2, default=0)
     total = models.DecimalField(max_digits=12, decimal_places=2)
     coupon = models.ForeignKey(Coupon, null=True, blank=True, on_delete=models.PROTECT, related_name="orders")
-    idempotency_key = models.CharField(max_length=128, null=True, blank=True)
+    # NULL (not "") when absent: the unique (user, key) constraint must ignore keyless orders.
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     # Digest of (lines, coupon) so a replayed key with a different body is detected.
     request_digest = models.CharField(max_length=64, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -106,7 +107,7 @@ class OrderLine(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.quantity} × {self.product_id}"
+        return f"{self.quantity} x {self.product_id}"
 
 
 class CouponClaim(models.Model):

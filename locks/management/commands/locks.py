@@ -1,0 +1,137 @@
+"""`manage.py locks`: the command-line twin of the admin lock dashboard.
+
+    manage.py locks                      held locks, then per-lock stats
+    manage.py locks --watch 2            the same, refreshed every 2 s (Ctrl-C to stop)
+    manage.py locks events               recent timeouts, lost locks, force releases, long waits
+    manage.py locks release product:42   force-release after confirmation (--yes to skip it)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from locks import inspect
+from locks.exceptions import LockUnavailable
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+class Command(BaseCommand):
+    help = "Show held locks and lock statistics, or force-release a lock."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", nargs="?", default="show", choices=["show", "events", "release"])
+        parser.add_argument("name", nargs="?", help="lock name, for release (e.g. product:42)")
+        parser.add_argument("--prefix", default="", help="only locks whose name starts with this")
+        parser.add_argument("--limit", type=int, default=50, help="rows per table (default 50)")
+        parser.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+        parser.add_argument("--iterations", type=int, default=0, help="with --watch: stop after N refreshes")
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+        parser.add_argument("--yes", action="store_true", help="release without asking")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["limit"] < 1:
+            raise CommandError("--limit must be at least 1")
+        if opts["watch"] is not None and opts["watch"] <= 0:
+            raise CommandError("--watch needs a positive number of seconds")
+        try:
+            if opts["action"] == "release":
+                self._release(opts)
+            elif opts["action"] == "events":
+                self._events(opts)
+            elif opts["watch"]:
+                n = 0
+                while True:
+                    self.stdout.write("\033[2J\033[H" if not opts["json"] else "")
+                    self._show(opts)
+                    n += 1
+                    if opts["iterations"] and n >= opts["iterations"]:
+                        break
+                    time.sleep(opts["watch"])
+            else:
+                self._show(opts)
+        except LockUnavailable as exc:
+            raise CommandError(f"Redis is unreachable: {exc}") from exc
+        except KeyboardInterrupt:
+            pass
+
+    def _show(self, opts: dict[str, Any]) -> None:
+        held = inspect.held_locks(prefix=opts["prefix"], limit=opts["limit"])
+        stats = inspect.lock_stats(prefix=opts["prefix"])
+        total = inspect.totals(stats)
+        if opts["json"]:
+            self.stdout.write(json.dumps({
+                "held": [h.as_dict() for h in held],
+                "stats": [s.as_dict() for s in stats[: opts["limit"]]],
+                "totals": total.as_dict(),
+            }, indent=2))
+            return
+        self.stdout.write(self.style.MIGRATE_HEADING(f"Held locks ({len(held)})"))
+        if held:
+            self.stdout.write(f"{'name':<32} {'owner':<28} {'fence':>18} {'held ms':>9} {'ttl ms':>8} {'waiters':>7}")
+            for h in held:
+                self.stdout.write(
+                    f"{h.name:<32} {h.owner:<28} {h.fence:>18} {h.held_for * 1000:>9.1f} "
+                    f"{h.ttl_left * 1000:>8.0f} {h.waiters:>7}"
+                )
+        else:
+            self.stdout.write("  none")
+        self.stdout.write("")
+        self.stdout.write(self.style.MIGRATE_HEADING(f"Lock stats ({len(stats)} names)"))
+        header = (f"{'name':<32} {'acquired':>9} {'contend%':>8} {'timeouts':>8} {'lost':>5} {'forced':>6} "
+                  f"{'wait p50':>9} {'wait p99':>9} {'hold p50':>9} {'hold p99':>9}")
+        self.stdout.write(header + "   (times in ms)")
+        for s in [*stats[: opts["limit"]], total] if stats else []:
+            q = s.quantiles()
+            c = s.counters
+            self.stdout.write(
+                f"{s.name:<32} {c.get('acquired', 0):>9} {s.contention * 100:>7.1f}% {c.get('timeouts', 0):>8} "
+                f"{c.get('lost', 0):>5} {c.get('force_released', 0):>6} {_ms(q['wait_p50']):>9} "
+                f"{_ms(q['wait_p99']):>9} {_ms(q['hold_p50']):>9} {_ms(q['hold_p99']):>9}"
+            )
+        if not stats:
+            self.stdout.write("  none")
+
+    def _events(self, opts: dict[str, Any]) -> None:
+        events = inspect.recent_events(limit=opts["limit"])
+        if opts["json"]:
+            self.stdout.write(json.dumps(events, indent=2))
+            return
+        for e in events:
+            at = time.strftime("%H:%M:%S", time.localtime(e["at"]))
+            extra = " ".join(f"{k}={v}" for k, v in e.items() if k not in {"at", "kind", "name"})
+            self.stdout.write(f"{at} {e['kind']:<14} {e['name']:<32} {extra}")
+        if not events:
+            self.stdout.write("no events")
+
+    def _release(self, opts: dict[str, Any]) -> None:
+        name = opts["name"]
+        if not name:
+            raise CommandError("usage: manage.py locks release NAME [--yes]")
+        try:
+            info = inspect.lock_info(name)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        if info is None:
+            raise CommandError(f"lock {name!r} is not held")
+        if not opts["yes"]:
+            self.stdout.write(
+                f"{name} is held by {info.owner} (fence {info.fence}) for {info.held_for:.1f}s, "
+                f"{info.ttl_left:.1f}s left, {info.waiters} waiting."
+            )
+            answer = input("Force-release it? The holder's later writes will be refused. [y/N] ")
+            if answer.strip().lower() not in {"y", "yes"}:
+                raise CommandError("not released")
+        released = inspect.force_release(name, actor="manage.py locks release")
+        if released is None:
+            self.stdout.write(f"{name} was released before we got to it")
+        else:
+            self.stdout.write(self.style.SUCCESS(
+                f"released {name} (was {released.owner}, fence {released.fence}); next waiter woken"
+            ))
