@@ -1,0 +1,125 @@
+"""Waiting hands off without polling, never strands a waiter, and honours `wait` (point 3)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import pytest
+
+import locks.lock as lock_module
+from locks import Lock, LockTimeout
+from locks.keys import LockKeys
+from tests.locks.conftest import FORK
+
+
+def _wait_and_report(name, ready, queue, delay_before_blpop=0.0):
+    if delay_before_blpop:
+        original = lock_module._wait_for_signal
+
+        def late(*args, **kwargs):
+            # The release lands here: after our failed attempt, before we start waiting.
+            time.sleep(delay_before_blpop)
+            return original(*args, **kwargs)
+
+        lock_module._wait_for_signal = late
+    lock = Lock(name, ttl=10.0, wait=10.0)
+    ready.set()
+    with lock as held:
+        queue.put((time.monotonic(), held.fence, held.waited))
+
+
+def _start_waiter(name, **kwargs):
+    ready, queue = FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_wait_and_report, args=(name, ready, queue), kwargs=kwargs)
+    proc.start()
+    assert ready.wait(10)
+    return proc, queue
+
+
+def _wait_until_queued(name, redis_client, n=1):
+    key = LockKeys.for_name(name).queue
+    for _ in range(500):
+        if redis_client.llen(key) >= n:
+            return
+        time.sleep(0.005)
+    raise AssertionError("waiter never queued")
+
+
+def test_a_waiter_in_another_process_acquires_within_milliseconds_of_release(name, redis_client):
+    delays = []
+    for i in range(8):
+        lock = Lock(f"{name}-{i}", ttl=10.0)
+        lock.acquire()
+        proc, queue = _start_waiter(f"{name}-{i}")
+        _wait_until_queued(f"{name}-{i}", redis_client)
+        released_at = time.monotonic()
+        lock.release()
+        acquired_at, _, _ = queue.get(timeout=10)
+        proc.join(10)
+        delays.append(acquired_at - released_at)
+    # Polling at redis-py's 0.1 s would put the median near 50 ms; a hand-off wakes at once.
+    assert statistics.median(delays) < 0.025, delays
+    assert max(delays) < 0.09, delays
+
+
+def test_a_release_before_the_waiter_blocks_does_not_strand_it(name, redis_client):
+    lock = Lock(name, ttl=10.0)
+    lock.acquire()
+    proc, queue = _start_waiter(name, delay_before_blpop=0.5)
+    _wait_until_queued(name, redis_client)
+    released_at = time.monotonic()
+    lock.release()  # the waiter is between its failed attempt and its BLPOP
+    acquired_at, fence, _ = queue.get(timeout=15)
+    proc.join(10)
+    # It finds the hand-off as soon as it looks (~0.5 s), long before the 10 s lease would end.
+    assert acquired_at - released_at < 1.5
+
+
+def _crash_while_holding(name, ttl):
+    Lock(name, ttl=ttl).acquire()
+    os._exit(0)  # no release, no cleanup: the lease is all that is left
+
+
+def test_a_crashed_holders_lock_frees_itself_at_its_ttl(name):
+    proc = FORK.Process(target=_crash_while_holding, args=(name, 0.5))
+    proc.start()
+    proc.join(10)
+    started = time.monotonic()
+    with Lock(name, wait=5.0):
+        waited = time.monotonic() - started
+    assert waited < 1.5  # the lease (0.5 s) plus scheduling, not the 5 s wait
+
+
+@pytest.mark.parametrize("wait", [0.05, 0.3, 1.0])
+def test_wait_is_honoured_without_oversleeping(name, wait):
+    with Lock(name, ttl=10.0):
+        started = time.monotonic()
+        with pytest.raises(LockTimeout):
+            Lock(name, wait=wait).__enter__()
+        elapsed = time.monotonic() - started
+    assert wait <= elapsed < wait + 0.06
+
+
+def test_a_timed_out_waiter_leaves_the_queue(name, redis_client):
+    keys = LockKeys.for_name(name)
+    with Lock(name, ttl=10.0):
+        assert not Lock(name, wait=0.1).acquire()
+        assert redis_client.llen(keys.queue) == 0
+        assert redis_client.hlen(keys.waiters) == 0
+
+
+def test_waiters_are_served_in_arrival_order(name, redis_client):
+    holder = Lock(name, ttl=10.0)
+    holder.acquire()
+    procs = []
+    for i in range(4):
+        procs.append(_start_waiter(name))
+        _wait_until_queued(name, redis_client, i + 1)
+    holder.release()
+    results = [q.get(timeout=10) for _, q in procs]
+    for p, _ in procs:
+        p.join(10)
+    fences = [fence for _, fence, _ in results]
+    assert fences == sorted(fences)  # first queued, first served: fences in arrival order
