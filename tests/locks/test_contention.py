@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -47,7 +48,7 @@ def test_read_sleep_write_counter_is_exact_and_holds_never_overlap(name, redis_c
     results = _contend(name, counter, processes=8, duration=2.0)
     intervals = sorted(i for r in results for i in r)
     assert int(redis_client.get(counter)) == len(intervals) > 50
-    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(intervals):
         assert start >= end, "two holders were inside the lock at once"
     redis_client.delete(counter)
 

@@ -118,9 +118,8 @@ def test_extend_without_holding_raises(name):
 
 def test_context_manager_does_not_run_the_body_when_not_acquired(name):
     ran = False
-    with Lock(name, ttl=5.0):
-        with pytest.raises(LockTimeout) as err, Lock(name, wait=0.05):
-            ran = True
+    with Lock(name, ttl=5.0), pytest.raises(LockTimeout) as err, Lock(name, wait=0.05):
+        ran = True
     assert not ran
     assert err.value.name == name
 

@@ -71,7 +71,7 @@ def test_a_release_before_the_waiter_blocks_does_not_strand_it(name, redis_clien
     _wait_until_queued(name, redis_client)
     released_at = time.monotonic()
     lock.release()  # the waiter is between its failed attempt and its BLPOP
-    acquired_at, fence, _ = queue.get(timeout=15)
+    acquired_at, _, _ = queue.get(timeout=15)
     proc.join(10)
     # It finds the hand-off as soon as it looks (~0.5 s), long before the 10 s lease would end.
     assert acquired_at - released_at < 1.5
