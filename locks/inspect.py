@@ -144,13 +144,21 @@ def lock_info(name: str, *, client: Redis | None = None) -> HeldLock | None:
 
 
 def _parse_stats(name: str, raw: dict[bytes, bytes]) -> LockStats:
+    """The scripts store only what cannot be derived; the rest is computed here.
+
+    Only contended acquisitions are put in a wait bucket (an uncontended one waited 0), and
+    every finished hold is in a hold bucket, so `released` = holds - force releases.
+    """
     fields = {k: int(v) for k, v in _decode(raw).items()}
-    return LockStats(
-        name=name,
-        counters={c: fields.get(c, 0) for c in COUNTERS},
-        wait=histogram.parse(fields, "w"),
-        hold=histogram.parse(fields, "h"),
-    )
+    counters = {c: fields.get(c, 0) for c in COUNTERS}
+    wait = histogram.parse(fields, "w")
+    hold = histogram.parse(fields, "h")
+    uncontended = counters["acquired"] - sum(wait.values())
+    if uncontended > 0:
+        wait[0] = wait.get(0, 0) + uncontended
+    counters["released"] = max(0, sum(hold.values()) - counters["force_released"])
+    counters["handoffs"] = counters["contended"]
+    return LockStats(name=name, counters=counters, wait=wait, hold=hold)
 
 
 def lock_stats(*, prefix: str = "", client: Redis | None = None) -> list[LockStats]:

@@ -26,9 +26,8 @@ if not held[1] then
       stat(stats, metrics_ttl, 'contended')
     end
     local f = grant(lock, fencek, fence_ttl, token, ttl, owner, waited)
-    stat(stats, metrics_ttl, 'acquired')
-    stat(stats, metrics_ttl, 'w' .. bucket(waited))
-    touch_stats(stats, metrics_ttl)
+    count_acquired(stats, metrics_ttl)
+    if head then stat(stats, metrics_ttl, 'w' .. bucket(waited)) end
     return {1, f, NOW_MS, NOW_MS}
   end
   -- Free, but others queued first (their holder expired or was forced out): serve them first.

@@ -4,7 +4,8 @@
 --   fence  = <p>lock:{name}:fence    last fencing token issued (outlives the lock)
 --   queue  = <p>lock:{name}:queue    FIFO list of waiting tokens
 --   wait   = <p>lock:{name}:waiters  hash: token -> "deadline_ms|ttl_ms|enqueued_us|owner"
---   stats  = <p>lockstats:{name}     hash: counters and log2 histogram buckets
+--   stats  = <p>lockstats:{name}     hash: counters and log2 histogram buckets (w<b> for waits
+--            of contended acquisitions: an uncontended one waited 0; h<b> for finished holds)
 --   signal = <p>lock:{name}:signal:<token>  per-waiter list the waiter BLPOPs
 local T = redis.call('TIME')
 local NOW_US = tonumber(T[1]) * 1000000 + tonumber(T[2])
@@ -21,6 +22,13 @@ end
 local function stat(stats, metrics_ttl, field, by)
   if metrics_ttl > 0 then
     redis.call('HINCRBY', stats, field, by or 1)
+  end
+end
+
+-- Count an acquisition; give the stats hash its TTL when this is its first one.
+local function count_acquired(stats, metrics_ttl)
+  if metrics_ttl > 0 and redis.call('HINCRBY', stats, 'acquired', 1) == 1 then
+    redis.call('PEXPIRE', stats, metrics_ttl)
   end
 end
 
@@ -72,13 +80,11 @@ local function hand_off(lock, fencek, fence_ttl, queue, waiters, stats, metrics_
   redis.call('PEXPIRE', sig, math.max(tonumber(deadline) - NOW_MS, 0) + 10000)
   stat(stats, metrics_ttl, 'acquired')
   stat(stats, metrics_ttl, 'contended')
-  stat(stats, metrics_ttl, 'handoffs')
   stat(stats, metrics_ttl, 'w' .. bucket(waited))
   return f
 end
 
 -- Count a finished hold (release or force release) in the hold-time histogram.
-local function count_hold(lock, stats, metrics_ttl)
-  local since = tonumber(redis.call('HGET', lock, 'since_us') or NOW_US)
-  stat(stats, metrics_ttl, 'h' .. bucket(NOW_US - since))
+local function count_hold(since_us, stats, metrics_ttl)
+  stat(stats, metrics_ttl, 'h' .. bucket(NOW_US - tonumber(since_us or NOW_US)))
 end

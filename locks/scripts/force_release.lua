@@ -6,7 +6,7 @@ local lock, fencek, queue, waiters, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], 
 local sigprefix, fence_ttl, metrics_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local held = redis.call('HMGET', lock, 'owner', 'fence', 'since_us', 'token')
 if not held[4] then return {} end
-count_hold(lock, stats, metrics_ttl)
+count_hold(held[3], stats, metrics_ttl)
 stat(stats, metrics_ttl, 'force_released')
 redis.call('DEL', lock)
 local head = purge(queue, waiters)

@@ -4,13 +4,13 @@
 local lock, fencek, queue, waiters, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, sigprefix, fence_ttl, metrics_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 
-if redis.call('HGET', lock, 'token') ~= token then
+local held = redis.call('HMGET', lock, 'token', 'since_us')
+if held[1] ~= token then
   stat(stats, metrics_ttl, 'lost')
   touch_stats(stats, metrics_ttl)
   return 0
 end
-count_hold(lock, stats, metrics_ttl)
-stat(stats, metrics_ttl, 'released')
+count_hold(held[2], stats, metrics_ttl)
 redis.call('DEL', lock)
 local head = purge(queue, waiters)
 if head then
