@@ -1,0 +1,13 @@
+# The web app for docker-compose (users' laptops). Tests never need Docker.
+FROM python:3.11-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc pkg-config default-libmysqlclient-dev curl \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY requirements.txt requirements-bench.txt ./
+RUN pip install --no-cache-dir -r requirements-bench.txt
+COPY . .
+ENV DJANGO_SETTINGS_MODULE=shop.settings PYTHONUNBUFFERED=1
+RUN DEBUG=false SECRET_KEY=build-only python manage.py collectstatic --no-input -v 0
+EXPOSE 8000
+CMD ["sh", "-c", "python manage.py migrate --no-input && python manage.py seed_demo && gunicorn shop.wsgi --bind 0.0.0.0:8000 --workers ${WEB_WORKERS:-4} --access-logfile -"]
