@@ -1,0 +1,120 @@
+"""The rows a load-test run creates, tagged with its run id, and their removal.
+
+Users are "lt-<run id>-<n>", products "lt-<run id>-p<n>", the coupon "LT-<RUN ID>". Everything
+a run wrote (orders, lines, ledger rows, claims, lock rows and lock keys) is found again
+through those tags, so cleanup never touches anyone else's data.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django_redis import get_redis_connection
+
+from locks.conf import locks_settings
+from locks.keys import LockKeys
+from shop.models import Coupon, CouponClaim, DbLock, Order, OrderLine, Product, StockLedger
+
+PREFIX = "lt-"
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(3)
+
+
+@dataclass
+class Workload:
+    run_id: str
+    product_ids: list[int]
+    initial_stock: dict[int, int]
+    prices: dict[int, Decimal]
+    user_ids: list[int]
+    coupon_id: int | None = None
+    coupon_code: str | None = None
+    coupon_total: int | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def tag(self) -> str:
+        return f"{PREFIX}{self.run_id}-"
+
+
+def create(run_id: str, *, products: int, stock: int, users: int, price: Decimal = Decimal("9.99"),
+           coupon_total: int | None = None, coupon_discount: Decimal = Decimal("1.00")) -> Workload:
+    """Create the run's products, users and (optionally) a coupon, in one transaction."""
+    tag = f"{PREFIX}{run_id}-"
+    User = get_user_model()
+    with transaction.atomic():
+        Product.objects.bulk_create(
+            Product(sku=f"{tag}p{i}", name=f"Load test {run_id} #{i}", price=price, stock=stock)
+            for i in range(products)
+        )
+        # "!" is Django's unusable-password marker: these accounts can never log in.
+        User.objects.bulk_create(User(username=f"{tag}{n}", password="!") for n in range(users))
+        coupon = None
+        if coupon_total is not None:
+            coupon = Coupon.objects.create(code=f"LT-{run_id}".upper(), discount=coupon_discount,
+                                           total=coupon_total, remaining=coupon_total)
+    rows = list(Product.objects.filter(sku__startswith=tag).values_list("pk", "stock", "price"))
+    return Workload(
+        run_id=run_id,
+        product_ids=[pk for pk, _, _ in rows],
+        initial_stock={pk: s for pk, s, _ in rows},
+        prices={pk: p for pk, _, p in rows},
+        user_ids=list(User.objects.filter(username__startswith=tag).order_by("pk").values_list("pk", flat=True)),
+        coupon_id=coupon.pk if coupon else None,
+        coupon_code=coupon.code if coupon else None,
+        coupon_total=coupon_total,
+    )
+
+
+def lock_names(workload: Workload) -> list[str]:
+    """Names the service locks for this workload (see `Product.lock_name`, `Coupon.lock_name`)."""
+    names = [f"product:{pk}" for pk in workload.product_ids]
+    if workload.coupon_id is not None:
+        names.append(f"coupon:{workload.coupon_id}")
+    return names
+
+
+def redis_keys(workload: Workload) -> dict[str, list[str]]:
+    """Per cache alias, every Redis key the strategies may have left for this workload."""
+    db = connection.settings_dict["NAME"]
+    peers = []
+    for pk in workload.product_ids:
+        name = f"lt:{db}:product:{pk}"
+        peers += [f":1:{name}", f"lock:{name}", f"lock-signal:{name}"]  # redis-py, python-redis-lock
+    ours = [k for name in lock_names(workload) for k in LockKeys.for_name(name).all()]
+    return {"default": peers, locks_settings.CACHE_ALIAS: ours}
+
+
+def cleanup(workload: Workload) -> None:
+    """Delete everything the run created or wrote. Set-based deletes: fast for 100k orders."""
+    tag = workload.tag
+    User = get_user_model()
+    users = User.objects.filter(username__startswith=tag)
+    products = Product.objects.filter(sku__startswith=tag)
+    with transaction.atomic():
+        StockLedger.objects.filter(product__in=products).delete()
+        StockLedger.objects.filter(order__user__in=users).delete()
+        CouponClaim.objects.filter(user__in=users).delete()
+        OrderLine.objects.filter(order__user__in=users).delete()
+        with connection.cursor() as cursor:  # raw: the ORM would load every order to cascade
+            cursor.execute(
+                f"DELETE FROM {Order._meta.db_table} WHERE user_id IN "
+                f"(SELECT id FROM {User._meta.db_table} WHERE username LIKE %s)",
+                [tag + "%"],  # tags are hex and dashes: nothing to escape
+            )
+        DbLock.objects.filter(name__in=[f"lt:{connection.settings_dict['NAME']}:product:{pk}"
+                                        for pk in workload.product_ids]).delete()
+        products.delete()
+        if workload.coupon_id is not None:
+            Coupon.objects.filter(pk=workload.coupon_id).delete()
+        users.delete()
+    for alias, keys in redis_keys(workload).items():
+        client = get_redis_connection(alias)
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
