@@ -28,6 +28,10 @@ DEFAULTS: dict[str, Any] = {
     # Bounded event log (timeouts, lost locks, force releases, long waits).
     "EVENT_LOG_SIZE": 1000,
     "LONG_WAIT": 1.0,
+    # Failover safety (Redisson's checkLockSyncedSlaves): after taking a lock, WAIT until this
+    # many replicas have it, or give it back and raise LockUnavailable. 0 = don't wait.
+    "WAIT_REPLICAS": 0,
+    "WAIT_REPLICAS_TIMEOUT": 0.5,
     # The fence counter outlives the lock by this much; TIME-derived fences cover its loss.
     "FENCE_TTL": 30 * 24 * 3600,
 }

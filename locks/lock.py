@@ -23,6 +23,7 @@ the resource (`UPDATE ... WHERE fence < :fence`), is what makes a late writer ha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -84,7 +85,12 @@ def current_holder() -> HolderKey:
     return (os.getpid(), _serial_of(_thread_serials, threading.current_thread()), task_serial)
 
 
-def _wait_for_signal(client: Redis, key: str, block: float, *, final: bool) -> bytes | None:
+class ReplicasLagging(Exception):
+    """WAIT_REPLICAS is set and too few replicas acknowledged the lock write in time."""
+
+
+def _wait_for_signal(client: Redis, key: str, block: float, *, final: bool,
+                     wait_replicas: tuple[int, int] | None = None) -> bytes | None:
     """BLPOP our own signal list for up to `block` seconds; the popped payload, or None.
 
     Redis checks blocking timeouts from its cron (10 times a second by default), so a BLPOP
@@ -100,6 +106,14 @@ def _wait_for_signal(client: Redis, key: str, block: float, *, final: bool) -> b
             conn.disconnect()
             return None
         reply = conn.read_response()
+        if reply and wait_replicas is not None:
+            # Our BLPOP came after the releaser's grant, so WAIT on this connection covers it.
+            conn.send_command("WAIT", *wait_replicas)
+            acked = conn.read_response()
+            if acked < wait_replicas[0]:
+                raise ReplicasLagging(f"only {acked} of {wait_replicas[0]} replicas acknowledged the hand-off")
+    except ReplicasLagging:
+        raise
     except BaseException:
         conn.disconnect()
         raise
@@ -305,7 +319,6 @@ class Lock:
         owner = f"{_HOST}:{os.getpid()}"
         client = self.client
         keys = self.keys
-        acquire = script("acquire")
         key_list = [keys.lock, keys.fence, keys.queue, keys.waiters, keys.stats]
         fence_ttl, metrics_ttl = self._fence_ttl_ms(), self._metrics_ttl_ms()
         signal = keys.signal(token)
@@ -314,12 +327,8 @@ class Lock:
             while True:
                 sent = time.monotonic()
                 left_ms = int((deadline - sent) * 1000) if blocking else 0
-                acquired, value, now_ms, since_ms = acquire(
-                    keys=key_list,
-                    args=[token, self.ttl_ms, owner, max(left_ms, 0), keys.signal_prefix,
-                          fence_ttl, metrics_ttl],
-                    client=client,
-                )
+                args = [token, self.ttl_ms, owner, max(left_ms, 0), keys.signal_prefix, fence_ttl, metrics_ttl]
+                acquired, value, now_ms, since_ms = self._run_acquire(client, key_list, args)
                 if acquired:
                     lease_start = sent + (int(since_ms) - int(now_ms)) / 1000
                     return self._new_hold(holder, token, int(value), lease_start, started)
@@ -332,7 +341,8 @@ class Lock:
                 block = min(deadline - time.monotonic(), pttl + 0.002)
                 if block <= 0:
                     break
-                popped = _wait_for_signal(client, signal, block, final=deadline - time.monotonic() <= block)
+                popped = _wait_for_signal(client, signal, block, final=deadline - time.monotonic() <= block,
+                                          wait_replicas=self._wait_replicas())
                 if popped is not None:
                     fence_s, granted_ms = popped.decode().split("|")
                     # The lease began when the releaser granted it (Redis clock). Map that to our
@@ -341,20 +351,63 @@ class Lock:
                     return self._new_hold(holder, token, int(fence_s), min(lease_start, time.monotonic()),
                                           started)
             if queued:
-                got = script("cancel")(
-                    keys=[keys.lock, keys.queue, keys.waiters, keys.stats],
-                    args=[token, keys.signal_prefix, metrics_ttl],
-                    client=client,
-                )
-                if got[0]:
+                sent = time.monotonic()
+                got = self._cancel(client, token, metrics_ttl)
+                if got is not None:
                     # Handed over at the very last moment: it is ours; don't strand it.
-                    return self._new_hold(holder, token, int(got[1]), time.monotonic() - 0.002, started)
-        except _UNREACHABLE as exc:
-            raise LockUnavailable(f"Redis unreachable: {exc}", name=self.name) from exc
+                    fence, now_ms, since_ms = got
+                    return self._new_hold(holder, token, fence, sent + (since_ms - now_ms) / 1000, started)
+        except ReplicasLagging as exc:
+            self._release_token(client, token)
+            raise LockUnavailable(str(exc), name=self.name) from exc
+        except BaseException as exc:
+            # Interrupted (Ctrl-C, a timeout around us, Redis gone) while queued: leave the queue,
+            # and if a hand-off raced in, give the lock straight back instead of stranding it.
+            if queued:
+                with contextlib.suppress(Exception):
+                    if self._cancel(client, token, metrics_ttl) is not None:
+                        self._release_token(client, token)
+            if isinstance(exc, _UNREACHABLE):
+                raise LockUnavailable(f"Redis unreachable: {exc}", name=self.name) from exc
+            raise
         waited = time.monotonic() - started
         if blocking:
             events.record_event(client, events.TIMEOUT, self.name, waited=round(waited, 4), owner=owner)
         raise LockTimeout(f"not acquired within {wait:g}s", name=self.name)
+
+    def _wait_replicas(self) -> tuple[int, int] | None:
+        n = int(locks_settings.WAIT_REPLICAS)
+        return (n, int(locks_settings.WAIT_REPLICAS_TIMEOUT * 1000)) if n > 0 else None
+
+    def _run_acquire(self, client: Redis, key_list: list[str], args: list) -> list:
+        """The acquire script; with WAIT_REPLICAS, pipelined with WAIT on the same connection."""
+        replicas = self._wait_replicas()
+        if replicas is None:
+            return script("acquire")(keys=key_list, args=args, client=client)
+        pipe = client.pipeline(transaction=False)
+        script("acquire")(keys=key_list, args=args, client=pipe)
+        pipe.execute_command("WAIT", *replicas)
+        reply, acked = pipe.execute()
+        if reply[0] and acked < replicas[0]:
+            raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
+        return reply
+
+    def _cancel(self, client: Redis, token: str, metrics_ttl: int) -> tuple[int, int, int] | None:
+        keys = self.keys
+        got = script("cancel")(
+            keys=[keys.lock, keys.queue, keys.waiters, keys.stats],
+            args=[token, keys.signal_prefix, metrics_ttl],
+            client=client,
+        )
+        return (int(got[1]), int(got[2]), int(got[3])) if got[0] else None
+
+    def _release_token(self, client: Redis, token: str) -> bool:
+        keys = self.keys
+        return bool(script("release")(
+            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.stats],
+            args=[token, keys.signal_prefix, self._fence_ttl_ms(), self._metrics_ttl_ms()],
+            client=client,
+        ))
 
     def _new_hold(self, holder: HolderKey, token: str, fence: int, lease_start: float, started: float) -> Hold:
         now = time.monotonic()
@@ -402,13 +455,8 @@ class Lock:
             hold.count -= 1
             return
         self._forget(hold)
-        keys = self.keys
         try:
-            released = script("release")(
-                keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.stats],
-                args=[hold.token, keys.signal_prefix, self._fence_ttl_ms(), self._metrics_ttl_ms()],
-                client=self.client,
-            )
+            released = self._release_token(self.client, hold.token)
         except _UNREACHABLE as exc:
             raise LockUnavailable(f"Redis unreachable during release: {exc}", name=self.name) from exc
         if not released:

@@ -1,12 +1,13 @@
 -- A waiter gives up. If a release handed it the lock in the meantime, it keeps it.
 -- KEYS: lock queue waiters stats
 -- ARGV: token sigprefix metrics_ttl_ms
--- -> {1, fence} the lock was handed over just in time | {0} removed from the queue
+-- -> {1, fence, now_ms, since_ms} the lock was handed over just in time | {0} removed from the queue
 local lock, queue, waiters, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, sigprefix, metrics_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 redis.call('DEL', sigprefix .. token)
-if redis.call('HGET', lock, 'token') == token then
-  return {1, tonumber(redis.call('HGET', lock, 'fence'))}
+local held = redis.call('HMGET', lock, 'token', 'fence', 'since_us')
+if held[1] == token then
+  return {1, tonumber(held[2]), NOW_MS, math.floor(tonumber(held[3]) / 1000)}
 end
 redis.call('LREM', queue, 0, token)
 redis.call('HDEL', waiters, token)
