@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shop.loadtest.runner import PhaseRun, Record, RunResult
+from shop.loadtest.runner import PhaseRun, Progress, Record, RunResult
 from shop.loadtest.strategies import BUSY, ERROR, OUT_OF_STOCK, OUTCOMES, PLACED, REJECTED
 
 PLACED_I, OUT_OF_STOCK_I, REJECTED_I = OUTCOMES.index(PLACED), OUTCOMES.index(OUT_OF_STOCK), OUTCOMES.index(REJECTED)
@@ -150,6 +151,45 @@ def run_table(summaries: Sequence[Summary]) -> str:
     if any(s.counts[REJECTED] for s in summaries):
         text += "\n(errors include refusals other than out of stock, e.g. coupon sold out)"
     return text
+
+
+# --- progress -----------------------------------------------------------------------------
+class ProgressLine:
+    """One self-rewriting line on stderr (a plain line every few seconds when stderr is not a terminal)."""
+
+    WIDTH = 24
+
+    def __init__(self, out: Any, label: str) -> None:
+        """`out`: a management command's OutputWrapper (write(text, ending=...), flush(), isatty())."""
+        self.out, self.label = out, label
+        self.tty = out.isatty()
+        self.last_plain = 0.0
+        self.text = ""
+
+    def __call__(self, p: Progress) -> None:
+        target = p.phase.requests
+        fraction = p.done / target if target else p.elapsed / p.phase.duration if p.phase.duration else 0.0
+        bar = "#" * int(min(1.0, fraction) * self.WIDTH)
+        c = p.counts
+        text = (f"{self.label} {p.phase.name:<8} [{bar:<{self.WIDTH}}] {p.done:>7,} req  "
+                f"placed {c['placed']:,}  out_of_stock {c['out_of_stock']:,}  busy {c['busy']:,}  "
+                f"errors {c['error'] + c['rejected']:,}  {p.elapsed:5.1f}s")
+        self.text = text
+        if self.tty:
+            self.out.write("\r" + text + "\033[K", ending="")
+            self.out.flush()
+        elif time.monotonic() - self.last_plain > 5:
+            self.out.write(text)
+            self.last_plain = time.monotonic()
+
+    def done(self) -> None:
+        """Clear the line (terminal) or print the final state (log)."""
+        if self.tty:
+            self.out.write("\r\033[K", ending="")
+            self.out.flush()
+        elif self.text:
+            self.out.write(self.text)
+        self.text, self.last_plain = "", 0.0
 
 
 # --- comparisons ----------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class Plan:
     quantity: tuple[int, int] = (1, 1)
     lines_per_order: int = 1
     lock_names: list[str] = field(default_factory=list)  # the service's lock names, for its stats
+    users_in_order: bool = False  # request k is made by user k mod users (each user in turn), not at random
     seed: int = 0
 
 
@@ -123,10 +124,11 @@ def server_counters(lock_names: list[str]) -> dict[str, int]:
 
 
 # --- the worker -----------------------------------------------------------------------------
-def _pick(rng: random.Random, plan: Plan) -> tuple[int, list[tuple[int, int]]]:
-    products = rng.sample(plan.product_ids, plan.lines_per_order)
+def _pick(rng: random.Random, plan: Plan, ticket: int) -> tuple[int, list[tuple[int, int]]]:
+    products = rng.sample(plan.product_ids, plan.lines_per_order) if plan.product_ids else []
     lines = sorted((pid, rng.randint(*plan.quantity)) for pid in products)
-    return rng.choice(plan.user_ids), lines
+    user = plan.user_ids[ticket % len(plan.user_ids)] if plan.users_in_order else rng.choice(plan.user_ids)
+    return user, lines
 
 
 def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) -> None:
@@ -148,13 +150,15 @@ def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) 
                 barrier.wait(timeout=STALL_TIMEOUT)
                 records: list[Record] = []
                 deadline = time.monotonic() + (phase.duration if phase.duration is not None else phase.max_duration)
+                ticket = index
                 while time.monotonic() < deadline:
                     if phase.requests is not None:
                         with issued.get_lock():
-                            if issued.value >= phase.requests:
+                            ticket = issued.value
+                            if ticket >= phase.requests:
                                 break
                             issued.value += 1
-                    user_id, lines = _pick(rng, plan)
+                    user_id, lines = _pick(rng, plan, ticket)
                     q0, a0 = queries, strategy.acquisitions
                     start = time.monotonic()
                     try:
@@ -174,6 +178,7 @@ def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) 
                         out.order_ids.append(order_id)
                     if phase.until_sold_out and outcome == strategies.OUT_OF_STOCK:
                         break
+                    ticket += plan.processes  # used when timed: tickets interleave across workers
                 out.phases.append(records)
                 with finished.get_lock():
                     finished.value += 1
@@ -253,7 +258,7 @@ def run(plan: Plan, progress: Callable[[Progress], None] | None = None, interval
     """Fork `plan.processes` workers, run every phase, and collect their records."""
     if plan.processes < 1:
         raise ValueError("at least one process")
-    if not 1 <= plan.lines_per_order <= len(plan.product_ids):
+    if plan.product_ids and not 1 <= plan.lines_per_order <= len(plan.product_ids):
         raise ValueError("lines per order must be between 1 and the number of products")
     connections.close_all()  # never share a MySQL socket with the children
     workers = _Workers(plan)

@@ -350,12 +350,16 @@ class Ours(Strategy):
         self.users: dict[int, object] = {}
         self.user_model = get_user_model()
 
-    def place(self, user_id: int, lines: Lines) -> Result:
-        from shop.errors import ShopError
-
+    def user(self, user_id: int) -> object:
         user = self.users.get(user_id)
         if user is None:
             user = self.users[user_id] = self.user_model.objects.get(pk=user_id)
+        return user
+
+    def place(self, user_id: int, lines: Lines) -> Result:
+        from shop.errors import ShopError
+
+        user = self.user(user_id)
         kwargs = {} if self.options.lock else {"use_lock": False}
         try:
             order = self.services.place_order(user=user, lines=lines, coupon_code=self.options.coupon_code,
@@ -363,6 +367,33 @@ class Ours(Strategy):
         except ShopError as exc:
             return outcome_of_code(exc.code), None
         return PLACED, order.pk
+
+
+class ClaimCoupon(Strategy):
+    """Not a checkout strategy: `shop.services.claim_coupon` for the coupon storm (lines ignored).
+
+    Outcomes: claimed = PLACED (the id returned is the claim's), coupon sold out = OUT_OF_STOCK,
+    already claimed = REJECTED.
+    """
+
+    name = "claim_coupon"
+    label = "ours (shop.services.claim_coupon)"
+    uses_lock = True
+
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        self.ours = Ours(options)
+
+    def place(self, user_id: int, lines: Lines) -> Result:
+        from shop.errors import ShopError
+
+        try:
+            claim = self.ours.services.claim_coupon(user=self.ours.user(user_id), code=self.options.coupon_code)
+        except ShopError as exc:
+            if exc.code == "coupon_sold_out":
+                return OUT_OF_STOCK, None
+            return outcome_of_code(exc.code), None
+        return PLACED, claim.pk
 
 
 class Http(Strategy):
@@ -404,8 +435,8 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def get(name: str) -> type[Strategy]:
-    if name == Http.name:
-        return Http
+    if name in (Http.name, ClaimCoupon.name):
+        return Http if name == Http.name else ClaimCoupon
     try:
         return STRATEGIES[name]
     except KeyError:

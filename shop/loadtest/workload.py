@@ -13,6 +13,7 @@ from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.db.models import Sum
 from django_redis import get_redis_connection
 
 from locks.conf import locks_settings
@@ -20,6 +21,17 @@ from locks.keys import LockKeys
 from shop.models import Coupon, CouponClaim, DbLock, Order, OrderLine, Product, StockLedger
 
 PREFIX = "lt-"
+
+
+NOT_MIGRATED = "the database is not migrated: run `manage.py createdb && manage.py migrate` first"
+
+
+def is_migrated() -> bool:
+    """A fresh database must be migrated before a run can create its rows."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    return not executor.migration_plan(executor.loader.graph.leaf_nodes())
 
 
 def new_run_id() -> str:
@@ -118,3 +130,29 @@ def cleanup(workload: Workload) -> None:
         client = get_redis_connection(alias)
         for i in range(0, len(keys), 500):
             client.delete(*keys[i : i + 500])
+
+
+@dataclass
+class Books:
+    """Stock accounting of one product after a run (what I2 of DESIGN.md compares)."""
+
+    product_id: int
+    initial: int
+    current: int
+    sold: int  # sum of the quantities in the run's placed order lines
+    ledger: int  # minus the sum of the product's ledger rows
+
+    @property
+    def oversold(self) -> int:
+        """Units sold beyond what left the stock: lost updates (0 when the books balance)."""
+        return self.sold - (self.initial - self.current)
+
+
+def books(workload: Workload) -> list[Books]:
+    current = dict(Product.objects.filter(pk__in=workload.product_ids).values_list("pk", "stock"))
+    sold = dict(OrderLine.objects.filter(product_id__in=workload.product_ids, order__status=Order.Status.PLACED)
+                .values_list("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n"))
+    ledger = dict(StockLedger.objects.filter(product_id__in=workload.product_ids)
+                  .values_list("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n"))
+    return [Books(product_id=pk, initial=workload.initial_stock[pk], current=current.get(pk, 0),
+                  sold=sold.get(pk) or 0, ledger=-(ledger.get(pk) or 0)) for pk in workload.product_ids]

@@ -1,0 +1,267 @@
+"""`manage.py loadtest`: place orders from many processes, then prove the books still balance.
+
+    manage.py loadtest                                   ours, 8 processes, 2,000 orders on 1 product
+    manage.py loadtest --strategy naive --jitter 2       watch the naive way oversell (exit status 1)
+    manage.py loadtest --processes 16 --duration 10 --products 8 --quantity 1-3 --plot run.png
+    manage.py loadtest --url http://127.0.0.1:8000       the same through the JSON API
+    manage.py loadtest --compare --duration 5 --repeat 3 --json compare.json --plot compare.png
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from shop.loadtest import report, scenarios, strategies, workload
+from shop.loadtest.runner import RunError
+from shop.loadtest.scenarios import Comparison, LoadConfig, Outcome
+
+
+def quantity_range(text: str) -> tuple[int, int]:
+    """"2" -> (2, 2); "1-3" -> (1, 3)."""
+    low, _, high = text.partition("-")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise CommandError(f"--quantity {text!r}: use a number (2) or a range (1-3)") from None
+    if not 1 <= lo <= hi:
+        raise CommandError(f"--quantity {text!r}: quantities are whole numbers >= 1, low before high")
+    return lo, hi
+
+
+def name_list(text: str, allowed: list[str], option: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise CommandError(f"{option}: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(allowed)}")
+    return names
+
+
+class Command(BaseCommand):
+    help = "Load-test checkout from many processes and check the invariants (or compare strategies)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        names = list(strategies.STRATEGIES)
+        parser.add_argument("--strategy", default="ours", choices=names, help="how stock is taken (default ours)")
+        parser.add_argument("--url", help="drive the JSON API at this base URL instead of calling the service")
+        parser.add_argument("--products", type=int, default=1, help="products in the run (default 1)")
+        parser.add_argument("--stock", type=int, help="stock per product (default 1000; 1,000,000 with --compare)")
+        parser.add_argument("--requests", type=int, default=2000, help="requests in all (default 2000)")
+        parser.add_argument("--duration", type=float, help="run for this many seconds instead of --requests")
+        parser.add_argument("--processes", type=int, default=8, help="worker processes (default 8)")
+        parser.add_argument("--quantity", type=quantity_range, default=(1, 1), help="units per line: 2 or 1-3")
+        parser.add_argument("--lines", type=int, default=1, help="products per order (default 1)")
+        parser.add_argument("--users", type=int, default=100, help="distinct buyers (default 100)")
+        parser.add_argument("--coupon", type=int, metavar="TOTAL",
+                            help="create a coupon that TOTAL users may claim; every order uses it (ours, --url)")
+        parser.add_argument("--sellout", action="store_true",
+                            help="sell the stock out first, then measure a storm of --requests/--duration")
+        parser.add_argument("--jitter", type=float, default=0.0, metavar="MS",
+                            help="naive: sleep up to MS ms between reading and writing the stock")
+        parser.add_argument("--lock-wait", type=float, default=3.0, help="lock wait timeout, seconds (default 3)")
+        parser.add_argument("--lock-ttl", type=float, default=10.0, help="lock lease, seconds (default 10)")
+        parser.add_argument("--no-lock", action="store_true", help="ours: skip the Redis lock (guarded UPDATE only)")
+        parser.add_argument("--seed", type=int, default=0, help="random seed for products, users and quantities")
+        parser.add_argument("--json", metavar="FILE", help="write every figure (and the timeline) as JSON")
+        parser.add_argument("--plot", metavar="FILE.png", help="plot throughput and latency over time")
+        parser.add_argument("--keep", action="store_true", help="keep the run's users, products and orders")
+        parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+        cmp = parser.add_argument_group("comparison (--compare)")
+        cmp.add_argument("--compare", action="store_true", help="run several strategies side by side")
+        cmp.add_argument("--strategies", default=",".join(names), help="comma-separated (default: all)")
+        cmp.add_argument("--scenarios", default=",".join(scenarios.SCENARIOS),
+                         help="comma-separated from hot, spread, sellout (default: all)")
+        cmp.add_argument("--repeat", type=int, default=3, help="runs per strategy and scenario (default 3)")
+        cmp.add_argument("--spread-products", type=int, default=8, help="products in 'spread' (default 8)")
+        cmp.add_argument("--sellout-stock", type=int, default=50, help="stock in 'sellout' (default 50)")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        if not workload.is_migrated():
+            raise CommandError(workload.NOT_MIGRATED)
+        config = self._config(opts)
+        try:
+            if opts["compare"]:
+                self._compare(config, opts)
+            else:
+                self._single(config, opts)
+        except RunError as exc:
+            raise CommandError(str(exc)) from exc
+
+    # -- options ---------------------------------------------------------------------------
+    def _config(self, opts: dict[str, Any]) -> LoadConfig:
+        for option in ("products", "processes", "users", "lines", "repeat", "spread_products", "sellout_stock"):
+            if opts[option] < 1:
+                raise CommandError(f"--{option.replace('_', '-')} must be at least 1")
+        if opts["requests"] < 1:
+            raise CommandError("--requests must be at least 1")
+        if opts["duration"] is not None and opts["duration"] <= 0:
+            raise CommandError("--duration must be a positive number of seconds")
+        if opts["lines"] > opts["products"]:
+            raise CommandError("--lines cannot exceed --products (one line per product)")
+        if opts["stock"] is not None and opts["stock"] < 0:
+            raise CommandError("--stock cannot be negative")
+        if opts["coupon"] is not None and opts["coupon"] < 1:
+            raise CommandError("--coupon TOTAL must be at least 1")
+        if opts["coupon"] is not None and not opts["url"] and opts["strategy"] != "ours":
+            raise CommandError("--coupon works with --strategy ours or --url (the other strategies sell stock only)")
+        if opts["no_lock"] and opts["strategy"] != "ours":
+            raise CommandError("--no-lock applies to --strategy ours")
+        if opts["jitter"] < 0 or opts["lock_wait"] < 0 or opts["lock_ttl"] <= 0:
+            raise CommandError("--jitter and --lock-wait cannot be negative; --lock-ttl must be positive")
+        if opts["plot"] and not opts["plot"].lower().endswith(".png"):
+            raise CommandError("--plot writes a PNG: give a FILE.png")
+        if opts["url"] and not opts["url"].startswith(("http://", "https://")):
+            raise CommandError("--url must start with http:// or https://")
+        default_stock = 1_000_000 if opts["compare"] else 1000
+        return LoadConfig(
+            strategy=opts["strategy"], products=opts["products"],
+            stock=default_stock if opts["stock"] is None else opts["stock"], users=opts["users"],
+            processes=opts["processes"], requests=opts["requests"], duration=opts["duration"],
+            quantity=opts["quantity"], lines_per_order=opts["lines"], coupon_total=opts["coupon"],
+            jitter=opts["jitter"] / 1000, lock_wait=opts["lock_wait"], lock_ttl=opts["lock_ttl"],
+            lock=not opts["no_lock"], url=opts["url"], sellout=opts["sellout"], keep=opts["keep"], seed=opts["seed"],
+        )
+
+    def _progress(self, opts: dict[str, Any], label: str) -> report.ProgressLine | None:
+        if opts["no_progress"]:
+            return None
+        return report.ProgressLine(self.stderr, label)
+
+    # -- one run ---------------------------------------------------------------------------
+    def _single(self, config: LoadConfig, opts: dict[str, Any]) -> None:
+        name = "http" if config.url else config.strategy
+        self.stdout.write(
+            f"loadtest: {name}, {config.processes} processes, {config.products} product(s) x {config.stock:,} stock, "
+            f"{config.users} users, quantity {config.quantity[0]}-{config.quantity[1]}, "
+            + (f"{config.duration:g} s" if config.duration else f"{config.requests:,} requests")
+        )
+        progress = self._progress(opts, name)
+        outcome = scenarios.run_once(config, progress)
+        if progress:
+            progress.done()
+        self._print_outcome(outcome)
+        if opts["json"]:
+            report.write_json(opts["json"], outcome.as_dict())
+            self.stdout.write(f"JSON written to {opts['json']}")
+        if opts["plot"]:
+            series = {f"{name} {s.phase}": report.timeline(r for w in ph.records for r in w)
+                      for s, ph in zip(outcome.summaries, outcome.result.phases, strict=True)}
+            report.plot(opts["plot"], series, f"{name}: {config.processes} processes, {config.products} product(s)")
+            self.stdout.write(f"plot written to {opts['plot']}")
+        if config.keep:
+            self.stdout.write(f"kept the run's rows: users and products tagged lt-{outcome.workload.run_id}-")
+        if not outcome.passed:
+            raise CommandError("invariant check FAILED")
+
+    def _print_outcome(self, outcome: Outcome) -> None:
+        self.stdout.write("")
+        self.stdout.write(report.run_table(outcome.summaries))
+        if outcome.result.errors:
+            self.stdout.write("first errors:")
+            for line in outcome.result.errors[:5]:
+                self.stdout.write(f"  {line}")
+        for s in outcome.summaries:
+            if s.phase == "storm":
+                self.stdout.write(
+                    f"after sell-out: {s.rejections_per_s:,.0f} rejections/s; the workers sent {s.queries:,} SQL "
+                    f"statements and took {s.lock_acquisitions:,} locks; MySQL server-wide (all clients): "
+                    + ", ".join(f"{k.removeprefix('mysql_')} +{v:,}" for k, v in s.server.items())
+                )
+        sold = sum(b.sold for b in outcome.books)
+        drop = sum(b.initial - b.current for b in outcome.books)
+        self.stdout.write(f"\nbooks: {sold:,} units in placed orders; stock fell by {drop:,}")
+        if outcome.oversold:
+            self.stdout.write(self.style.ERROR(
+                f"OVERSOLD: {outcome.oversold:,} units were sold that the stock never had "
+                f"(lost updates: concurrent buyers read the same stock and each wrote back its own result)"
+            ))
+        if outcome.passed:
+            self.stdout.write(self.style.SUCCESS("invariants I1-I6: PASS"))
+        else:
+            self.stdout.write(self.style.ERROR("invariants I1-I6: FAIL"))
+            for v in outcome.violations:
+                self.stdout.write(self.style.ERROR(f"  {v}"))
+
+    # -- the comparison --------------------------------------------------------------------
+    def _compare(self, base: LoadConfig, opts: dict[str, Any]) -> None:
+        if opts["url"]:
+            raise CommandError("--compare calls the strategies directly; it does not take --url")
+        names = name_list(opts["strategies"], list(strategies.STRATEGIES), "--strategies")
+        chosen = name_list(opts["scenarios"], list(scenarios.SCENARIOS), "--scenarios")
+        if base.duration is None:
+            base.duration = 5.0  # comparisons run for a fixed time: orders/s is then like for like
+        comparison = Comparison(strategies=names, scenarios=chosen, repeat=opts["repeat"], base=base)
+        total = len(names) * len(chosen) * opts["repeat"]
+        self.stdout.write(
+            f"loadtest --compare: {len(names)} strategies x {len(chosen)} scenarios x {opts['repeat']} repeats "
+            f"= {total} runs of {base.duration:g} s, {base.processes} processes each"
+        )
+        done = 0
+        progress = self._progress(opts, "compare")
+
+        def on_run(scenario: str, repeat: int, outcome: Outcome) -> None:
+            nonlocal done
+            done += 1
+            if progress:
+                progress.done()
+            s = outcome.summaries[-1]
+            self.stderr.write(f"[{done}/{total}] {scenario} #{repeat + 1} {outcome.config.strategy}: "
+                              f"{s.orders_per_s:,.0f} orders/s, p99 {s.latency_ms['p99']:,.1f} ms, "
+                              f"{'PASS' if outcome.passed else 'FAIL'}")
+
+        scenarios.compare(comparison, spread=opts["spread_products"], sellout_stock=opts["sellout_stock"],
+                          progress=progress, on_run=on_run)
+        if progress:
+            progress.done()
+        self._print_comparison(comparison, opts)
+        failed = comparison.unexpected_failures()
+        if failed:
+            raise CommandError(f"invariant check FAILED for {', '.join(sorted({o.config.strategy for o in failed}))}")
+
+    def _print_comparison(self, comparison: Comparison, opts: dict[str, Any]) -> None:
+        data: dict[str, Any] = {"strategies": comparison.strategies, "repeat": comparison.repeat,
+                                "processes": comparison.base.processes, "duration": comparison.base.duration,
+                                "scenarios": {}}
+        for scenario in comparison.scenarios:
+            aggregates = comparison.aggregates(scenario)
+            self.stdout.write("")
+            self.stdout.write(self.style.MIGRATE_HEADING(
+                f"{scenario}: {scenarios.SCENARIOS[scenario]} (medians of {comparison.repeat})"))
+            if scenario == "sellout":
+                hot = {a.strategy: a.orders_per_s for a in comparison.aggregates("hot")}
+                if not hot:  # no hot scenario in this run: compare with the sell-out phase itself
+                    hot = {name: report.aggregate(name, scenario, [o.summaries[0] for o in outs], 0).orders_per_s
+                           for name, outs in comparison.runs[scenario].items() if outs}
+                self.stdout.write(report.sellout_table(aggregates, hot))
+                self.stdout.write("ratio = rejections/s after sell-out / placed orders/s (hot scenario when run). "
+                                  "SQL sent and lock acq. are counted by the clients and the lock service during "
+                                  "the storm; Questions/Com_update are server-wide and include other clients.")
+            else:
+                self.stdout.write(report.comparison_table(aggregates))
+            data["scenarios"][scenario] = {
+                "aggregates": [a.as_dict() for a in aggregates],
+                "runs": {name: [o.as_dict() for o in outs] for name, outs in comparison.runs[scenario].items()},
+            }
+        if "hot" in comparison.scenarios and "spread" in comparison.scenarios:
+            self.stdout.write("")
+            self.stdout.write(report.scaling_table(comparison.aggregates("hot"), comparison.aggregates("spread"),
+                                                   opts["spread_products"]))
+        for scenario, per in comparison.runs.items():
+            for name, outs in per.items():
+                if any(o.oversold for o in outs):
+                    worst = max(o.oversold for o in outs)
+                    self.stdout.write(self.style.ERROR(
+                        f"{name} ({scenario}) OVERSOLD: up to {worst:,} units more than the stock had"))
+        if opts["json"]:
+            report.write_json(opts["json"], data)
+            self.stdout.write(f"JSON written to {opts['json']}")
+        if opts["plot"]:
+            scenario = "hot" if "hot" in comparison.runs else comparison.scenarios[0]
+            series = {}
+            for name, outs in comparison.runs[scenario].items():
+                if outs:  # the median run by orders/s
+                    mid = sorted(outs, key=lambda o: o.summaries[-1].orders_per_s)[len(outs) // 2]
+                    series[name] = report.timeline(r for w in mid.result.phases[-1].records for r in w)
+            report.plot(opts["plot"], series, f"{scenario}: {comparison.base.processes} processes (median run each)")
+            self.stdout.write(f"plot written to {opts['plot']}")
