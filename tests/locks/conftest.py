@@ -6,6 +6,7 @@ import multiprocessing
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ class RedisServer:
     def __init__(self) -> None:
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
+        self.dir = tempfile.mkdtemp(prefix="redis-test-")  # a replica's sync file lands here
 
     @property
     def url(self) -> str:
@@ -38,7 +40,8 @@ class RedisServer:
         exe = shutil.which("redis-server")
         assert exe, "redis-server is not installed (./dev.sh installs it)"
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port)

@@ -23,6 +23,7 @@ class Replica(RedisServer):
     def start(self) -> None:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir,
              "--replicaof", "127.0.0.1", str(self.master_port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
