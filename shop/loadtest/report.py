@@ -159,11 +159,14 @@ class ProgressLine:
 
     WIDTH = 24
 
-    def __init__(self, out: Any, label: str) -> None:
-        """`out`: a management command's OutputWrapper (write(text, ending=...), flush(), isatty())."""
-        self.out, self.label = out, label
+    def __init__(self, out: Any, label: str, *, final: bool = True) -> None:
+        """`out`: a management command's OutputWrapper (write(text, ending=...), flush(), isatty()).
+
+        `final`: when not on a terminal, print the last state at `done()`.
+        """
+        self.out, self.label, self.final = out, label, final
         self.tty = out.isatty()
-        self.last_plain = 0.0
+        self.last_plain = time.monotonic()
         self.text = ""
 
     def __call__(self, p: Progress) -> None:
@@ -187,9 +190,9 @@ class ProgressLine:
         if self.tty:
             self.out.write("\r\033[K", ending="")
             self.out.flush()
-        elif self.text:
+        elif self.text and self.final:
             self.out.write(self.text)
-        self.text, self.last_plain = "", 0.0
+        self.text, self.last_plain = "", time.monotonic()
 
 
 # --- comparisons ----------------------------------------------------------------------------

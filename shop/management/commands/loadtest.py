@@ -123,10 +123,10 @@ class Command(BaseCommand):
             lock=not opts["no_lock"], url=opts["url"], sellout=opts["sellout"], keep=opts["keep"], seed=opts["seed"],
         )
 
-    def _progress(self, opts: dict[str, Any], label: str) -> report.ProgressLine | None:
+    def _progress(self, opts: dict[str, Any], label: str, final: bool = True) -> report.ProgressLine | None:
         if opts["no_progress"]:
             return None
-        return report.ProgressLine(self.stderr, label)
+        return report.ProgressLine(self.stderr, label, final=final)
 
     # -- one run ---------------------------------------------------------------------------
     def _single(self, config: LoadConfig, opts: dict[str, Any]) -> None:
@@ -198,7 +198,7 @@ class Command(BaseCommand):
             f"= {total} runs of {base.duration:g} s, {base.processes} processes each"
         )
         done = 0
-        progress = self._progress(opts, "compare")
+        progress = self._progress(opts, "compare", final=False)
 
         def on_run(scenario: str, repeat: int, outcome: Outcome) -> None:
             nonlocal done
