@@ -77,9 +77,9 @@ class Command(BaseCommand):
         cmp.add_argument("--sellout-stock", type=int, default=50, help="stock in 'sellout' (default 50)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        config = self._config(opts)
         if not workload.is_migrated():
             raise CommandError(workload.NOT_MIGRATED)
-        config = self._config(opts)
         try:
             if opts["compare"]:
                 self._compare(config, opts)

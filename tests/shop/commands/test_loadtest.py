@@ -1,0 +1,114 @@
+"""`manage.py loadtest`: argument handling, the printed report, files, exit status, cleanup."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from shop.models import Order, Product
+
+SMALL = ["--processes", "2", "--users", "5", "--no-progress"]
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("loadtest", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "message"), [
+    (["--quantity", "x"], "--quantity 'x'"),
+    (["--quantity", "3-1"], "low before high"),
+    (["--quantity", "0"], "whole numbers >= 1"),
+    (["--processes", "0"], "--processes must be at least 1"),
+    (["--requests", "0"], "--requests must be at least 1"),
+    (["--duration", "-1"], "--duration must be a positive"),
+    (["--lines", "2"], "--lines cannot exceed --products"),
+    (["--strategy", "guarded", "--coupon", "5"], "--coupon works with --strategy ours"),
+    (["--strategy", "naive", "--no-lock"], "--no-lock applies to --strategy ours"),
+    (["--plot", "out.jpg"], "give a FILE.png"),
+    (["--url", "ftp://x"], "--url must start with http"),
+    (["--compare", "--strategies", "guarded,nope"], "--strategies: unknown nope"),
+    (["--compare", "--scenarios", "cold"], "--scenarios: unknown cold"),
+    (["--compare", "--url", "http://127.0.0.1:1"], "does not take --url"),
+])
+def test_bad_arguments_are_refused_with_a_message(args, message):
+    with pytest.raises(CommandError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run(*SMALL, *args)  # last wins: the bad value is the one used
+
+
+def test_unknown_strategy_is_an_argparse_error():
+    with pytest.raises(CommandError, match="invalid choice: 'nope'"):
+        run("--strategy", "nope")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_prints_the_table_passes_and_cleans_up(tmp_path):
+    out = run("--strategy", "for_update", "--requests", "40", "--stock", "25", "--products", "2",
+              "--quantity", "1-2", "--json", str(tmp_path / "run.json"), "--plot", str(tmp_path / "run.png"), *SMALL)
+    header = next(line for line in out.splitlines() if line.startswith("strategy"))
+    for column in ("attempted", "placed", "out_of_stock", "busy", "errors", "orders/s",
+                   "p50 ms", "p95 ms", "p99 ms", "max ms"):
+        assert column in header
+    row = next(line for line in out.splitlines() if line.startswith("for_update")).split()
+    assert row[2] == "40"  # attempted
+    assert "invariants I1-I6: PASS" in out
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["invariants"] == "PASS" and data["phases"][0]["attempted"] == 40
+    assert data["timeline"]["main"]
+    assert (tmp_path / "run.png").read_bytes().startswith(b"\x89PNG")
+    assert not Product.objects.filter(sku__startswith=f"lt-{data['run_id']}-").exists()
+    assert not get_user_model().objects.filter(username__startswith=f"lt-{data['run_id']}-").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_naive_oversell_is_reported_plainly_and_exits_non_zero(tmp_path):
+    out = StringIO()
+    with pytest.raises(CommandError, match="invariant check FAILED"):
+        call_command("loadtest", "--strategy", "naive", "--jitter", "5", "--requests", "60", "--stock", "30",
+                     "--processes", "3", "--users", "5", "--no-progress", "--json", str(tmp_path / "n.json"),
+                     stdout=out, stderr=StringIO())
+    text = out.getvalue()
+    assert "OVERSOLD:" in text
+    assert "invariants I1-I6: FAIL" in text
+    assert "I2" in text
+    assert json.loads((tmp_path / "n.json").read_text())["invariants"] == "FAIL"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keep_leaves_the_rows_for_inspection(tmp_path):
+    out = run("--strategy", "guarded", "--requests", "10", "--keep", "--json", str(tmp_path / "k.json"), *SMALL)
+    run_id = json.loads((tmp_path / "k.json").read_text())["run_id"]
+    assert f"lt-{run_id}-" in out
+    assert Order.objects.filter(user__username__startswith=f"lt-{run_id}-").count() == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sellout_reports_what_the_storm_touched():
+    out = run("--strategy", "guarded", "--sellout", "--stock", "5", "--requests", "30", *SMALL)
+    assert "after sell-out:" in out and "SQL statements" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("guarded")]
+    assert [r[1] for r in rows] == ["sell-out", "storm"]
+    assert rows[1][2] == "30" and rows[1][4] == "30"  # every storm request was out of stock
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compare_prints_ratios_and_tolerates_the_expected_oversell(tmp_path):
+    out = run("--compare", "--strategies", "guarded,naive,redis_py", "--scenarios", "hot,sellout", "--repeat", "1",
+              "--duration", "0.5", "--sellout-stock", "5", "--jitter", "2", "--json", str(tmp_path / "c.json"),
+              "--plot", str(tmp_path / "c.png"), *SMALL)
+    assert "vs guarded" in out and "vs cache.lock" in out
+    hot = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] == ["guarded"]}
+    assert hot["guarded"][2] == "1.00x"
+    assert "rejections/s" in out
+    assert "naive (hot) OVERSOLD" in out
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert set(data["scenarios"]) == {"hot", "sellout"}
+    assert {a["strategy"] for a in data["scenarios"]["hot"]["aggregates"]} == {"guarded", "naive", "redis_py"}
+    assert (tmp_path / "c.png").stat().st_size < 150_000
