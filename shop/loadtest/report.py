@@ -294,6 +294,7 @@ def plot(path: str | Path, series: dict[str, list[dict[str, float]]], title: str
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
     for label, points in series.items():
@@ -311,6 +312,7 @@ def plot(path: str | Path, series: dict[str, list[dict[str, float]]], title: str
     bottom.set_ylabel("latency ms (p99 solid, p50 dashed)")
     bottom.set_xlabel("seconds since start")
     bottom.set_yscale("log")
+    bottom.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     bottom.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=72)
