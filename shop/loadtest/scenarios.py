@@ -101,6 +101,7 @@ def run_once(config: LoadConfig, progress: Callable[[Progress], None] | None = N
     try:
         options = Options(run_id=w.run_id, prices=w.prices, lock_wait=config.lock_wait, lock_ttl=config.lock_ttl,
                           jitter=config.jitter, coupon_code=w.coupon_code, url=config.url, lock=config.lock,
+                          user_ids=w.user_ids,
                           tokens=_tokens(w.user_ids) if config.url else {})
         plan = Plan(strategy="http" if config.url else config.strategy, options=options,
                     processes=config.processes, product_ids=w.product_ids, user_ids=w.user_ids,
@@ -211,7 +212,7 @@ def coupon_storm(config: StormConfig, progress: Callable[[Progress], None] | Non
     try:
         plan = Plan(strategy="claim_coupon", processes=config.processes, product_ids=[], user_ids=w.user_ids,
                     options=Options(run_id=w.run_id, prices={}, lock_wait=config.lock_wait,
-                                    coupon_code=w.coupon_code),
+                                    coupon_code=w.coupon_code, user_ids=w.user_ids),
                     phases=[Phase("claim", requests=config.users * config.attempts)],
                     lock_names=workload.lock_names(w), users_in_order=True, seed=config.seed)
         result = runner.run(plan, progress)

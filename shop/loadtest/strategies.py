@@ -60,6 +60,7 @@ class Options:
     coupon_code: str | None = None
     url: str | None = None  # http: base URL of the shop
     tokens: dict[int, str] = field(default_factory=dict)  # http: API token per user id
+    user_ids: list[int] = field(default_factory=list)  # ours: users loaded before the start line
     lock: bool = True  # ours: take the Redis lock (False only if the service supports it)
 
 
@@ -347,8 +348,9 @@ class Ours(Strategy):
         from shop import services
 
         self.services = services
-        self.users: dict[int, object] = {}
         self.user_model = get_user_model()
+        # Loaded before the start: a request's SQL count must be the service's alone.
+        self.users: dict[int, object] = self.user_model.objects.in_bulk(options.user_ids)
 
     def user(self, user_id: int) -> object:
         user = self.users.get(user_id)
