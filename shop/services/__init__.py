@@ -1,0 +1,12 @@
+"""The shop's writes. Views, the API, the admin and the commands all call these.
+
+Each one validates its input, takes its Redis locks in the global lock order, runs one durable
+MySQL transaction under them, and raises a `shop.errors.ShopError` (nothing written) on refusal.
+"""
+
+from shop.services.checkout import place_order
+from shop.services.coupons import claim_coupon
+from shop.services.inventory import restock
+from shop.services.orders import cancel_order
+
+__all__ = ["cancel_order", "claim_coupon", "place_order", "restock"]

@@ -1,0 +1,115 @@
+"""The invariants of DESIGN.md, checked against the database (and Redis for I6).
+
+Used by the tests after every concurrency run and by `manage.py loadtest` after every load test.
+Each violation is one sentence a person can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from django.db.models import Count, Sum
+from django_redis import get_redis_connection
+
+from locks.conf import locks_settings
+from shop.models import Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+
+
+def check_invariants(
+    *,
+    product_ids: Iterable[int],
+    initial_stock: Mapping[int, int],
+    coupon_ids: Iterable[int] = (),
+    seen_order_ids: Iterable[int] | None = None,
+    check_locks: bool = True,
+) -> list[str]:
+    """I1-I6 for these products/coupons. `initial_stock`: stock before the run, plus any restocks
+    are read from the ledger. `seen_order_ids`: the orders the clients were told succeeded (I5).
+    """
+    product_ids = list(product_ids)
+    violations: list[str] = []
+    stock = dict(Product.objects.filter(pk__in=product_ids).values_list("pk", "stock"))
+    sold = dict(
+        OrderLine.objects.filter(product_id__in=product_ids, order__status=Order.Status.PLACED)
+        .values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n")
+    )
+    ledger = dict(
+        StockLedger.objects.filter(product_id__in=product_ids)
+        .values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n")
+    )
+    refills = dict(
+        StockLedger.objects.filter(product_id__in=product_ids, reason__in=[StockLedger.Reason.RESTOCK,
+                                                                           StockLedger.Reason.ADMIN])
+        .values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n")
+    )
+    for pid in product_ids:
+        current, start = stock.get(pid), initial_stock[pid]
+        if current is None:
+            violations.append(f"I2: product {pid} is missing")
+            continue
+        if current < 0:
+            violations.append(f"I1: product {pid} has negative stock {current}")
+        taken = start + (refills.get(pid) or 0) - current
+        units = sold.get(pid) or 0
+        moved = -(ledger.get(pid) or 0) + (refills.get(pid) or 0)
+        if taken != units:
+            violations.append(
+                f"I2: product {pid}: stock fell by {taken} but placed orders hold {units} units"
+                + (f" (OVERSOLD by {units - taken})" if units > taken else "")
+            )
+        if moved != units:
+            violations.append(f"I2: product {pid}: the ledger records {moved} units out, orders hold {units}")
+        if units > start + (refills.get(pid) or 0):
+            violations.append(f"I1: product {pid}: sold {units} units of {start + (refills.get(pid) or 0)}")
+
+    for coupon in Coupon.objects.filter(pk__in=list(coupon_ids)):
+        claims = CouponClaim.objects.filter(coupon=coupon).count()
+        if coupon.remaining < 0:
+            violations.append(f"I1: coupon {coupon.code} has negative remaining {coupon.remaining}")
+        if claims > coupon.total:
+            violations.append(f"I3: coupon {coupon.code} has {claims} claims for a total of {coupon.total}")
+        if coupon.total - coupon.remaining != claims:
+            violations.append(f"I3: coupon {coupon.code}: remaining {coupon.remaining} of {coupon.total} "
+                              f"but {claims} claims")
+        doubles = (CouponClaim.objects.filter(coupon=coupon).values("user_id").annotate(n=Count("id"))
+                   .filter(n__gt=1).count())
+        if doubles:
+            violations.append(f"I3: coupon {coupon.code}: {doubles} users hold more than one claim")
+        reused = Order.objects.filter(coupon=coupon, status=Order.Status.PLACED).values("user_id").annotate(
+            n=Count("id")).filter(n__gt=1).count()
+        if reused:
+            violations.append(f"I3: coupon {coupon.code}: {reused} users used one claim on several orders")
+
+    orders = Order.objects.filter(lines__product_id__in=product_ids).distinct()
+    dup_keys = (orders.exclude(idempotency_key=None).values("user_id", "idempotency_key").annotate(n=Count("id"))
+                .filter(n__gt=1).count())
+    if dup_keys:
+        violations.append(f"I4: {dup_keys} idempotency keys produced more than one order")
+
+    if seen_order_ids is not None:
+        seen = set(seen_order_ids)
+        committed = set(orders.filter(status=Order.Status.PLACED).values_list("pk", flat=True))
+        if seen - committed:
+            violations.append(f"I5: {len(seen - committed)} successes the clients saw have no committed order")
+        if committed - seen:
+            violations.append(f"I5: {len(committed - seen)} committed orders were never reported as successes")
+
+    if check_locks:
+        violations.extend(lock_violations([f"product:{pid}" for pid in product_ids]
+                                          + [f"coupon:{cid}" for cid in coupon_ids]))
+    return violations
+
+
+def lock_violations(names: Iterable[str]) -> list[str]:
+    """I6: no lock key without a TTL, and none still held, for these lock names."""
+    client = get_redis_connection(locks_settings.CACHE_ALIAS)
+    out = []
+    prefix = locks_settings.KEY_PREFIX
+    for name in names:
+        for key in client.scan_iter(match=f"{prefix}lock*:{{{name}}}*", count=1000):
+            ttl = client.pttl(key)
+            if ttl == -1:
+                out.append(f"I6: {key.decode()} has no TTL")
+        if client.exists(f"{prefix}lock:{{{name}}}"):
+            out.append(f"I6: lock {name} is still held after the run")
+    return out

@@ -1,0 +1,202 @@
+"""place_order: the path of one checkout (see DESIGN.md).
+
+    validate -> idempotency replay? -> sold-out fast path -> locks (sorted) ->
+    durable transaction { guarded, fenced UPDATE per line; use the coupon claim; INSERT order,
+    lines, ledger } -> COMMIT -> release
+
+The Redis lock keeps buyers of one product in an orderly queue outside MySQL; the guarded UPDATE
+(`stock >= n AND fence < :fence`) is what guarantees no oversell, even when a lock was lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from shop import errors
+from shop.conf import shop_settings
+from shop.models import Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+from shop.services import soldout
+from shop.services.locking import (
+    StaleFence,
+    check_before_commit,
+    claim_lock,
+    held,
+    product_lock,
+    refuse_outer_transaction,
+    with_retries,
+)
+from shop.services.validation import validate_code, validate_idempotency_key, validate_lines
+
+# Test hook: called inside the transaction, just before COMMIT, with the holds (tests pause here).
+before_commit_hook: Callable[[dict], None] | None = None
+
+
+def request_digest(lines: list[tuple[int, int]], coupon_code: str | None) -> str:
+    body = json.dumps({"lines": sorted(lines), "coupon": coupon_code or ""}, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _idempotency_lock(user_id: int, key: str) -> str:
+    return f"idem:{user_id}:{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+
+
+def _replay(*, user, key: str, digest: str) -> Order | None:
+    """The order a key already produced (marked `replayed`), or None; a different body conflicts."""
+    order = Order.objects.filter(user=user, idempotency_key=key).first()
+    if order is None:
+        return None
+    if order.request_digest != digest:
+        raise errors.IdempotencyConflict(details={"order_id": order.pk})
+    order.replayed = True
+    return order
+
+
+def place_order(
+    *,
+    user,
+    lines: list[tuple[int, int]],
+    coupon_code: str | None = None,
+    idempotency_key: str | None = None,
+    use_lock: bool | None = None,
+) -> Order:
+    """Place an order, all or nothing. Returns the Order; `order.replayed` is True for a replay.
+
+    Raises a `shop.errors.ShopError` for every refusal, with nothing written.
+    """
+    refuse_outer_transaction("place_order")
+    lines = validate_lines(lines)
+    code = validate_code(coupon_code) if coupon_code is not None else None
+    key = validate_idempotency_key(idempotency_key) if idempotency_key is not None else None
+    digest = request_digest(lines, code)
+
+    if key is not None and (order := _replay(user=user, key=key, digest=digest)) is not None:
+        return order
+
+    # Fast path: a product known to be sold out is refused without the lock or MySQL.
+    marked = soldout.sold_out(pid for pid, _ in lines)
+    if marked:
+        raise errors.OutOfStock(details={"lines": [
+            {"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in marked
+        ]})
+
+    products = Product.objects.in_bulk([pid for pid, _ in lines])
+    unknown = [pid for pid, _ in lines if pid not in products]
+    if unknown:
+        raise errors.UnknownProduct(details={"product_ids": unknown})
+    inactive = [pid for pid, _ in lines if not products[pid].active]
+    if inactive:
+        raise errors.InactiveProduct(details={"product_ids": inactive})
+
+    claim = _usable_claim(user=user, code=code) if code is not None else None
+    use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
+    names = [product_lock(pid) for pid, _ in lines]
+    if claim is not None:
+        names.append(claim_lock(claim.coupon_id, user.pk))
+    if key is not None:
+        names.insert(0, _idempotency_lock(user.pk, key))
+
+    def attempt() -> Order:
+        with held(names, use_locks=use_locks) as holds:
+            if key is not None and (order := _replay(user=user, key=key, digest=digest)) is not None:
+                return order  # a twin request committed while we waited for its lock
+            try:
+                return _write_order(user=user, lines=lines, products=products, claim=claim, key=key,
+                                    digest=digest, holds=holds, use_locks=use_locks)
+            except errors.OutOfStock as exc:
+                if use_locks:
+                    # Still under the product locks: a product read as 0 stays 0 until a refill,
+                    # and refills remove the marker under these same locks.
+                    for line in exc.details["lines"]:
+                        if line["available"] == 0:
+                            soldout.mark(line["product_id"])
+                raise
+            except IntegrityError:
+                if key is not None and (order := _replay(user=user, key=key, digest=digest)) is not None:
+                    return order
+                raise
+
+    return with_retries(attempt, what="place_order")
+
+
+def _usable_claim(*, user, code: str) -> CouponClaim:
+    coupon = Coupon.objects.filter(code=code).first()
+    if coupon is None:
+        raise errors.CouponUnknown(details={"coupon_code": code})
+    now = timezone.now()
+    if not coupon.active or (coupon.valid_from and now < coupon.valid_from) or (
+        coupon.valid_until and now >= coupon.valid_until
+    ):
+        raise errors.CouponExpired(details={"coupon_code": code})
+    claim = CouponClaim.objects.select_related("coupon").filter(coupon=coupon, user=user, used_at__isnull=True).first()
+    if claim is None:
+        raise errors.CouponNotClaimed(details={"coupon_code": code})
+    return claim
+
+
+def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks) -> Order:
+    with transaction.atomic(durable=True):
+        short = []
+        fences: dict[int, int | None] = {}
+        for pid, qty in lines:
+            hold = holds.get(product_lock(pid))
+            fence = hold.fence if hold is not None else None
+            fences[pid] = fence
+            guarded = Product.objects.filter(pk=pid, active=True, stock__gte=qty)
+            if fence is not None:
+                updated = guarded.filter(fence__lt=fence).update(stock=F("stock") - qty, fence=fence)
+            else:
+                updated = guarded.update(stock=F("stock") - qty)
+            if updated:
+                continue
+            row = Product.objects.filter(pk=pid).values("stock", "fence", "active").first()
+            if row is None:
+                raise errors.UnknownProduct(details={"product_ids": [pid]})
+            if fence is not None and row["fence"] >= fence:
+                raise StaleFence(pid)
+            if not row["active"]:
+                raise errors.InactiveProduct(details={"product_ids": [pid]})
+            short.append({"product_id": pid, "requested": qty, "available": row["stock"]})
+        if short:
+            raise errors.OutOfStock(_short_message(short), details={"lines": short})
+
+        subtotal = sum((products[pid].price * qty for pid, qty in lines), Decimal("0"))
+        discount = Decimal("0")
+        if claim is not None:
+            used = CouponClaim.objects.filter(pk=claim.pk, used_at__isnull=True).update(used_at=timezone.now())
+            if not used:
+                raise errors.CouponNotClaimed(details={"coupon_code": claim.coupon.code})
+            discount = min(claim.coupon.discount, subtotal)
+        order = Order.objects.create(
+            user=user, subtotal=subtotal, discount=discount, total=subtotal - discount,
+            coupon=claim.coupon if claim is not None else None, idempotency_key=key, request_digest=digest,
+        )
+        OrderLine.objects.bulk_create([
+            OrderLine(order=order, product_id=pid, quantity=qty, unit_price=products[pid].price) for pid, qty in lines
+        ])
+        StockLedger.objects.bulk_create([
+            StockLedger(product_id=pid, quantity=-qty, reason=StockLedger.Reason.ORDER, order=order,
+                        fence=fences[pid], actor=f"user:{user.pk}")
+            for pid, qty in lines
+        ])
+        if claim is not None:
+            CouponClaim.objects.filter(pk=claim.pk).update(order=order)
+        if before_commit_hook is not None:
+            before_commit_hook(holds)
+        check_before_commit(holds)
+    order.replayed = False
+    return order
+
+
+def _short_message(short: list[dict]) -> str:
+    parts = []
+    for line in short:
+        left = line["available"]
+        parts.append(f"product {line['product_id']}: " + ("sold out" if left == 0 else f"only {left} left"))
+    return "Not enough stock: " + "; ".join(parts) + "."

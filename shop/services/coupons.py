@@ -1,0 +1,72 @@
+"""claim_coupon: at most `total` claims in all, one per user.
+
+Three guards, strongest last: the per-coupon lock (an orderly queue), the guarded decrement
+`remaining >= 1 AND fence < :fence`, and the unique (coupon, user) constraint, which has the last
+word on "one per user" (the INSERT-IGNORE / duplicate-key idea, through the ORM).
+"""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from shop import errors
+from shop.models import Coupon, CouponClaim
+from shop.services.locking import (
+    StaleFence,
+    check_before_commit,
+    coupon_lock,
+    held,
+    refuse_outer_transaction,
+    with_retries,
+)
+from shop.services.validation import validate_code
+
+
+def _valid_coupon(code: str) -> Coupon:
+    coupon = Coupon.objects.filter(code=code).first()
+    if coupon is None:
+        raise errors.CouponUnknown(details={"coupon_code": code})
+    now = timezone.now()
+    if not coupon.active or (coupon.valid_from and now < coupon.valid_from) or (
+        coupon.valid_until and now >= coupon.valid_until
+    ):
+        raise errors.CouponExpired(details={"coupon_code": code})
+    return coupon
+
+
+def claim_coupon(*, user, code: str) -> CouponClaim:
+    refuse_outer_transaction("claim_coupon")
+    code = validate_code(code)
+    coupon = _valid_coupon(code)
+    # Cheap refusals before queueing on the lock (the guarded writes below re-check both).
+    if CouponClaim.objects.filter(coupon=coupon, user=user).exists():
+        raise errors.CouponAlreadyClaimed(details={"coupon_code": code})
+    if coupon.remaining <= 0:
+        raise errors.CouponSoldOut(details={"coupon_code": code})
+
+    def attempt() -> CouponClaim:
+        name = coupon_lock(coupon.pk)
+        with held([name]) as holds:
+            hold = holds[name]
+            try:
+                with transaction.atomic(durable=True):
+                    claim = CouponClaim.objects.create(coupon=coupon, user=user)
+                    guarded = Coupon.objects.filter(pk=coupon.pk, remaining__gte=1)
+                    if hold is not None:
+                        updated = guarded.filter(fence__lt=hold.fence).update(
+                            remaining=F("remaining") - 1, fence=hold.fence)
+                    else:
+                        updated = guarded.update(remaining=F("remaining") - 1)
+                    if not updated:
+                        row = Coupon.objects.filter(pk=coupon.pk).values("remaining", "fence").get()
+                        if hold is not None and row["fence"] >= hold.fence:
+                            raise StaleFence(coupon.pk)
+                        raise errors.CouponSoldOut(details={"coupon_code": code})
+                    check_before_commit(holds)
+            except IntegrityError as exc:
+                raise errors.CouponAlreadyClaimed(details={"coupon_code": code}) from exc
+            return claim
+
+    return with_retries(attempt, what="claim_coupon")

@@ -1,0 +1,71 @@
+"""Stock refills: restock (operators) and the stock half of cancel_order.
+
+A refill takes the product lock, removes the sold-out marker *before* its COMMIT (so no order can
+re-mark the product in between: orders mark only under this same lock), and writes a fenced
+UPDATE plus a ledger row.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import F
+
+from shop import errors
+from shop.conf import shop_settings
+from shop.models import Product, StockLedger
+from shop.services import soldout
+from shop.services.locking import (
+    StaleFence,
+    check_before_commit,
+    held,
+    product_lock,
+    refuse_outer_transaction,
+    with_retries,
+)
+from shop.services.validation import validate_quantity
+
+
+def return_stock(*, product_id: int, quantity: int, hold, reason: str, order=None, actor: str = "") -> None:
+    """Inside a transaction, under the product's lock: put `quantity` back, fenced, with a ledger row."""
+    fence = hold.fence if hold is not None else None
+    rows = Product.objects.filter(pk=product_id)
+    if fence is not None:
+        updated = rows.filter(fence__lt=fence).update(stock=F("stock") + quantity, fence=fence)
+    else:
+        updated = rows.update(stock=F("stock") + quantity)
+    if not updated:
+        if not Product.objects.filter(pk=product_id).exists():
+            raise errors.UnknownProduct(details={"product_ids": [product_id]})
+        raise StaleFence(product_id)
+    StockLedger.objects.create(product_id=product_id, quantity=quantity, reason=reason, order=order,
+                               fence=fence, actor=actor)
+
+
+def unmark_sold_out(product_ids: list[int]) -> None:
+    """Before a refill commits. If Redis is down we cannot hold the lock either: refuse."""
+    if not shop_settings.USE_LOCKS:
+        return
+    try:
+        soldout.unmark(product_ids)
+    except Exception as exc:
+        raise errors.LockUnavailable() from exc
+
+
+def restock(*, product: Product, quantity: int, actor) -> Product:
+    refuse_outer_transaction("restock")
+    quantity = validate_quantity(quantity, maximum=int(shop_settings.MAX_RESTOCK))
+    if not Product.objects.filter(pk=product.pk).exists():
+        raise errors.UnknownProduct(details={"product_ids": [product.pk]})
+
+    def attempt() -> None:
+        name = product_lock(product.pk)
+        with held([name]) as holds:
+            unmark_sold_out([product.pk])
+            with transaction.atomic(durable=True):
+                return_stock(product_id=product.pk, quantity=quantity, hold=holds[name],
+                             reason=StockLedger.Reason.RESTOCK, actor=str(actor))
+                check_before_commit(holds)
+
+    with_retries(attempt, what="restock")
+    product.refresh_from_db()
+    return product

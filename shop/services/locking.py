@@ -1,0 +1,115 @@
+"""Taking the shop's locks: in one global order, mapped to shop errors, released safely.
+
+Lock order is the deadlock rule: every service takes its locks through `held()` in the order
+`lock_order()` gives (idempotency key, then products by id, then the coupon claim), so two
+requests can never wait on each other in a cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import TypeVar
+
+from django.db import OperationalError, transaction
+
+import locks
+from shop import errors
+from shop.conf import shop_settings
+
+log = logging.getLogger("shop")
+
+T = TypeVar("T")
+
+# MySQL: 1213 deadlock, 1205 lock wait timeout. Both roll the transaction back: retry it.
+RETRYABLE_MYSQL = {1213, 1205}
+
+
+class StaleFence(Exception):
+    """A guarded UPDATE was refused because a newer lock holder already wrote the row."""
+
+
+def product_lock(product_id: int) -> str:
+    return f"product:{product_id}"
+
+
+def coupon_lock(coupon_id: int) -> str:
+    return f"coupon:{coupon_id}"
+
+
+def claim_lock(coupon_id: int, user_id: int) -> str:
+    return f"coupon:{coupon_id}:user:{user_id}"
+
+
+def refuse_outer_transaction(service: str) -> None:
+    """The lock must cover COMMIT: inside an outer atomic block our COMMIT would be a savepoint."""
+    if transaction.get_connection().in_atomic_block:
+        raise RuntimeError(
+            f"{service}() must not run inside transaction.atomic (or ATOMIC_REQUESTS): the lock would be "
+            "released before the outer transaction commits"
+        )
+
+
+@contextmanager
+def held(names: list[str], *, use_locks: bool | None = None) -> Iterator[dict[str, locks.Hold | None]]:
+    """Hold every lock in `names` (already in lock order). Yields name -> Hold (None if locks are off).
+
+    A release that finds the lock gone (lease ran out after our COMMIT) is logged and counted by
+    the lock's metrics; it never turns a committed order into a failure.
+    """
+    if use_locks is None:
+        use_locks = shop_settings.USE_LOCKS
+    holds: dict[str, locks.Hold | None] = dict.fromkeys(names)
+    if not use_locks:
+        yield holds
+        return
+    with ExitStack() as stack:
+        for name in names:
+            lock = locks.Lock(name, ttl=shop_settings.LOCK_TTL, wait=shop_settings.LOCK_WAIT)
+            try:
+                hold = lock.__enter__()
+            except locks.LockTimeout as exc:
+                raise errors.LockTimeout(details={"lock": name}) from exc
+            except locks.LockUnavailable as exc:
+                raise errors.LockUnavailable(details={"lock": name}) from exc
+            holds[name] = hold
+            stack.callback(_release, hold)
+        yield holds
+
+
+def _release(hold: locks.Hold) -> None:
+    try:
+        hold.release()
+    except locks.LockNotOwned:
+        log.warning("lock %s expired before release (fence %s); the fence kept the write safe", hold.name,
+                    hold.fence)
+    except locks.LockUnavailable:
+        log.warning("lock %s: Redis unreachable at release; it expires with its lease", hold.name)
+
+
+def check_before_commit(holds: dict[str, locks.Hold | None]) -> None:
+    """Never commit on a lock we know we lost (the fence covers the cases we cannot know)."""
+    for hold in holds.values():
+        if hold is not None:
+            hold.check()
+
+
+def with_retries(attempt: Callable[[], T], *, what: str) -> T:
+    """Run `attempt` again on deadlock, lock-wait timeout, stale fence or lost lock; bounded."""
+    retries = int(shop_settings.RETRIES)
+    for n in range(retries + 1):
+        try:
+            return attempt()
+        except OperationalError as exc:
+            if exc.args[0] not in RETRYABLE_MYSQL:
+                raise
+            reason = f"mysql {exc.args[0]}"
+        except (StaleFence, locks.LockLost) as exc:
+            reason = type(exc).__name__
+        log.info("%s: retry %d after %s", what, n + 1, reason)
+        if n < retries:
+            time.sleep(random.uniform(0, 0.005 * (2**n)))
+    raise errors.Conflict(details={"retries": retries})
