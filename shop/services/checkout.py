@@ -34,8 +34,9 @@ from shop.services.locking import (
 )
 from shop.services.validation import validate_code, validate_idempotency_key, validate_lines
 
-# Test hook: called inside the transaction, just before COMMIT, with the holds (tests pause here).
-before_commit_hook: Callable[[dict], None] | None = None
+# Test hook: called inside the transaction as hook(stage, holds), stage "before_update" (locks
+# held, nothing written) or "before_commit". Tests pause a holder here past its lease.
+test_hook: Callable[[str, dict], None] | None = None
 
 
 def request_digest(lines: list[tuple[int, int]], coupon_code: str | None) -> str:
@@ -142,6 +143,8 @@ def _usable_claim(*, user, code: str) -> CouponClaim:
 
 def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks) -> Order:
     with transaction.atomic(durable=True):
+        if test_hook is not None:
+            test_hook("before_update", holds)
         short = []
         fences: dict[int, int | None] = {}
         for pid, qty in lines:
@@ -187,8 +190,8 @@ def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks)
         ])
         if claim is not None:
             CouponClaim.objects.filter(pk=claim.pk).update(order=order)
-        if before_commit_hook is not None:
-            before_commit_hook(holds)
+        if test_hook is not None:
+            test_hook("before_commit", holds)
         check_before_commit(holds)
     order.replayed = False
     return order

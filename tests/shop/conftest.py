@@ -1,0 +1,47 @@
+"""Shop fixtures: real MariaDB rows, real Redis locks."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from shop.models import Coupon, Product
+
+_seq = itertools.count(1)
+
+
+@pytest.fixture
+def make_product(db):
+    def make(stock: int = 10, price: str = "10.00", active: bool = True) -> Product:
+        n = next(_seq)
+        return Product.objects.create(sku=f"SKU-{n}", name=f"Product {n}", price=Decimal(price), stock=stock,
+                                      active=active)
+
+    return make
+
+
+@pytest.fixture
+def make_coupon(db):
+    def make(total: int = 10, discount: str = "5.00", **kwargs) -> Coupon:
+        n = next(_seq)
+        now = timezone.now()
+        defaults = {"valid_from": now - timedelta(days=1), "valid_until": now + timedelta(days=1)}
+        return Coupon.objects.create(code=f"C{n}", discount=Decimal(discount), total=total, remaining=total,
+                                     **{**defaults, **kwargs})
+
+    return make
+
+
+@pytest.fixture
+def user(db):
+    return get_user_model().objects.create_user(f"shopper-{next(_seq)}", password="pw-not-used")
+
+
+@pytest.fixture
+def other_user(db):
+    return get_user_model().objects.create_user(f"shopper-{next(_seq)}", password="pw-not-used")

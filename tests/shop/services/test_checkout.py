@@ -1,0 +1,208 @@
+"""place_order, claim_coupon, cancel_order and restock, one caller at a time."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.db import transaction
+
+from locks import inspect
+from shop import errors
+from shop.models import CouponClaim, Order, OrderLine, StockLedger
+from shop.services import cancel_order, claim_coupon, place_order, restock
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def counts():
+    return Order.objects.count(), OrderLine.objects.count(), StockLedger.objects.count(), CouponClaim.objects.count()
+
+
+def test_an_order_decrements_stock_and_writes_order_lines_and_ledger(user, make_product):
+    a, b = make_product(stock=5, price="10.00"), make_product(stock=3, price="2.50")
+    order = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)])
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert (a.stock, b.stock) == (4, 1)
+    assert order.total == Decimal("15.00") and order.status == Order.Status.PLACED
+    assert sorted(order.lines.values_list("product_id", "quantity")) == [(a.pk, 1), (b.pk, 2)]
+    ledger = StockLedger.objects.filter(order=order)
+    assert sorted(ledger.values_list("product_id", "quantity")) == [(a.pk, -1), (b.pk, -2)]
+    # The row carries the fence of the lock that wrote it.
+    assert a.fence == ledger.get(product=a).fence > 0
+    assert not order.replayed
+
+
+def test_out_of_stock_names_every_short_line_and_writes_nothing(user, make_product):
+    a, b, c = make_product(stock=1), make_product(stock=0), make_product(stock=10)
+    before = counts()
+    with pytest.raises(errors.OutOfStock) as err:
+        place_order(user=user, lines=[(a.pk, 3), (b.pk, 1), (c.pk, 1)])
+    assert err.value.details["lines"] == [
+        {"product_id": a.pk, "requested": 3, "available": 1},
+        {"product_id": b.pk, "requested": 1, "available": 0},
+    ]
+    assert "only 1 left" in err.value.message and "sold out" in err.value.message
+    assert counts() == before
+    c.refresh_from_db()
+    assert c.stock == 10  # the line that fit was rolled back with the rest
+
+
+@pytest.mark.parametrize(("lines", "error"), [
+    ([], errors.InvalidInput),
+    ([(1, 0)], errors.InvalidQuantity),
+    ([(1, -2)], errors.InvalidQuantity),
+    ([(1, 1.5)], errors.InvalidQuantity),
+    ([(1, True)], errors.InvalidQuantity),
+    ([(1, 10_000)], errors.InvalidQuantity),
+    ([(0, 1)], errors.InvalidInput),
+    ([("1", 1)], errors.InvalidInput),
+    ([(1, 1), (1, 2)], errors.InvalidInput),
+    ([(i, 1) for i in range(1, 30)], errors.InvalidInput),
+    ("not lines", errors.InvalidInput),
+])
+def test_invalid_lines_are_refused_before_anything(user, lines, error):
+    before = counts()
+    with pytest.raises(error) as err:
+        place_order(user=user, lines=lines)
+    assert err.value.code in {"invalid_input", "invalid_quantity"}
+    assert counts() == before
+
+
+def test_unknown_and_inactive_products(user, make_product):
+    gone = make_product(stock=5, active=False)
+    with pytest.raises(errors.UnknownProduct) as err:
+        place_order(user=user, lines=[(999_999_999, 1)])
+    assert err.value.code == "unknown_product"
+    with pytest.raises(errors.InactiveProduct):
+        place_order(user=user, lines=[(gone.pk, 1)])
+
+
+def test_idempotency_key_replays_the_first_order_and_refuses_a_different_body(user, make_product):
+    p = make_product(stock=5)
+    first = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1")
+    before = counts()
+    again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1")
+    assert again.pk == first.pk and again.replayed
+    assert counts() == before
+    with pytest.raises(errors.IdempotencyConflict) as err:
+        place_order(user=user, lines=[(p.pk, 2)], idempotency_key="checkout-1")
+    assert err.value.code == "idempotency_conflict" and err.value.status == 422
+    p.refresh_from_db()
+    assert p.stock == 4
+
+
+def test_the_same_key_from_another_user_is_another_order(user, other_user, make_product):
+    p = make_product(stock=5)
+    a = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="k")
+    b = place_order(user=other_user, lines=[(p.pk, 1)], idempotency_key="k")
+    assert a.pk != b.pk
+
+
+def test_place_order_inside_an_atomic_block_raises(user, make_product):
+    p = make_product(stock=5)
+    with pytest.raises(RuntimeError, match="atomic"), transaction.atomic():
+        place_order(user=user, lines=[(p.pk, 1)])
+    p.refresh_from_db()
+    assert p.stock == 5
+
+
+def test_coupon_must_be_claimed_then_applies_once(user, make_product, make_coupon):
+    p = make_product(stock=5, price="20.00")
+    coupon = make_coupon(total=3, discount="5.00")
+    with pytest.raises(errors.CouponNotClaimed):
+        place_order(user=user, lines=[(p.pk, 1)], coupon_code=coupon.code)
+    claim = claim_coupon(user=user, code=coupon.code)
+    coupon.refresh_from_db()
+    assert coupon.remaining == 2
+    order = place_order(user=user, lines=[(p.pk, 1)], coupon_code=coupon.code)
+    assert (order.discount, order.total) == (Decimal("5.00"), Decimal("15.00"))
+    claim.refresh_from_db()
+    assert claim.order_id == order.pk and claim.used_at is not None
+    with pytest.raises(errors.CouponNotClaimed):  # used up
+        place_order(user=user, lines=[(p.pk, 1)], coupon_code=coupon.code)
+
+
+def test_coupon_errors(user, other_user, make_coupon):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    with pytest.raises(errors.CouponUnknown):
+        claim_coupon(user=user, code="NOPE")
+    expired = make_coupon(valid_until=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(errors.CouponExpired):
+        claim_coupon(user=user, code=expired.code)
+    one = make_coupon(total=1)
+    claim_coupon(user=user, code=one.code)
+    with pytest.raises(errors.CouponAlreadyClaimed):
+        claim_coupon(user=user, code=one.code)
+    with pytest.raises(errors.CouponSoldOut):
+        claim_coupon(user=other_user, code=one.code)
+    with pytest.raises(errors.InvalidInput):
+        claim_coupon(user=user, code=" \x00bad")
+
+
+def test_cancel_returns_stock_and_coupon_exactly_once(user, make_product, make_coupon):
+    p = make_product(stock=5)
+    coupon = make_coupon(total=5)
+    claim_coupon(user=user, code=coupon.code)
+    order = place_order(user=user, lines=[(p.pk, 2)], coupon_code=coupon.code)
+    cancelled = cancel_order(order=order, actor="test")
+    assert cancelled.status == Order.Status.CANCELLED and cancelled.cancelled_at
+    p.refresh_from_db()
+    assert p.stock == 5
+    claim = CouponClaim.objects.get(coupon=coupon, user=user)
+    assert claim.used_at is None and claim.order_id is None
+    with pytest.raises(errors.OrderNotCancellable):
+        cancel_order(order=order, actor="test")
+    p.refresh_from_db()
+    assert p.stock == 5
+    assert sorted(StockLedger.objects.filter(order=order).values_list("quantity", "reason")) == [
+        (-2, "order"), (2, "cancel")]
+
+
+def test_restock(user, make_product):
+    p = make_product(stock=0)
+    assert restock(product=p, quantity=7, actor="ops").stock == 7
+    assert StockLedger.objects.filter(product=p, reason="restock").get().quantity == 7
+    for bad in (0, -1, 1.5, "3", 10**9):
+        with pytest.raises(errors.InvalidQuantity):
+            restock(product=p, quantity=bad, actor="ops")
+
+
+def test_sold_out_fast_path_skips_the_lock_and_mysql(user, make_product, django_assert_num_queries):
+    p = make_product(stock=1)
+    place_order(user=user, lines=[(p.pk, 1)])
+    with pytest.raises(errors.OutOfStock):  # reads stock 0 under the lock: marks it sold out
+        place_order(user=user, lines=[(p.pk, 1)])
+    acquired = inspect.stats_for(f"product:{p.pk}").counters["acquired"]
+    with django_assert_num_queries(0), pytest.raises(errors.OutOfStock) as err:
+        place_order(user=user, lines=[(p.pk, 1)])
+    assert err.value.details["lines"] == [{"product_id": p.pk, "requested": 1, "available": 0}]
+    assert inspect.stats_for(f"product:{p.pk}").counters["acquired"] == acquired
+    # A refill clears the marker before it commits: the next order goes through at once.
+    restock(product=p, quantity=2, actor="ops")
+    assert place_order(user=user, lines=[(p.pk, 1)]).pk
+
+
+def test_cancel_clears_the_sold_out_marker(user, other_user, make_product):
+    p = make_product(stock=1)
+    order = place_order(user=user, lines=[(p.pk, 1)])
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=other_user, lines=[(p.pk, 1)])
+    cancel_order(order=order, actor="test")
+    assert place_order(user=other_user, lines=[(p.pk, 1)]).pk
+
+
+def test_losing_the_marker_only_loses_the_speed_up(user, make_product, redis_client):
+    from django_redis import get_redis_connection
+
+    p = make_product(stock=1)
+    place_order(user=user, lines=[(p.pk, 1)])
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=user, lines=[(p.pk, 1)])
+    get_redis_connection("default").delete(f"shop:soldout:{p.pk}")  # as if Redis lost its data
+    with pytest.raises(errors.OutOfStock):  # the locked path still refuses
+        place_order(user=user, lines=[(p.pk, 1)])
