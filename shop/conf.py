@@ -18,9 +18,10 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RESTOCK": 1_000_000,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.
     "RETRIES": 5,
-    # Sold-out markers live in this cache's Redis, with this TTL (seconds).
+    # Sold-out markers live in this cache's Redis, with this TTL (seconds). Services keep them
+    # exact; the TTL bounds the damage of stock changed behind their back (raw SQL, a DB reset).
     "SOLDOUT_CACHE_ALIAS": "default",
-    "SOLDOUT_TTL": 3600,
+    "SOLDOUT_TTL": 300,
 }
 
 

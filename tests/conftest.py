@@ -7,10 +7,13 @@ other's locks, and the prefix's keys are deleted at the end.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
 from django_redis import get_redis_connection
+
+from tests.helpers import RedisServer
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -27,3 +30,25 @@ def _lock_key_prefix():
 @pytest.fixture
 def redis_client():
     return get_redis_connection(settings.LOCKS["CACHE_ALIAS"])
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A private redis-server (no persistence) a test may stop, restart or wipe."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stale_sold_out_markers(django_db_setup, django_db_blocker):
+    """The test database starts its ids at 1 again: markers from an earlier run must not apply."""
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        name = connection.settings_dict["NAME"]
+    client = get_redis_connection("default")
+    keys = list(client.scan_iter(match=f"shop:{name}:soldout:*", count=1000))
+    if keys:
+        client.delete(*keys)

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import multiprocessing
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.contrib.auth import get_user_model
 from django.db import connections
 
@@ -49,3 +55,48 @@ def make_users(n: int, prefix: str = "buyer") -> list:
     User = get_user_model()
     User.objects.bulk_create([User(username=f"{prefix}-{i}", password="!") for i in range(n)])
     return list(User.objects.filter(username__startswith=f"{prefix}-").order_by("pk"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A throwaway redis-server without persistence: stop it, start it, lose everything."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.dir = tempfile.mkdtemp(prefix="redis-test-")  # a replica's sync file lands here
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        assert exe, "redis-server is not installed (./dev.sh installs it)"
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port)
+        for _ in range(200):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError("private redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)

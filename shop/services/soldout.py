@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
@@ -20,7 +21,8 @@ log = logging.getLogger("shop")
 
 
 def _key(product_id: int) -> str:
-    return f"shop:soldout:{product_id}"
+    # Namespaced by database: two databases (dev and test, two shops) may share one Redis.
+    return f"shop:{connection.settings_dict['NAME']}:soldout:{product_id}"
 
 
 def _client():

@@ -12,7 +12,8 @@ import redis
 
 from locks import Lock, LockUnavailable
 from locks.keys import LockKeys
-from tests.locks.conftest import FORK, RedisServer
+from tests.helpers import RedisServer
+from tests.locks.conftest import FORK
 
 
 class Replica(RedisServer):

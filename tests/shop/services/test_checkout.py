@@ -10,7 +10,7 @@ from django.db import transaction
 from locks import inspect
 from shop import errors
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
-from shop.services import cancel_order, claim_coupon, place_order, restock
+from shop.services import cancel_order, claim_coupon, place_order, restock, soldout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -203,6 +203,6 @@ def test_losing_the_marker_only_loses_the_speed_up(user, make_product, redis_cli
     place_order(user=user, lines=[(p.pk, 1)])
     with pytest.raises(errors.OutOfStock):
         place_order(user=user, lines=[(p.pk, 1)])
-    get_redis_connection("default").delete(f"shop:soldout:{p.pk}")  # as if Redis lost its data
+    get_redis_connection("default").delete(soldout._key(p.pk))  # as if Redis lost its data
     with pytest.raises(errors.OutOfStock):  # the locked path still refuses
         place_order(user=user, lines=[(p.pk, 1)])
