@@ -169,3 +169,41 @@ class DbLock(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.owner})"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the JSON API (load-test tools, scripts). Only its SHA-256 is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12, db_index=True, help_text="First characters, to recognise it")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}... (user {self.user_id})"
+
+    @staticmethod
+    def hash(raw: str) -> str:
+        import hashlib
+
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, *, user_id: int, name: str = "") -> str:
+        """Create a token and return it in clear, once: it cannot be shown again."""
+        import secrets
+
+        raw = "shp_" + secrets.token_urlsafe(32)
+        cls.objects.create(user_id=user_id, name=name[:100], prefix=raw[:12], key_hash=cls.hash(raw))
+        return raw
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
