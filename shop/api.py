@@ -1,0 +1,240 @@
+"""The JSON API: parse and check the request, call the service, map errors to HTTP.
+
+Errors always have the shape {"error": {"code", "message", "details"}}; codes are the services'
+(`shop.errors`) plus a few transport ones (not_authenticated, csrf_failed, method_not_allowed,
+unsupported_media_type, payload_too_large, not_found). Limits: bodies up to MAX_BODY_BYTES,
+orders up to SHOP["MAX_LINES_PER_ORDER"] lines of 1..SHOP["MAX_QUANTITY_PER_LINE"] units.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt
+
+from shop import errors, selectors
+from shop.conf import shop_settings
+from shop.models import CouponClaim, Order, Product
+from shop.services import claim_coupon, place_order
+from shop.services.validation import MAX_CODE_LENGTH, validate_code, validate_idempotency_key
+from shop.tokens import BadToken, bearer_token, user_for_token
+
+MAX_BODY_BYTES = 16 * 1024
+MAX_ID = 2**63 - 1
+
+
+def error_response(status: int, code: str, message: str, details: dict | None = None,
+                   retry_after: int | None = None) -> JsonResponse:
+    response = JsonResponse({"error": {"code": code, "message": message, "details": details or {}}}, status=status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
+
+
+def shop_error_response(exc: errors.ShopError) -> JsonResponse:
+    return error_response(exc.status, exc.code, exc.message, exc.details, exc.retry_after)
+
+
+def _csrf_failure(request: HttpRequest) -> JsonResponse | None:
+    """Session-authenticated writes need the CSRF token; bearer requests do not (no ambient auth)."""
+    check = CsrfViewMiddleware(lambda r: None)
+    check.process_request(request)
+    rejected = check.process_view(request, None, (), {})
+    if rejected is not None:
+        return error_response(403, "csrf_failed", "CSRF check failed: send the X-CSRFToken header.")
+    return None
+
+
+def api_view(methods: tuple[str, ...], *, login: bool = True) -> Callable:
+    def decorate(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:
+        @csrf_exempt
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+            if request.method not in methods:
+                response = error_response(405, "method_not_allowed", f"Use {' or '.join(methods)}.")
+                response["Allow"] = ", ".join(methods)
+                return response
+            try:
+                raw = bearer_token(request)
+                if raw is not None:
+                    request.user = user_for_token(raw)
+                elif (request.method not in ("GET", "HEAD") and request.user.is_authenticated
+                      and (failure := _csrf_failure(request)) is not None):
+                    return failure
+            except BadToken as exc:
+                return error_response(401, "not_authenticated", f"Invalid token: {exc}.")
+            if login and not request.user.is_authenticated:
+                response = error_response(401, "not_authenticated", "Sign in, or send 'Authorization: Bearer <token>'.")
+                response["WWW-Authenticate"] = 'Bearer realm="shop"'
+                return response
+            try:
+                return view(request, *args, **kwargs)
+            except errors.ShopError as exc:
+                return shop_error_response(exc)
+
+        return wrapper
+
+    return decorate
+
+
+def read_json_object(request: HttpRequest) -> dict[str, Any]:
+    content_type = request.content_type or ""
+    if content_type != "application/json":
+        raise _Transport(415, "unsupported_media_type", "Send the body as Content-Type: application/json.")
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > MAX_BODY_BYTES:
+        raise _Transport(413, "payload_too_large", f"The body may be at most {MAX_BODY_BYTES} bytes.")
+    body = request.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        raise _Transport(413, "payload_too_large", f"The body may be at most {MAX_BODY_BYTES} bytes.")
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise errors.InvalidInput("The body is not valid JSON.", details={"body": "invalid JSON"}) from None
+    if not isinstance(data, dict):
+        raise errors.InvalidInput("The body must be a JSON object.", details={"body": "expected an object"})
+    return data
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(name)  # NaN, Infinity
+
+
+class _Transport(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.response = error_response(status, code, message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_order(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None]:
+    """Field-by-field checks of an order body; every problem is reported at once."""
+    problems: dict[str, str] = {}
+    extra = sorted(set(data) - {"lines", "coupon_code"})
+    for key in extra:
+        problems[str(key)[:50]] = "unknown field"
+    lines_in = data.get("lines")
+    max_lines, max_qty = int(shop_settings.MAX_LINES_PER_ORDER), int(shop_settings.MAX_QUANTITY_PER_LINE)
+    lines: list[tuple[int, int]] = []
+    quantity_problem = False
+    if not isinstance(lines_in, list) or not lines_in:
+        problems["lines"] = "a non-empty list of {product_id, quantity}"
+    elif len(lines_in) > max_lines:
+        problems["lines"] = f"at most {max_lines} lines"
+    else:
+        seen: set[int] = set()
+        for i, line in enumerate(lines_in):
+            where = f"lines[{i}]"
+            if not isinstance(line, dict):
+                problems[where] = "an object {product_id, quantity}"
+                continue
+            for key in sorted(set(line) - {"product_id", "quantity"}):
+                problems[f"{where}.{str(key)[:50]}"] = "unknown field"
+            pid, qty = line.get("product_id"), line.get("quantity")
+            if not _is_int(pid) or not 1 <= pid <= MAX_ID:
+                problems[f"{where}.product_id"] = "a positive integer"
+            elif pid in seen:
+                problems[f"{where}.product_id"] = "repeated; one line per product"
+            else:
+                seen.add(pid)
+            if not _is_int(qty) or not 1 <= qty <= max_qty:
+                problems[f"{where}.quantity"] = f"an integer from 1 to {max_qty}"
+                quantity_problem = True
+            if not problems:
+                lines.append((pid, qty))
+    code = data.get("coupon_code")
+    if code is not None:
+        try:
+            code = validate_code(code)
+        except errors.InvalidInput:
+            problems["coupon_code"] = f"printable text, 1 to {MAX_CODE_LENGTH} characters, or null"
+    if problems:
+        only_quantities = quantity_problem and all(k.endswith(".quantity") for k in problems)
+        cls = errors.InvalidQuantity if only_quantities else errors.InvalidInput
+        raise cls(details=problems)
+    return lines, code
+
+
+def product_json(p: Product) -> dict[str, Any]:
+    return {"id": p.pk, "sku": p.sku, "name": p.name, "price": str(p.price), "stock": p.stock}
+
+
+def order_json(order: Order) -> dict[str, Any]:
+    return {
+        "id": order.pk,
+        "status": order.status,
+        "subtotal": str(order.subtotal),
+        "discount": str(order.discount),
+        "total": str(order.total),
+        "coupon_code": order.coupon.code if order.coupon_id else None,
+        "idempotency_key": order.idempotency_key,
+        "created_at": order.created_at.isoformat(),
+        "lines": [
+            {"product_id": line.product_id, "sku": line.product.sku, "name": line.product.name,
+             "quantity": line.quantity, "unit_price": str(line.unit_price)}
+            for line in order.lines.all()
+        ],
+    }
+
+
+def claim_json(claim: CouponClaim) -> dict[str, Any]:
+    return {"id": claim.pk, "coupon_code": claim.coupon.code, "discount": str(claim.coupon.discount),
+            "claimed_at": claim.claimed_at.isoformat(), "used": claim.used_at is not None}
+
+
+@api_view(("GET",), login=False)
+def products(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"results": [product_json(p) for p in selectors.product_list()]})
+
+
+@api_view(("GET",), login=False)
+def product(request: HttpRequest, product_id: int) -> JsonResponse:
+    return JsonResponse(product_json(selectors.product_detail(id=product_id)))
+
+
+@api_view(("GET", "POST"))
+def orders(request: HttpRequest) -> JsonResponse:
+    if request.method == "GET":
+        return JsonResponse({"results": [order_json(o) for o in selectors.orders_for_user(user=request.user)[:50]]})
+    try:
+        data = read_json_object(request)
+    except _Transport as exc:
+        return exc.response
+    lines, code = parse_order(data)
+    key = request.headers.get("Idempotency-Key")
+    if key is not None:
+        try:
+            key = validate_idempotency_key(key)
+        except errors.InvalidInput as exc:
+            exc.details = {"Idempotency-Key": exc.details.get("idempotency_key", "invalid")}
+            raise
+    placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key)
+    body = order_json(selectors.order_for_user(user=request.user, order_id=placed.pk))
+    return JsonResponse(body, status=200 if placed.replayed else 201)
+
+
+@api_view(("GET",))
+def order(request: HttpRequest, order_id: int) -> JsonResponse:
+    return JsonResponse(order_json(selectors.order_for_user(user=request.user, order_id=order_id)))
+
+
+@api_view(("POST",))
+def claim(request: HttpRequest, code: str) -> JsonResponse:
+    made = claim_coupon(user=request.user, code=code)
+    return JsonResponse(claim_json(made), status=201)
+
+
+@api_view(("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"), login=False)
+def not_found(request: HttpRequest, path: str = "") -> JsonResponse:
+    return error_response(404, "not_found", "No such API route.", {"path": request.path[:200]})

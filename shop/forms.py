@@ -1,0 +1,41 @@
+"""Forms of the web checkout. Limits come from SHOP settings, the same as the API's."""
+
+from __future__ import annotations
+
+import uuid
+
+from django import forms
+from django.contrib.auth.forms import UserCreationForm
+
+from shop.conf import shop_settings
+
+
+class QuantityForm(forms.Form):
+    quantity = forms.IntegerField(min_value=0, initial=1)
+
+    def clean_quantity(self) -> int:
+        qty = self.cleaned_data["quantity"]
+        cap = int(shop_settings.MAX_QUANTITY_PER_LINE)
+        if qty > cap:
+            raise forms.ValidationError(f"At most {cap} per order.")
+        return qty
+
+
+class CheckoutForm(forms.Form):
+    coupon_code = forms.ChoiceField(required=False, label="Coupon")
+    # Generated when the page renders: a double click or a resubmit posts the same key.
+    idempotency_key = forms.CharField(widget=forms.HiddenInput, max_length=128)
+
+    def __init__(self, *args, codes: list[tuple[str, str]] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["coupon_code"].choices = [("", "No coupon"), *codes]
+        if not self.is_bound:
+            self.initial["idempotency_key"] = uuid.uuid4().hex
+
+
+class SignUpForm(UserCreationForm):
+    pass
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100, required=False, help_text="What it is for, e.g. 'locust'")

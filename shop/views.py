@@ -1,0 +1,198 @@
+"""The web checkout: thin views over the services, errors in plain words."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from shop import cart, errors, selectors
+from shop.conf import shop_settings
+from shop.forms import CheckoutForm, QuantityForm, SignUpForm, TokenForm
+from shop.models import ApiToken, Product
+from shop.services import claim_coupon, place_order
+from shop.tokens import revoke
+
+
+def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None) -> str:
+    """What a shopper should read for each error code."""
+    names = names or {}
+    if isinstance(exc, errors.OutOfStock):
+        parts = []
+        for line in exc.details.get("lines", []):
+            name = names.get(line["product_id"], "This product")
+            left = line["available"]
+            parts.append(f"{name}: Sold out" if left == 0 else f"{name}: Only {left} left")
+        return "; ".join(parts) or "Sold out"
+    return {
+        "lock_timeout": "Busy right now, please retry.",
+        "lock_unavailable": "We can't take orders this second. Nothing was charged; please retry.",
+        "conflict": "Busy right now, please retry.",
+        "coupon_already_claimed": "You already have this coupon.",
+        "coupon_sold_out": "This coupon has run out.",
+        "coupon_expired": "This coupon is not valid right now.",
+        "coupon_unknown": "We don't know that coupon.",
+        "coupon_not_claimed": "Claim this coupon first (or it was already used).",
+        "inactive_product": "This product is no longer on sale.",
+        "unknown_product": "This product no longer exists.",
+        "idempotency_conflict": "This checkout was already submitted with a different cart.",
+    }.get(exc.code, exc.message)
+
+
+def catalog(request: HttpRequest) -> HttpResponse:
+    return render(request, "shop/catalog.html", {"products": selectors.product_list()})
+
+
+@require_http_methods(["GET", "POST"])
+def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
+    try:
+        product = selectors.product_detail(id=product_id)
+    except errors.UnknownProduct:
+        raise Http404("No such product") from None
+    form = QuantityForm(request.POST or None)
+    if request.method == "POST" and form.is_valid() and form.cleaned_data["quantity"] > 0:
+        qty = cart.add(request.session, product.pk, form.cleaned_data["quantity"],
+                       maximum=int(shop_settings.MAX_QUANTITY_PER_LINE))
+        messages.success(request, f"{product.name}: {qty} in your cart.")
+        return redirect("cart")
+    return render(request, "shop/product.html", {"product": product, "form": form})
+
+
+def _cart_rows(request: HttpRequest) -> list[dict]:
+    wanted = cart.lines(request.session)
+    products = Product.objects.in_bulk([pid for pid, _ in wanted])
+    rows = []
+    for pid, qty in wanted:
+        product = products.get(pid)
+        if product is None or not product.active:
+            cart.set_quantity(request.session, pid, 0)
+            continue
+        rows.append({"product": product, "quantity": qty, "total": product.price * qty})
+    return rows
+
+
+@require_http_methods(["GET", "POST"])
+def cart_view(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        try:
+            pid = int(request.POST.get("product_id", ""))
+        except ValueError:
+            pid = 0
+        form = QuantityForm(request.POST)
+        if pid > 0 and form.is_valid():
+            cart.set_quantity(request.session, pid, form.cleaned_data["quantity"])
+        else:
+            messages.error(request, f"Pick a quantity from 0 to {shop_settings.MAX_QUANTITY_PER_LINE}.")
+        return redirect("cart")
+    rows = _cart_rows(request)
+    return render(request, "shop/cart.html", {"rows": rows, "total": sum(r["total"] for r in rows)})
+
+
+def _coupon_choices(user) -> list[tuple[str, str]]:
+    return [(c.coupon.code, f"{c.coupon.code}: {c.coupon.discount} off")
+            for c in selectors.usable_claims_for_user(user=user)]
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def checkout(request: HttpRequest) -> HttpResponse:
+    rows = _cart_rows(request)
+    codes = _coupon_choices(request.user)
+    form = CheckoutForm(request.POST or None, codes=codes)
+    if request.method == "POST":
+        if not form.is_valid():
+            messages.error(request, "Please check the form and try again.")
+        elif not rows:
+            # An empty cart after a successful submit: this is the double click. Show that order.
+            existing = request.user.orders.filter(idempotency_key=form.cleaned_data["idempotency_key"]).first()
+            if existing is not None:
+                return redirect("order", order_id=existing.pk)
+            messages.error(request, "Your cart is empty.")
+        else:
+            try:
+                order = place_order(
+                    user=request.user,
+                    lines=[(r["product"].pk, r["quantity"]) for r in rows],
+                    coupon_code=form.cleaned_data["coupon_code"] or None,
+                    idempotency_key=form.cleaned_data["idempotency_key"],
+                )
+            except errors.ShopError as exc:
+                messages.error(request, plain_words(exc, {r["product"].pk: r["product"].name for r in rows}))
+            else:
+                cart.clear(request.session)
+                if not order.replayed:
+                    messages.success(request, "Thank you! Your order is placed.")
+                return redirect("order", order_id=order.pk)
+        form = CheckoutForm(codes=codes)  # a fresh key for a fresh attempt
+    return render(request, "shop/checkout.html", {
+        "rows": rows, "total": sum(r["total"] for r in rows), "form": form,
+    })
+
+
+@login_required
+def order_detail(request: HttpRequest, order_id: int) -> HttpResponse:
+    try:
+        order = selectors.order_for_user(user=request.user, order_id=order_id)
+    except errors.OrderNotFound:
+        raise Http404("No such order") from None
+    return render(request, "shop/order.html", {"order": order})
+
+
+@login_required
+def my_orders(request: HttpRequest) -> HttpResponse:
+    return render(request, "shop/orders.html", {"orders": selectors.orders_for_user(user=request.user)[:100]})
+
+
+def coupons(request: HttpRequest) -> HttpResponse:
+    mine = set()
+    if request.user.is_authenticated:
+        mine = {c.coupon_id for c in selectors.claims_for_user(user=request.user)}
+    return render(request, "shop/coupons.html", {"coupons": selectors.coupon_list(), "mine": mine})
+
+
+@login_required
+@require_POST
+def coupon_claim(request: HttpRequest, code: str) -> HttpResponse:
+    try:
+        claim_coupon(user=request.user, code=code)
+    except errors.ShopError as exc:
+        messages.error(request, plain_words(exc))
+    else:
+        messages.success(request, f"Coupon {code} is yours: pick it at checkout.")
+    return redirect("coupons")
+
+
+@require_http_methods(["GET", "POST"])
+def signup(request: HttpRequest) -> HttpResponse:
+    form = SignUpForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = form.save()
+        login(request, user)
+        messages.success(request, f"Welcome, {user.username}!")
+        return redirect("catalog")
+    return render(request, "registration/signup.html", {"form": form})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def api_tokens(request: HttpRequest) -> HttpResponse:
+    form = TokenForm(request.POST or None)
+    new_token = None
+    if request.method == "POST":
+        if "revoke" in request.POST:
+            raw = request.POST.get("revoke", "")
+            token_id = int(raw) if raw.isdigit() and len(raw) < 19 else 0
+            token = ApiToken.objects.filter(user=request.user, pk=token_id).first()
+            if token is not None:
+                revoke(token=token)
+                messages.success(request, f"Token {token.prefix}... revoked.")
+            return redirect("api_tokens")
+        if form.is_valid():
+            new_token = ApiToken.issue(user_id=request.user.pk, name=form.cleaned_data["name"])
+            form = TokenForm()
+    return render(request, "shop/tokens.html", {
+        "form": form, "new_token": new_token, "tokens": ApiToken.objects.filter(user=request.user),
+    })
