@@ -148,7 +148,9 @@ def parse_order(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None
                 problems[f"{where}.product_id"] = "repeated; one line per product"
             else:
                 seen.add(pid)
-            if not _is_int(qty) or not 1 <= qty <= max_qty:
+            if qty is None:
+                problems[f"{where}.quantity"] = "required"
+            elif not _is_int(qty) or not 1 <= qty <= max_qty:
                 problems[f"{where}.quantity"] = f"an integer from 1 to {max_qty}"
                 quantity_problem = True
             if not problems:
@@ -160,7 +162,8 @@ def parse_order(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None
         except errors.InvalidInput:
             problems["coupon_code"] = f"printable text, 1 to {MAX_CODE_LENGTH} characters, or null"
     if problems:
-        only_quantities = quantity_problem and all(k.endswith(".quantity") for k in problems)
+        only_quantities = quantity_problem and all(
+            k.endswith(".quantity") and v != "required" for k, v in problems.items())
         cls = errors.InvalidQuantity if only_quantities else errors.InvalidInput
         raise cls(details=problems)
     return lines, code
