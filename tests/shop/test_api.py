@@ -182,7 +182,7 @@ BAD_BODIES = [
     ('{"lines": [{"product_id": 1, "quantity": 1}], "coupon_code": "a\\u0000b"}', "invalid_input", 400),
     ('{"lines": [{"product_id": 1, "quantity": 1}], "coupon_code": "\\ud800"}', "invalid_input", 400),
     ("[" * 100_000, "payload_too_large", 413),
-    ('{"lines": [' + ",".join(['{"product_id": %d, "quantity": 1}' % i for i in range(1, 30)]) + "]}",
+    ('{"lines": [' + ",".join([f'{{"product_id": {i}, "quantity": 1}}' for i in range(1, 30)]) + "]}",
      "invalid_input", 400),
 ]
 
