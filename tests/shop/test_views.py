@@ -1,0 +1,141 @@
+"""The web checkout through Django's test client: pages, cart, checkout, errors in plain words."""
+
+from __future__ import annotations
+
+import pytest
+
+from locks import Lock
+from shop.models import ApiToken, CouponClaim, Order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def shopper(client, user):
+    client.force_login(user)
+    return client
+
+
+def test_catalog_shows_stock_and_sold_out(client, make_product):
+    make_product(stock=0)
+    make_product(stock=3)
+    make_product(stock=40)
+    page = client.get("/").content.decode()
+    assert "Sold out" in page and "Only 3 left" in page and "40 in stock" in page
+
+
+def test_product_page_and_add_to_cart(client, make_product):
+    p = make_product(stock=5)
+    assert p.name in client.get(f"/products/{p.pk}/").content.decode()
+    response = client.post(f"/products/{p.pk}/", {"quantity": 2})
+    assert response.status_code == 302
+    cart = client.get("/cart/").content.decode()
+    assert p.name in cart and 'value="2"' in cart
+    assert client.get("/products/999999/").status_code == 404
+    assert client.post(f"/products/{p.pk}/", {"quantity": "lots"}).status_code == 200  # form error, no 500
+
+
+def test_checkout_requires_login(client):
+    response = client.get("/checkout/")
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def _checkout(shopper, **extra):
+    page = shopper.get("/checkout/")
+    key = page.context["form"].initial["idempotency_key"]
+    return key, shopper.post("/checkout/", {"idempotency_key": key, **extra})
+
+
+def test_checkout_places_the_order_and_a_double_submit_does_not_order_twice(shopper, user, make_product):
+    a, b = make_product(stock=5, price="10.00"), make_product(stock=5, price="1.00")
+    shopper.post(f"/products/{a.pk}/", {"quantity": 2})
+    shopper.post(f"/products/{b.pk}/", {"quantity": 1})
+    key, first = _checkout(shopper)
+    assert first.status_code == 302
+    order = Order.objects.get(user=user)
+    assert first["Location"] == f"/orders/{order.pk}/"
+    again = shopper.post("/checkout/", {"idempotency_key": key})  # the double click
+    assert again.status_code == 302 and again["Location"] == f"/orders/{order.pk}/"
+    assert Order.objects.filter(user=user).count() == 1
+    page = shopper.get(f"/orders/{order.pk}/").content.decode()
+    assert "21.00" in page
+    assert f"#{order.pk}" in shopper.get("/orders/").content.decode()
+
+
+def test_resubmitting_the_same_key_with_the_cart_refilled_still_orders_once(shopper, user, make_product):
+    p = make_product(stock=5)
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})
+    key, _ = _checkout(shopper)
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})  # same cart again, same form resent
+    again = shopper.post("/checkout/", {"idempotency_key": key})
+    assert Order.objects.filter(user=user).count() == 1
+    assert again.status_code == 302
+
+
+def test_out_of_stock_in_plain_words(shopper, make_product):
+    p = make_product(stock=3)
+    shopper.post(f"/products/{p.pk}/", {"quantity": 5})
+    _, response = _checkout(shopper)
+    assert response.status_code == 200
+    assert f"{p.name}: Only 3 left" in response.content.decode()
+    assert Order.objects.count() == 0
+
+
+def test_busy_in_plain_words(shopper, make_product, settings):
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "LOCK_WAIT": 0.05}
+    p = make_product(stock=3)
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})
+    with Lock(f"product:{p.pk}", ttl=10.0):
+        _, response = _checkout(shopper)
+    assert "Busy right now, please retry" in response.content.decode()
+
+
+def test_coupon_center_claim_and_checkout_with_it(shopper, user, make_product, make_coupon):
+    coupon = make_coupon(total=2, discount="3.00")
+    page = shopper.get("/coupons/").content.decode()
+    assert coupon.code in page and "2 of 2 left" in page
+    shopper.post(f"/coupons/{coupon.code}/claim/")
+    assert CouponClaim.objects.filter(user=user, coupon=coupon).exists()
+    again = shopper.post(f"/coupons/{coupon.code}/claim/", follow=True)
+    assert "You already have this coupon" in again.content.decode()
+    p = make_product(stock=5, price="10.00")
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})
+    _, response = _checkout(shopper, coupon_code=coupon.code)
+    order = Order.objects.get(user=user)
+    assert order.total == 7 and response["Location"] == f"/orders/{order.pk}/"
+
+
+def test_coupon_claim_needs_login_and_post(client, make_coupon):
+    coupon = make_coupon()
+    assert client.post(f"/coupons/{coupon.code}/claim/").status_code == 302
+    assert client.get(f"/coupons/{coupon.code}/claim/").status_code in (302, 405)
+
+
+def test_orders_are_private(shopper, other_user, make_product):
+    from shop.services import place_order
+
+    p = make_product(stock=5)
+    theirs = place_order(user=other_user, lines=[(p.pk, 1)])
+    assert shopper.get(f"/orders/{theirs.pk}/").status_code == 404
+
+
+def test_signup_login_logout(client):
+    response = client.post("/signup/", {"username": "newbie", "password1": "a-long-pass-123",
+                                        "password2": "a-long-pass-123"})
+    assert response.status_code == 302
+    assert "newbie" in client.get("/").content.decode()
+    client.post("/logout/")
+    assert "Log in" in client.get("/").content.decode()
+    assert client.post("/login/", {"username": "newbie", "password": "a-long-pass-123"}).status_code == 302
+
+
+def test_api_token_page_creates_and_revokes(shopper, user):
+    page = shopper.post("/account/tokens/", {"name": "locust"})
+    token = page.context["new_token"]
+    assert token.startswith("shp_") and token in page.content.decode()
+    stored = ApiToken.objects.get(user=user)
+    assert stored.key_hash == ApiToken.hash(token) and token not in stored.key_hash
+    shopper.post("/account/tokens/", {"revoke": str(stored.pk)})
+    stored.refresh_from_db()
+    assert stored.revoked_at is not None
+    assert shopper.post("/account/tokens/", {"revoke": "not-a-number"}).status_code == 302
