@@ -103,13 +103,14 @@ def checkout(request: HttpRequest) -> HttpResponse:
     codes = _coupon_choices(request.user)
     form = CheckoutForm(request.POST or None, codes=codes)
     if request.method == "POST":
+        # The same form posted again (double click, resubmit): show the order it already made.
+        key = request.POST.get("idempotency_key", "")[:128]
+        existing = request.user.orders.filter(idempotency_key=key).first() if key else None
+        if existing is not None:
+            return redirect("order", order_id=existing.pk)
         if not form.is_valid():
             messages.error(request, "Please check the form and try again.")
         elif not rows:
-            # An empty cart after a successful submit: this is the double click. Show that order.
-            existing = request.user.orders.filter(idempotency_key=form.cleaned_data["idempotency_key"]).first()
-            if existing is not None:
-                return redirect("order", order_id=existing.pk)
             messages.error(request, "Your cart is empty.")
         else:
             try:
