@@ -1,0 +1,69 @@
+"""The lock dashboard in the admin: an index entry whose pages are live views over Redis."""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.contrib import admin
+from django.urls import path
+from django.views.decorators.http import require_http_methods
+
+from locks import views
+from locks.models import ForceRelease, LockDashboard
+
+
+@admin.register(LockDashboard)
+class LockDashboardAdmin(admin.ModelAdmin):
+    """Any staff member may look; releasing needs the dedicated permission (see views)."""
+
+    def has_module_permission(self, request) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        return views.dashboard(request)
+
+    def get_urls(self):
+        def wrap(view):
+            @wraps(view)
+            def wrapper(request, *args, **kwargs):
+                request.current_app = self.admin_site.name
+                return self.admin_site.admin_view(view)(request, *args, **kwargs)
+
+            return wrapper
+
+        return [
+            path("data/", wrap(views.dashboard_data), name="locks_lockdashboard_data"),
+            path("events/", wrap(views.event_log), name="locks_lockdashboard_events"),
+            path("release/<path:name>/", wrap(require_http_methods(["GET", "POST"])(views.force_release)),
+                 name="locks_lockdashboard_release"),
+            *super().get_urls(),
+        ]
+
+
+@admin.register(ForceRelease)
+class ForceReleaseAdmin(admin.ModelAdmin):
+    list_display = ("released_at", "lock_name", "fence", "owner", "held_for", "waiters", "actor_name")
+    list_filter = ("released_at",)
+    search_fields = ("lock_name", "actor_name", "owner")
+    readonly_fields = [f.name for f in ForceRelease._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

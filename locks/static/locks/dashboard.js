@@ -1,0 +1,37 @@
+// Re-renders the dashboard tables from the staff-only JSON endpoint every few seconds.
+(function () {
+  "use strict";
+  var root = document.getElementById("locks-dashboard");
+  if (!root) return;
+  var every = 3000, canRelease = root.dataset.canRelease === "1";
+  function esc(s) { return String(s).replace(/[&<>"']/g, function (c) { return "&#" + c.charCodeAt(0) + ";"; }); }
+  function ms(x) { return x === null || x === undefined ? "-" : (x * 1000).toFixed(1); }
+  function link(row) { return row.url ? '<a href="' + esc(row.url) + '">' + esc(row.name) + "</a>" : esc(row.name); }
+  function render(data) {
+    var held = data.held.map(function (h) {
+      var release = canRelease ? '<a href="' + esc(root.dataset.releaseUrl.replace("NAME", encodeURI(h.name))) + '">Force release…</a>' : "";
+      return "<tr><td>" + link(h) + "</td><td>" + esc(h.owner) + '</td><td class="num">' + esc(h.fence) +
+        '</td><td class="num">' + h.held_for.toFixed(2) + ' s</td><td class="num">' + h.ttl_left.toFixed(2) +
+        ' s</td><td class="num">' + esc(h.waiters) + "</td><td>" + release + "</td></tr>";
+    });
+    document.querySelector("#held-locks tbody").innerHTML = held.join("") || '<tr><td colspan="7">No lock is held.</td></tr>';
+    document.getElementById("held-count").textContent = "(" + data.held.length + (data.next_cursor ? "+" : "") + ")";
+    var stats = data.stats.map(function (s) {
+      return "<tr><td>" + link(s) + '</td><td class="num">' + s.acquired + '</td><td class="num">' +
+        Math.round(s.contention * 100) + ' %</td><td class="num">' + s.timeouts + '</td><td class="num">' + s.lost +
+        '</td><td class="num">' + s.force_released + '</td><td class="num">' + ms(s.wait_p50) + '</td><td class="num">' +
+        ms(s.wait_p99) + '</td><td class="num">' + ms(s.hold_p50) + '</td><td class="num">' + ms(s.hold_p99) + "</td></tr>";
+    });
+    document.querySelector("#lock-stats tbody").innerHTML = stats.join("") || '<tr><td colspan="10">No lock activity yet.</td></tr>';
+    document.getElementById("refresh-state").textContent = "Updated " + new Date(data.at * 1000).toLocaleTimeString() + ".";
+  }
+  function tick() {
+    var params = new URLSearchParams(window.location.search);
+    fetch(root.dataset.url + "?" + params.toString(), {credentials: "same-origin", headers: {"Accept": "application/json"}})
+      .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
+      .then(render)
+      .catch(function (e) { document.getElementById("refresh-state").textContent = "Refresh failed (" + e.message + "); retrying."; })
+      .finally(function () { setTimeout(tick, every); });
+  }
+  setTimeout(tick, every);
+})();
