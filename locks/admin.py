@@ -59,6 +59,12 @@ class ForceReleaseAdmin(admin.ModelAdmin):
     search_fields = ("lock_name", "actor_name", "owner")
     readonly_fields = [f.name for f in ForceRelease._meta.fields]
 
+    def has_module_permission(self, request) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.is_active and request.user.is_staff  # the audit is for everyone who watches
+
     def has_add_permission(self, request) -> bool:
         return False
 

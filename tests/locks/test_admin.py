@@ -1,0 +1,182 @@
+"""The lock dashboard in the admin: permissions, live state from other processes, force release."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django_redis import get_redis_connection
+
+from locks import Lock
+from locks.conf import locks_settings
+from locks.events import FORCE_RELEASE, TIMEOUT
+from locks.keys import LockKeys
+from locks.models import ForceRelease
+from tests.locks.conftest import FORK
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DASHBOARD = "/admin/locks/lockdashboard/"
+
+
+def make_user(username: str, *, staff: bool = False, superuser: bool = False, can_release: bool = False):
+    user = get_user_model().objects.create_user(username, password="pw", is_staff=staff or superuser,
+                                                is_superuser=superuser)
+    if can_release:
+        user.user_permissions.add(Permission.objects.get(codename="force_release_lock"))
+    return user
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _hold(name, ready, done, queue):
+    with Lock(name, ttl=30.0) as held:
+        queue.put((os.getpid(), held.fence))
+        ready.set()
+        done.wait(30)
+
+
+@pytest.fixture
+def held_elsewhere(name):
+    """A lock held by another process; yields (name, pid, fence)."""
+    ready, done, queue = FORK.Event(), FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_hold, args=(name, ready, done, queue))
+    proc.start()
+    assert ready.wait(10)
+    pid, fence = queue.get(timeout=5)
+    yield name, pid, fence
+    done.set()
+    proc.join(10)
+
+
+def test_permission_matrix(name):
+    anonymous = Client()
+    plain = client_for(make_user("plain"))
+    staff = client_for(make_user("staff", staff=True))
+    releaser = client_for(make_user("releaser", staff=True, can_release=True))
+    root = client_for(make_user("root", superuser=True))
+    release_url = f"{DASHBOARD}release/{name}/"
+
+    for client in (anonymous, plain):
+        for url in (DASHBOARD, f"{DASHBOARD}data/", f"{DASHBOARD}events/", release_url):
+            response = client.get(url)
+            assert response.status_code == 302 and "/admin/login/" in response["Location"]
+        assert client.post(release_url).status_code == 302
+    for client in (staff, releaser, root):
+        assert client.get(DASHBOARD).status_code == 200
+        assert client.get(f"{DASHBOARD}data/").status_code == 200
+        assert client.get(f"{DASHBOARD}events/").status_code == 200
+    assert staff.get(release_url).status_code == 403
+    assert staff.post(release_url).status_code == 403
+    assert releaser.get(release_url).status_code == 200
+    assert root.get(release_url).status_code == 200
+    assert 'data-can-release="0"' in staff.get(DASHBOARD).content.decode()
+    assert 'data-can-release="1"' in releaser.get(DASHBOARD).content.decode()
+    # The dashboard is linked from the admin index.
+    assert DASHBOARD in root.get("/admin/").content.decode()
+
+
+def test_release_needs_post_with_csrf(held_elsewhere):
+    name, _, _ = held_elsewhere
+    user = make_user("root", superuser=True)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    assert client.post(f"{DASHBOARD}release/{name}/").status_code == 403  # no CSRF token
+    assert Lock(name).locked()
+    assert client.put(f"{DASHBOARD}release/{name}/").status_code == 403  # CSRF first
+    assert client_for(user).put(f"{DASHBOARD}release/{name}/").status_code == 405
+    assert Lock(name).locked()
+
+
+def test_dashboard_shows_a_lock_held_by_another_process(held_elsewhere):
+    name, pid, fence = held_elsewhere
+    client = client_for(make_user("staff", staff=True))
+    data = client.get(f"{DASHBOARD}data/", {"prefix": name}).json()
+    (row,) = data["held"]
+    assert row["name"] == name
+    assert row["owner"] == f"{socket.gethostname()}:{pid}"
+    assert row["fence"] == fence
+    assert 0 < row["ttl_left"] <= 30
+    page = client.get(DASHBOARD, {"prefix": name}).content.decode()
+    assert name in page and str(fence) in page and f":{pid}" in page
+
+
+def _wait_for(name, queue):
+    started = time.monotonic()
+    with Lock(name, wait=20.0) as held:
+        queue.put((time.monotonic() - started, held.fence))
+
+
+def test_force_release_frees_it_wakes_a_waiter_and_is_audited(held_elsewhere):
+    name, pid, fence = held_elsewhere
+    queue = FORK.Queue()
+    waiter = FORK.Process(target=_wait_for, args=(name, queue))
+    waiter.start()
+    keys = LockKeys.for_name(name)
+    client_redis = get_redis_connection(locks_settings.CACHE_ALIAS)
+    for _ in range(400):
+        if client_redis.llen(keys.queue):
+            break
+        time.sleep(0.005)
+    user = make_user("releaser", staff=True, can_release=True)
+    client = client_for(user)
+    confirm = client.get(f"{DASHBOARD}release/{name}/").content.decode()
+    assert "Force-release" in confirm and f":{pid}" in confirm and "1 waiting" in confirm
+    response = client.post(f"{DASHBOARD}release/{name}/")
+    assert response.status_code == 302
+    waited, new_fence = queue.get(timeout=5)
+    waiter.join(10)
+    assert waited < 5 and new_fence > fence  # woken at once, not after the 30 s lease
+    audit = ForceRelease.objects.get()
+    assert (audit.lock_name, audit.fence, audit.owner, audit.actor, audit.waiters) == (
+        name, fence, f"{socket.gethostname()}:{pid}", user, 1)
+    assert name in client.get("/admin/locks/forcerelease/").content.decode()
+    events = client.get(f"{DASHBOARD}events/", {"kind": FORCE_RELEASE}).content.decode()
+    assert name in events
+
+
+def test_event_log_shows_timeouts(name):
+    with Lock(name, ttl=5.0):
+        assert not Lock(name, wait=0.02).acquire()
+    page = client_for(make_user("staff", staff=True)).get(f"{DASHBOARD}events/", {"kind": TIMEOUT})
+    assert name in page.content.decode()
+
+
+def test_ten_thousand_held_locks_are_paged_not_listed_at_once(name):
+    client_redis = get_redis_connection(locks_settings.CACHE_ALIAS)
+    pipe = client_redis.pipeline(transaction=False)
+    now_us = int(time.time() * 1e6)
+    for i in range(10_000):
+        key = LockKeys.for_name(f"{name}:{i}").lock
+        pipe.hset(key, mapping={"token": "x", "fence": i + 1, "owner": "bulk:1", "since_us": now_us, "ttl": 60000})
+        pipe.pexpire(key, 60_000)
+    pipe.execute()
+    client = client_for(make_user("staff", staff=True))
+    seen, cursor, pages = set(), 0, 0
+    while True:
+        data = client.get(f"{DASHBOARD}data/", {"prefix": name, "cursor": cursor}).json()
+        assert len(data["held"]) <= 1000  # a page, never everything
+        seen.update(h["name"] for h in data["held"])
+        pages += 1
+        cursor = data["next_cursor"]
+        if not cursor:
+            break
+    assert len(seen) == 10_000 and pages > 5
+    assert client.get(DASHBOARD, {"prefix": name}).status_code == 200
+
+
+def test_redis_down_shows_an_error_not_a_500(settings, redis_server):
+    settings.CACHES = {**settings.CACHES, "locks": {**settings.CACHES["locks"], "LOCATION": redis_server.url}}
+    redis_server.stop()
+    client = client_for(make_user("staff", staff=True))
+    assert "unreachable" in client.get(DASHBOARD).content.decode()
+    assert client.get(f"{DASHBOARD}data/").status_code == 503
