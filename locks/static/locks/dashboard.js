@@ -23,6 +23,10 @@
         ms(s.wait_p99) + '</td><td class="num">' + ms(s.hold_p50) + '</td><td class="num">' + ms(s.hold_p99) + "</td></tr>";
     });
     document.querySelector("#lock-stats tbody").innerHTML = stats.join("") || '<tr><td colspan="10">No lock activity yet.</td></tr>';
+    var t = data.totals, totals = document.getElementById("lock-totals");
+    if (totals) totals.innerHTML = '<td>Total</td><td class="num">' + t.acquired + '</td><td class="num">' +
+      Math.round(t.contention * 100) + ' %</td><td class="num">' + t.timeouts + '</td><td class="num">' + t.lost +
+      '</td><td class="num">' + t.force_released + '</td><td colspan="4"></td>';
     document.getElementById("refresh-state").textContent = "Updated " + new Date(data.at * 1000).toLocaleTimeString() + ".";
   }
   function tick() {

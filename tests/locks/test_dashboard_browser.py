@@ -1,0 +1,71 @@
+"""A screenshot of the lock dashboard in a real browser while a load holds product locks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from shop import errors
+from shop.models import Product
+from shop.services import place_order
+from tests.browser import ARTIFACTS, launch
+from tests.helpers import FORK, make_users
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+def _buy_for(user_id: int, product_ids: list[int], seconds: float, start) -> None:
+    from django.db import connections
+
+    connections.close_all()
+    user = get_user_model().objects.get(pk=user_id)
+    start.wait(10)
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        with contextlib.suppress(errors.ShopError):
+            place_order(user=user, lines=[(product_ids[i % len(product_ids)], 1)])
+        i += 1
+    connections.close_all()
+
+
+def test_dashboard_screenshot_under_load(live_server, settings):
+    from django.db import connections
+    from playwright.sync_api import sync_playwright
+
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "LOCK_WAIT": 10.0}
+    products = [Product.objects.create(sku=f"LOAD-{i}", name=f"Load {i}", price=1, stock=100_000) for i in range(3)]
+    get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password-1")
+    users = make_users(8, prefix="load")
+    connections.close_all()
+    start = FORK.Event()
+    procs = [FORK.Process(target=_buy_for, args=(u.pk, [p.pk for p in products], 12.0, start)) for u in users]
+    for p in procs:
+        p.start()
+    try:
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{live_server.url}/admin/login/?next=/admin/locks/lockdashboard/")
+            page.fill("#id_username", "ops")
+            page.fill("#id_password", "ops-password-1")
+            page.click("input[type=submit]")
+            page.wait_for_url("**/admin/locks/lockdashboard/")
+            start.set()
+            # Wait for the self-refresh to show the load: held locks and counted acquisitions.
+            page.wait_for_function(
+                "() => document.querySelectorAll('#held-locks tbody a').length > 0"
+                " && document.querySelectorAll('#lock-stats tbody tr').length >= 3", timeout=15000)
+            page.screenshot(path=str(ARTIFACTS / "lock-dashboard.png"), full_page=True)
+            text = page.inner_text("#locks-dashboard")
+            browser.close()
+    finally:
+        for p in procs:
+            p.join(30)
+    assert any(f"product:{p.pk}" in text for p in products)
+    assert (ARTIFACTS / "lock-dashboard.png").stat().st_size > 10_000
