@@ -17,8 +17,8 @@ SAFE = [name for name, cls in strategies.STRATEGIES.items() if not cls.oversells
 
 
 def short_run(strategy: str, **overrides) -> scenarios.Outcome:
-    config = LoadConfig(strategy=strategy, products=2, stock=15, users=10, processes=3, requests=45,
-                        lock_wait=10.0, **overrides)
+    defaults = {"products": 2, "stock": 15, "users": 10, "processes": 3, "requests": 45, "lock_wait": 10.0}
+    config = LoadConfig(strategy=strategy, **{**defaults, **overrides})
     return scenarios.run_once(config)
 
 
