@@ -39,6 +39,8 @@ def test_dashboard_screenshot_under_load(live_server, settings):
     from playwright.sync_api import sync_playwright
 
     settings.SHOP = {**getattr(settings, "SHOP", {}), "LOCK_WAIT": 10.0}
+    # A fresh key space: the dashboard shows only this test's load, not earlier tests' stats.
+    settings.LOCKS = {**settings.LOCKS, "KEY_PREFIX": settings.LOCKS["KEY_PREFIX"] + "dashboard:"}
     products = [Product.objects.create(sku=f"LOAD-{i}", name=f"Load {i}", price=1, stock=100_000) for i in range(3)]
     get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password-1")
     users = make_users(8, prefix="load")
