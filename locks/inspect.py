@@ -114,8 +114,14 @@ def held_locks_page(*, prefix: str = "", cursor: int = 0, count: int = 500,
     c = _client(client)
     match = f"{_prefix()}lock:{{{prefix}*}}"
     try:
-        cursor, raw = c.scan(cursor=cursor, match=match, count=count, _type="hash")
-        keys = [k.decode() for k in raw]
+        # SCAN's COUNT bounds the keys examined, not the matches returned: in a big keyspace a
+        # call may match nothing. Keep going (boundedly) so a page is empty only at the end.
+        keys: list[str] = []
+        for _ in range(50):
+            cursor, raw = c.scan(cursor=cursor, match=match, count=count, _type="hash")
+            keys.extend(k.decode() for k in raw)
+            if cursor == 0 or len(keys) >= count:
+                break
         return int(cursor), _read_held(c, keys)
     except RedisError as exc:
         raise LockUnavailable(f"Redis unreachable: {exc}", name=prefix or "*") from exc
