@@ -12,9 +12,8 @@ from locks import views
 from locks.models import ForceRelease, LockDashboard
 
 
-@admin.register(LockDashboard)
-class LockDashboardAdmin(admin.ModelAdmin):
-    """Any staff member may look; releasing needs the dedicated permission (see views)."""
+class StaffReadOnlyAdmin(admin.ModelAdmin):
+    """Any staff member may look; nobody edits through the admin's forms."""
 
     def has_module_permission(self, request) -> bool:
         return request.user.is_active and request.user.is_staff
@@ -30,6 +29,11 @@ class LockDashboardAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(LockDashboard)
+class LockDashboardAdmin(StaffReadOnlyAdmin):
+    """The live dashboard; releasing needs the dedicated permission (see views)."""
 
     def changelist_view(self, request, extra_context=None):
         return views.dashboard(request)
@@ -53,23 +57,10 @@ class LockDashboardAdmin(admin.ModelAdmin):
 
 
 @admin.register(ForceRelease)
-class ForceReleaseAdmin(admin.ModelAdmin):
+class ForceReleaseAdmin(StaffReadOnlyAdmin):
+    """The audit is for everyone who watches the locks."""
+
     list_display = ("released_at", "lock_name", "fence", "owner", "held_for", "waiters", "actor_name")
     list_filter = ("released_at",)
     search_fields = ("lock_name", "actor_name", "owner")
     readonly_fields = [f.name for f in ForceRelease._meta.fields]
-
-    def has_module_permission(self, request) -> bool:
-        return request.user.is_active and request.user.is_staff
-
-    def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.is_active and request.user.is_staff  # the audit is for everyone who watches
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False

@@ -21,8 +21,9 @@ from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
-from shop.models import Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+from shop.models import CouponClaim, Order, OrderLine, Product, StockLedger
 from shop.services import soldout
+from shop.services.coupons import valid_coupon
 from shop.services.locking import (
     StaleFence,
     check_before_commit,
@@ -127,14 +128,7 @@ def place_order(
 
 
 def _usable_claim(*, user, code: str) -> CouponClaim:
-    coupon = Coupon.objects.filter(code=code).first()
-    if coupon is None:
-        raise errors.CouponUnknown(details={"coupon_code": code})
-    now = timezone.now()
-    if not coupon.active or (coupon.valid_from and now < coupon.valid_from) or (
-        coupon.valid_until and now >= coupon.valid_until
-    ):
-        raise errors.CouponExpired(details={"coupon_code": code})
+    coupon = valid_coupon(code)
     claim = CouponClaim.objects.select_related("coupon").filter(coupon=coupon, user=user, used_at__isnull=True).first()
     if claim is None:
         raise errors.CouponNotClaimed(details={"coupon_code": code})

@@ -24,7 +24,8 @@ from shop.services.locking import (
 from shop.services.validation import validate_code
 
 
-def _valid_coupon(code: str) -> Coupon:
+def valid_coupon(code: str) -> Coupon:
+    """The coupon for `code` if it exists, is active and is within its validity window."""
     coupon = Coupon.objects.filter(code=code).first()
     if coupon is None:
         raise errors.CouponUnknown(details={"coupon_code": code})
@@ -39,7 +40,7 @@ def _valid_coupon(code: str) -> Coupon:
 def claim_coupon(*, user, code: str) -> CouponClaim:
     refuse_outer_transaction("claim_coupon")
     code = validate_code(code)
-    coupon = _valid_coupon(code)
+    coupon = valid_coupon(code)
     # Cheap refusals before queueing on the lock (the guarded writes below re-check both).
     if CouponClaim.objects.filter(coupon=coupon, user=user).exists():
         raise errors.CouponAlreadyClaimed(details={"coupon_code": code})
