@@ -232,7 +232,10 @@ class _LockThenGuard(Strategy):
             return self.guarded_transaction(user_id, lines)
         finally:
             for handle in reversed(held):
-                self.release(handle)
+                # A failed release (a lock-wait timeout on the lock row, an expired Redis key)
+                # must never turn an order that already committed into a reported failure (I5).
+                with contextlib.suppress(Exception):
+                    self.release(handle)
 
 
 class LockTable(_LockThenGuard):
