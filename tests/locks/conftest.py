@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import uuid
 
 import pytest
 from django.db import connections
+
+from locks import Lock
 
 FORK = multiprocessing.get_context("fork")
 
@@ -29,3 +32,29 @@ def run_in_children(target, args_list: list[tuple], timeout: float = 60.0) -> li
         p.join(timeout=10)
         assert p.exitcode == 0, f"child exited with {p.exitcode}"
     return results
+
+
+def wait_in_child(name: str, queue) -> None:
+    """Child process: wait for the lock, then report (seconds waited, fence)."""
+    with Lock(name, wait=20.0) as held:
+        queue.put((held.waited, held.fence))
+
+
+def _hold_in_child(name: str, ready, done, queue) -> None:
+    with Lock(name, ttl=30.0) as held:
+        queue.put((os.getpid(), held.fence))
+        ready.set()
+        done.wait(30)
+
+
+@pytest.fixture
+def held_elsewhere(name):
+    """The lock `name`, held by another process for 30 s; yields (name, pid, fence)."""
+    ready, done, queue = FORK.Event(), FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_hold_in_child, args=(name, ready, done, queue))
+    proc.start()
+    assert ready.wait(10)
+    pid, fence = queue.get(timeout=5)
+    yield name, pid, fence
+    done.set()
+    proc.join(10)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 
@@ -17,7 +16,7 @@ from locks.conf import locks_settings
 from locks.events import FORCE_RELEASE, TIMEOUT
 from locks.keys import LockKeys
 from locks.models import ForceRelease
-from tests.locks.conftest import FORK
+from tests.locks.conftest import FORK, wait_in_child
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,26 +35,6 @@ def client_for(user) -> Client:
     client = Client()
     client.force_login(user)
     return client
-
-
-def _hold(name, ready, done, queue):
-    with Lock(name, ttl=30.0) as held:
-        queue.put((os.getpid(), held.fence))
-        ready.set()
-        done.wait(30)
-
-
-@pytest.fixture
-def held_elsewhere(name):
-    """A lock held by another process; yields (name, pid, fence)."""
-    ready, done, queue = FORK.Event(), FORK.Event(), FORK.Queue()
-    proc = FORK.Process(target=_hold, args=(name, ready, done, queue))
-    proc.start()
-    assert ready.wait(10)
-    pid, fence = queue.get(timeout=5)
-    yield name, pid, fence
-    done.set()
-    proc.join(10)
 
 
 def test_permission_matrix(name):
@@ -110,16 +89,10 @@ def test_dashboard_shows_a_lock_held_by_another_process(held_elsewhere):
     assert name in page and str(fence) in page and f":{pid}" in page
 
 
-def _wait_for(name, queue):
-    started = time.monotonic()
-    with Lock(name, wait=20.0) as held:
-        queue.put((time.monotonic() - started, held.fence))
-
-
 def test_force_release_frees_it_wakes_a_waiter_and_is_audited(held_elsewhere):
     name, pid, fence = held_elsewhere
     queue = FORK.Queue()
-    waiter = FORK.Process(target=_wait_for, args=(name, queue))
+    waiter = FORK.Process(target=wait_in_child, args=(name, queue))
     waiter.start()
     keys = LockKeys.for_name(name)
     client_redis = get_redis_connection(locks_settings.CACHE_ALIAS)

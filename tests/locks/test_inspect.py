@@ -10,34 +10,24 @@ import pytest
 
 from locks import Lock, LockNotOwned, inspect
 from locks.events import FORCE_RELEASE, LONG_WAIT, LOST, TIMEOUT
-from tests.locks.conftest import FORK
+from tests.locks.conftest import FORK, wait_in_child
 
 
-def _hold(name, ready, done, queue):
-    with Lock(name, ttl=30.0) as held:
-        queue.put((os.getpid(), held.fence))
-        ready.set()
-        done.wait(20)
+def test_held_locks_shows_a_lock_held_by_another_process(held_elsewhere):
+    name, pid, fence = held_elsewhere
+    (info,) = inspect.held_locks(prefix=name)
+    assert info.owner == f"{socket.gethostname()}:{pid}"
+    assert info.fence == fence
+    assert 25 < info.ttl_left <= 30
+    assert 0 <= info.held_for < 10
+    assert info.waiters == 0
+    again = inspect.lock_info(name)
+    assert (again.owner, again.fence, again.held_since) == (info.owner, info.fence, info.held_since)
 
 
-def test_held_locks_shows_a_lock_held_by_another_process(name):
-    ready, done, queue = FORK.Event(), FORK.Event(), FORK.Queue()
-    proc = FORK.Process(target=_hold, args=(name, ready, done, queue))
-    proc.start()
-    assert ready.wait(10)
-    pid, fence = queue.get(timeout=5)
-    try:
-        (info,) = inspect.held_locks(prefix=name)
-        assert info.owner == f"{socket.gethostname()}:{pid}"
-        assert info.fence == fence
-        assert 25 < info.ttl_left <= 30
-        assert 0 <= info.held_for < 10
-        assert info.waiters == 0
-        again = inspect.lock_info(name)
-        assert (again.owner, again.fence, again.held_since) == (info.owner, info.fence, info.held_since)
-    finally:
-        done.set()
-        proc.join(10)
+def test_held_locks_forgets_a_released_lock(name):
+    with Lock(name, ttl=10.0):
+        assert [h.name for h in inspect.held_locks(prefix=name)] == [name]
     assert inspect.held_locks(prefix=name) == []
 
 
@@ -83,20 +73,15 @@ def test_counters_and_percentiles(name):
     assert name in [s.name for s in inspect.lock_stats(prefix=name)]
 
 
-def _wait_for(name, queue):
-    with Lock(name, wait=5.0) as held:
-        queue.put(held.waited)
-
-
 def test_contended_acquisitions_and_wait_times_are_counted(name):
     holder = Lock(name, ttl=10.0)
     holder.acquire()
     queue = FORK.Queue()
-    proc = FORK.Process(target=_wait_for, args=(name, queue))
+    proc = FORK.Process(target=wait_in_child, args=(name, queue))
     proc.start()
     time.sleep(0.2)
     holder.release()
-    waited = queue.get(timeout=10)
+    waited, _ = queue.get(timeout=10)
     proc.join(10)
     stats = inspect.stats_for(name)
     assert stats.counters["contended"] == 1 and stats.counters["handoffs"] == 1
@@ -109,12 +94,12 @@ def test_force_release_wakes_the_next_waiter_and_is_logged(name):
     holder = Lock(name, ttl=30.0)
     holder.acquire()
     queue = FORK.Queue()
-    proc = FORK.Process(target=_wait_for, args=(name, queue))
+    proc = FORK.Process(target=wait_in_child, args=(name, queue))
     proc.start()
     time.sleep(0.2)
     released = inspect.force_release(name, actor="ops")
     assert released is not None and released.owner.endswith(f":{os.getpid()}")
-    assert queue.get(timeout=3) < 1.0  # the waiter got it at once, not after the 30 s lease
+    assert queue.get(timeout=3)[0] < 1.0  # the waiter got it at once, not after the 30 s lease
     proc.join(10)
     events = inspect.recent_events(limit=20)
     assert any(e["kind"] == FORCE_RELEASE and e["name"] == name and e["actor"] == "ops" for e in events)

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from locks import Lock
-from tests.locks.conftest import FORK
+from tests.locks.conftest import FORK, wait_in_child
 
 
 def run(*args: str, stdin: str | None = None, monkeypatch=None) -> str:
@@ -41,17 +41,11 @@ def test_watch_refreshes_n_times(name):
     assert out.count("Held locks") == 3
 
 
-def _wait_for(name, queue):
-    started = time.monotonic()
-    with Lock(name, wait=10.0):
-        queue.put(time.monotonic() - started)
-
-
 def test_release_asks_then_frees_and_wakes_the_waiter(name, monkeypatch):
     holder = Lock(name, ttl=30.0)
     holder.acquire()
     queue = FORK.Queue()
-    proc = FORK.Process(target=_wait_for, args=(name, queue))
+    proc = FORK.Process(target=wait_in_child, args=(name, queue))
     proc.start()
     time.sleep(0.2)
     with pytest.raises(CommandError, match="not released"):
@@ -59,7 +53,7 @@ def test_release_asks_then_frees_and_wakes_the_waiter(name, monkeypatch):
     assert holder.locked()
     out = run("release", name, stdin="y", monkeypatch=monkeypatch)
     assert "released" in out
-    assert queue.get(timeout=5) < 2.0  # woken at once, not after the 30 s lease
+    assert queue.get(timeout=5)[0] < 2.0  # woken at once, not after the 30 s lease
     proc.join(10)
     assert "force_release" in run("events", "--limit", "5")
 
