@@ -424,8 +424,9 @@ class Http(Strategy):
                 return PLACED, int(json.load(response)["id"])
         except urllib.error.HTTPError as exc:
             try:
-                code = json.load(exc).get("code", "")
-            except ValueError:
+                error = json.load(exc).get("error") or {}  # {"error": {"code", "message", "details"}}
+                code = error.get("code", "") if isinstance(error, dict) else ""
+            except (ValueError, AttributeError):
                 code = ""
             if exc.code == 503:
                 return BUSY, None

@@ -112,3 +112,13 @@ def test_compare_prints_ratios_and_tolerates_the_expected_oversell(tmp_path):
     assert set(data["scenarios"]) == {"hot", "sellout"}
     assert {a["strategy"] for a in data["scenarios"]["hot"]["aggregates"]} == {"guarded", "naive", "redis_py"}
     assert (tmp_path / "c.png").stat().st_size < 150_000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_http_mode_drives_the_json_api_and_counts_refusals_right(live_server):
+    out = run("--url", live_server.url, "--processes", "3", "--requests", "60", "--stock", "20", "--users", "5",
+              "--no-progress")
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["http"])
+    attempted, placed, out_of_stock, busy, errors = (int(x.replace(",", "")) for x in row[2:7])
+    assert (attempted, placed, out_of_stock, errors) == (60, 20, 40 - busy, 0)
+    assert "invariants I1-I6: PASS" in out
