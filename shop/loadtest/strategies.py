@@ -366,12 +366,31 @@ class Ours(Strategy):
 
         user = self.user(user_id)
         kwargs = {} if self.options.lock else {"use_lock": False}
+        code = self.options.coupon_code
         try:
-            order = self.services.place_order(user=user, lines=lines, coupon_code=self.options.coupon_code,
-                                              **kwargs)
+            try:
+                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
+            except ShopError as exc:
+                if exc.code != "coupon_not_claimed":
+                    raise
+                # A shopper claims the coupon the first time (if any are left), and buys with or without it.
+                code = self._claim(user)
+                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
         except ShopError as exc:
             return outcome_of_code(exc.code), None
         return PLACED, order.pk
+
+    def _claim(self, user) -> str | None:
+        from shop.errors import CouponAlreadyClaimed, CouponSoldOut
+
+        try:
+            self.services.claim_coupon(user=user, code=self.options.coupon_code)
+        except CouponSoldOut:
+            return None
+        except CouponAlreadyClaimed:
+            # Claimed earlier and already used on another order: no second use.
+            return None
+        return self.options.coupon_code
 
 
 class ClaimCoupon(Strategy):

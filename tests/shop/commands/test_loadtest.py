@@ -122,3 +122,16 @@ def test_http_mode_drives_the_json_api_and_counts_refusals_right(live_server):
     attempted, placed, out_of_stock, busy, errors = (int(x.replace(",", "")) for x in row[2:7])
     assert (attempted, placed, out_of_stock, errors) == (60, 20, 40 - busy, 0)
     assert "invariants I1-I6: PASS" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coupon_mode_claims_then_uses_the_coupon_within_its_total():
+    from shop.models import CouponClaim, Order
+
+    out = run("--coupon", "4", "--requests", "40", "--stock", "30", "--keep", *SMALL)
+    assert "invariants I1-I6: PASS" in out and " 30 " in next(
+        line for line in out.splitlines() if line.startswith("ours"))
+    claims = CouponClaim.objects.filter(coupon__code__startswith="LT-")
+    assert claims.count() == 4  # 5 users, 4 coupons: claimed exactly up to the total
+    with_coupon = Order.objects.filter(coupon__code__startswith="LT-")
+    assert with_coupon.count() == 4 and all(o.discount > 0 for o in with_coupon)
