@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 import uuid
 
 import pytest
 from django.db import connections
+from django_redis import get_redis_connection
 
 from locks import Lock
+from locks.conf import locks_settings
+from locks.keys import LockKeys
 
 FORK = multiprocessing.get_context("fork")
 
@@ -58,3 +62,23 @@ def held_elsewhere(name):
     yield name, pid, fence
     done.set()
     proc.join(10)
+
+
+def wait_until_queued(name: str, n: int = 1) -> None:
+    """Block until `n` waiters are queued for `name` (a child process has really started waiting)."""
+    client = get_redis_connection(locks_settings.CACHE_ALIAS)
+    key = LockKeys.for_name(name).queue
+    for _ in range(1000):
+        if client.llen(key) >= n:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"no {n} waiter(s) queued for {name}")
+
+
+def start_waiter(name: str):
+    """A child process waiting for `name`; returns (process, queue of (waited, fence)) once it is queued."""
+    queue = FORK.Queue()
+    proc = FORK.Process(target=wait_in_child, args=(name, queue))
+    proc.start()
+    wait_until_queued(name)
+    return proc, queue

@@ -16,7 +16,7 @@ from locks.conf import locks_settings
 from locks.events import FORCE_RELEASE, TIMEOUT
 from locks.keys import LockKeys
 from locks.models import ForceRelease
-from tests.locks.conftest import FORK, wait_in_child
+from tests.locks.conftest import start_waiter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -91,15 +91,7 @@ def test_dashboard_shows_a_lock_held_by_another_process(held_elsewhere):
 
 def test_force_release_frees_it_wakes_a_waiter_and_is_audited(held_elsewhere):
     name, pid, fence = held_elsewhere
-    queue = FORK.Queue()
-    waiter = FORK.Process(target=wait_in_child, args=(name, queue))
-    waiter.start()
-    keys = LockKeys.for_name(name)
-    client_redis = get_redis_connection(locks_settings.CACHE_ALIAS)
-    for _ in range(400):
-        if client_redis.llen(keys.queue):
-            break
-        time.sleep(0.005)
+    waiter, queue = start_waiter(name)
     user = make_user("releaser", staff=True, can_release=True)
     client = client_for(user)
     confirm = client.get(f"{DASHBOARD}release/{name}/").content.decode()

@@ -13,7 +13,7 @@ import redis
 from locks import Lock, LockUnavailable
 from locks.keys import LockKeys
 from tests.helpers import RedisServer
-from tests.locks.conftest import FORK
+from tests.locks.conftest import FORK, wait_until_queued
 
 
 class Replica(RedisServer):
@@ -75,10 +75,7 @@ def test_an_interrupted_waiter_leaves_the_queue_and_strands_nothing(name, redis_
     proc = FORK.Process(target=_queue_then_wait, args=(name, ready, queue))
     proc.start()
     assert ready.wait(10)
-    for _ in range(400):
-        if redis_client.llen(keys.queue):
-            break
-        time.sleep(0.005)
+    wait_until_queued(name)
     os.kill(proc.pid, signal.SIGINT)
     assert queue.get(timeout=10) == "interrupted"
     proc.join(10)

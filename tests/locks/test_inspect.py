@@ -10,7 +10,7 @@ import pytest
 
 from locks import Lock, LockNotOwned, inspect
 from locks.events import FORCE_RELEASE, LONG_WAIT, LOST, TIMEOUT
-from tests.locks.conftest import FORK, wait_in_child
+from tests.locks.conftest import start_waiter
 
 
 def test_held_locks_shows_a_lock_held_by_another_process(held_elsewhere):
@@ -76,10 +76,8 @@ def test_counters_and_percentiles(name):
 def test_contended_acquisitions_and_wait_times_are_counted(name):
     holder = Lock(name, ttl=10.0)
     holder.acquire()
-    queue = FORK.Queue()
-    proc = FORK.Process(target=wait_in_child, args=(name, queue))
-    proc.start()
-    time.sleep(0.2)
+    proc, queue = start_waiter(name)
+    time.sleep(0.2)  # a wait long enough to land in a clearly non-zero bucket
     holder.release()
     waited, _ = queue.get(timeout=10)
     proc.join(10)
@@ -93,10 +91,7 @@ def test_contended_acquisitions_and_wait_times_are_counted(name):
 def test_force_release_wakes_the_next_waiter_and_is_logged(name):
     holder = Lock(name, ttl=30.0)
     holder.acquire()
-    queue = FORK.Queue()
-    proc = FORK.Process(target=wait_in_child, args=(name, queue))
-    proc.start()
-    time.sleep(0.2)
+    proc, queue = start_waiter(name)
     released = inspect.force_release(name, actor="ops")
     assert released is not None and released.owner.endswith(f":{os.getpid()}")
     assert queue.get(timeout=3)[0] < 1.0  # the waiter got it at once, not after the 30 s lease

@@ -9,7 +9,7 @@ from redis.crc import key_slot
 
 from locks import Lock
 from locks.keys import LockKeys
-from tests.locks.conftest import FORK
+from tests.locks.conftest import start_waiter
 
 
 def test_reentrant_lock_counts_holds_and_frees_at_the_last_release(name, redis_client):
@@ -45,25 +45,14 @@ def test_reentrant_lock_is_per_asyncio_task(name):
     assert asyncio.run(main()) == [True, False]
 
 
-def _wait_for(name, queue):
-    with Lock(name, wait=5.0):
-        queue.put("ok")
-
-
 def test_every_key_of_one_lock_is_in_one_cluster_slot(name, redis_client):
     keys = LockKeys.for_name(name)
     holder = Lock(name, ttl=5.0)
     holder.acquire()
-    queue = FORK.Queue()
-    waiter = FORK.Process(target=_wait_for, args=(name, queue))
-    waiter.start()
-    for _ in range(400):  # let the waiter queue up so queue, waiters and signal keys exist
-        if redis_client.llen(keys.queue):
-            break
-        threading.Event().wait(0.005)
+    waiter, queue = start_waiter(name)  # queued: its queue, waiters and signal keys exist now
     seen = {k.decode() for k in redis_client.scan_iter(match=f"*{{{name}}}*")}
     holder.release()
-    assert queue.get(timeout=10) == "ok"
+    assert queue.get(timeout=10)
     waiter.join(10)
     assert {keys.lock, keys.fence, keys.queue, keys.waiters, keys.stats} <= seen
     assert {key_slot(k.encode()) for k in seen} == {key_slot(keys.lock.encode())}

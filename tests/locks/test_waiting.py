@@ -11,7 +11,7 @@ import pytest
 import locks.lock as lock_module
 from locks import Lock, LockTimeout
 from locks.keys import LockKeys
-from tests.locks.conftest import FORK
+from tests.locks.conftest import FORK, wait_until_queued
 
 
 def _wait_and_report(name, ready, queue, delay_before_blpop=0.0):
@@ -38,22 +38,13 @@ def _start_waiter(name, **kwargs):
     return proc, queue
 
 
-def _wait_until_queued(name, redis_client, n=1):
-    key = LockKeys.for_name(name).queue
-    for _ in range(500):
-        if redis_client.llen(key) >= n:
-            return
-        time.sleep(0.005)
-    raise AssertionError("waiter never queued")
-
-
 def test_a_waiter_in_another_process_acquires_within_milliseconds_of_release(name, redis_client):
     delays = []
     for i in range(8):
         lock = Lock(f"{name}-{i}", ttl=10.0)
         lock.acquire()
         proc, queue = _start_waiter(f"{name}-{i}")
-        _wait_until_queued(f"{name}-{i}", redis_client)
+        wait_until_queued(f"{name}-{i}")
         released_at = time.monotonic()
         lock.release()
         acquired_at, _, _ = queue.get(timeout=10)
@@ -68,7 +59,7 @@ def test_a_release_before_the_waiter_blocks_does_not_strand_it(name, redis_clien
     lock = Lock(name, ttl=10.0)
     lock.acquire()
     proc, queue = _start_waiter(name, delay_before_blpop=0.5)
-    _wait_until_queued(name, redis_client)
+    wait_until_queued(name)
     released_at = time.monotonic()
     lock.release()  # the waiter is between its failed attempt and its BLPOP
     acquired_at, _, _ = queue.get(timeout=15)
@@ -116,7 +107,7 @@ def test_waiters_are_served_in_arrival_order(name, redis_client):
     procs = []
     for i in range(4):
         procs.append(_start_waiter(name))
-        _wait_until_queued(name, redis_client, i + 1)
+        wait_until_queued(name, i + 1)
     holder.release()
     results = [q.get(timeout=10) for _, q in procs]
     for p, _ in procs:

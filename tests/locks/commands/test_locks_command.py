@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import io
 import json
-import time
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from locks import Lock
-from tests.locks.conftest import FORK, wait_in_child
+from tests.locks.conftest import start_waiter
 
 
 def run(*args: str, stdin: str | None = None, monkeypatch=None) -> str:
@@ -44,10 +43,7 @@ def test_watch_refreshes_n_times(name):
 def test_release_asks_then_frees_and_wakes_the_waiter(name, monkeypatch):
     holder = Lock(name, ttl=30.0)
     holder.acquire()
-    queue = FORK.Queue()
-    proc = FORK.Process(target=wait_in_child, args=(name, queue))
-    proc.start()
-    time.sleep(0.2)
+    proc, queue = start_waiter(name)
     with pytest.raises(CommandError, match="not released"):
         run("release", name, stdin="n", monkeypatch=monkeypatch)
     assert holder.locked()
