@@ -88,7 +88,7 @@ def place_order(
             {"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in marked
         ]})
 
-    products = Product.objects.in_bulk([pid for pid, _ in lines])
+    products = Product.objects.only("id", "price", "active").in_bulk([pid for pid, _ in lines])
     unknown = [pid for pid, _ in lines if pid not in products]
     if unknown:
         raise errors.UnknownProduct(details={"product_ids": unknown})
