@@ -5,7 +5,7 @@
         held.fence, held.remaining()
 """
 
-from locks.exceptions import LockError, LockLost, LockNotOwned, LockTimeout, LockUnavailable
+from locks.exceptions import HolderChanged, LockError, LockLost, LockNotOwned, LockTimeout, LockUnavailable
 from locks.lock import Hold, Lock
 
-__all__ = ["Hold", "Lock", "LockError", "LockLost", "LockNotOwned", "LockTimeout", "LockUnavailable"]
+__all__ = ["Hold", "HolderChanged", "Lock", "LockError", "LockLost", "LockNotOwned", "LockTimeout", "LockUnavailable"]

@@ -19,20 +19,29 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_TTL": 10.0,
     # How long acquire waits (seconds) when Lock(wait=...) is not given.
     "DEFAULT_WAIT": 3.0,
+    # A release hands the lock to the next waiter with this (shorter) lease, which the waiter
+    # confirms to its own ttl if it holds that long. A waiter that died while queued (SIGKILL,
+    # OOM) is thus passed over after this long, not after its whole ttl.
+    "HANDOFF_LEASE": 0.5,
     # Renewal: extend every ttl * RENEW_FRACTION; never renew past MAX_HOLD seconds in total.
     "RENEW_FRACTION": 1 / 3,
     "MAX_HOLD": 60.0,
-    # Metrics kept in Redis (counters and histograms per lock name); one TTL for all of them.
+    # Metrics kept in Redis (counters and histograms per lock family, plus the top names of
+    # each family); one TTL for all of them. Each process counts in memory and flushes at most
+    # every STATS_FLUSH_INTERVAL seconds (locks/stats.py); a SIGKILLed process loses that much.
     "METRICS": True,
     "METRICS_TTL": 7 * 24 * 3600,
+    "STATS_FLUSH_INTERVAL": 1.0,
+    "STATS_TOP_N": 50,
     # Bounded event log (timeouts, lost locks, force releases, long waits).
     "EVENT_LOG_SIZE": 1000,
     "LONG_WAIT": 1.0,
     # Failover safety (Redisson's checkLockSyncedSlaves): after taking a lock, WAIT until this
     # many replicas have it, or give it back and raise LockUnavailable. 0 = don't wait.
     "WAIT_REPLICAS": 0,
-    "WAIT_REPLICAS_TIMEOUT": 0.5,
+    "WAIT_REPLICAS_TIMEOUT": 0.25,  # keep it below the socket timeout (REDIS_SOCKET_TIMEOUT, 0.5 s)
     # The fence counter outlives the lock by this much; TIME-derived fences cover its loss.
+    # One-shot locks (Lock(one_shot=True)) keep it only for the lease.
     "FENCE_TTL": 30 * 24 * 3600,
 }
 

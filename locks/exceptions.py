@@ -23,3 +23,12 @@ class LockLost(LockNotOwned):
 
 class LockUnavailable(LockError):
     """Redis cannot be reached: nothing is known about the lock, so nothing may proceed."""
+
+
+class HolderChanged(LockError):
+    """A force release named the holder it expected (by fence), and another one holds the lock now."""
+
+    def __init__(self, message: str, *, name: str, owner: str, fence: int) -> None:
+        super().__init__(message, name=name)
+        self.owner = owner
+        self.fence = fence

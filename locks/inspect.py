@@ -1,7 +1,14 @@
 """What is held, by whom, and how contended: read from Redis, so every process sees the same.
 
-Listing uses SCAN (never KEYS) and pipelines the per-lock reads, so a page of 10,000 held
-locks costs a handful of round trips and never blocks Redis.
+Two ways to list held locks. `held_index_page` reads the small index the stats recorders keep
+(`<p>lockheld`, holds published at each flush, see locks/stats.py) plus whatever names the
+caller passes (the busiest names of each family): what the dashboard uses on every refresh, so
+it never walks the keyspace. `held_locks` / `held_locks_page` SCAN the keyspace (never KEYS):
+complete and immediate (the index lags by up to a flush interval), for the CLI's `--all` and
+for one-off checks. Both pipeline the per-lock reads.
+
+Statistics are per lock family (`product:*`), with the top names of each family by
+acquisitions; see locks/stats.py for how they are counted and flushed.
 """
 
 from __future__ import annotations
@@ -18,12 +25,23 @@ from redis.exceptions import RedisError
 
 from locks import events, histogram
 from locks.conf import locks_settings
-from locks.exceptions import LockUnavailable
-from locks.keys import LockKeys, events_key, name_from_key
-from locks.lock import default_client
+from locks.exceptions import HolderChanged, LockUnavailable
+from locks.keys import (
+    LockKeys,
+    events_key,
+    families_key,
+    family_of,
+    held_key,
+    hot_key,
+    name_from_key,
+    name_from_member,
+    stats_key,
+)
+from locks.lock import Lock, default_client, text
 from locks.scripts import script
+from locks.stats import recorder
 
-COUNTERS = ("acquired", "contended", "handoffs", "released", "timeouts", "lost", "force_released")
+COUNTERS = ("acquired", "contended", "handoffs", "released", "timeouts", "lost", "force_released", "long_waits")
 
 
 @dataclass
@@ -42,10 +60,13 @@ class HeldLock:
 
 @dataclass
 class LockStats:
+    """The stats of one lock family (`name` is the family, e.g. `product:*`)."""
+
     name: str
     counters: dict[str, int] = field(default_factory=dict)
     wait: dict[int, int] = field(default_factory=dict, repr=False)
     hold: dict[int, int] = field(default_factory=dict, repr=False)
+    top_names: list[tuple[str, int]] = field(default_factory=list)  # busiest names, by acquisitions
 
     @property
     def contention(self) -> float:
@@ -62,7 +83,8 @@ class LockStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, **{c: self.counters.get(c, 0) for c in COUNTERS},
-                "contention": round(self.contention, 4), **self.quantiles()}
+                "contention": round(self.contention, 4), **self.quantiles(),
+                "top_names": [{"name": n, "acquired": a} for n, a in self.top_names]}
 
 
 def _client(client: Redis | None) -> Redis:
@@ -73,8 +95,8 @@ def _prefix() -> str:
     return locks_settings.KEY_PREFIX
 
 
-def _decode(d: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in d.items()}
+def _decode(d: dict[bytes, bytes] | dict[str, str]) -> dict[str, str]:
+    return {text(k): text(v) for k, v in d.items()}
 
 
 def _read_held(client: Redis, keys: list[str]) -> list[HeldLock]:
@@ -119,7 +141,7 @@ def held_locks_page(*, prefix: str = "", cursor: int = 0, count: int = 500,
         keys: list[str] = []
         for _ in range(50):
             cursor, raw = c.scan(cursor=cursor, match=match, count=count, _type="hash")
-            keys.extend(k.decode() for k in raw)
+            keys.extend(text(k) for k in raw)
             if cursor == 0 or len(keys) >= count:
                 break
         return int(cursor), _read_held(c, keys)
@@ -150,7 +172,7 @@ def lock_info(name: str, *, client: Redis | None = None) -> HeldLock | None:
 
 
 def _parse_stats(name: str, raw: dict[bytes, bytes]) -> LockStats:
-    """The scripts store only what cannot be derived; the rest is computed here.
+    """The recorders store only what cannot be derived; the rest is computed here.
 
     Only contended acquisitions are put in a wait bucket (an uncontended one waited 0), and
     every finished hold is in a hold bucket, so `released` = holds - force releases.
@@ -167,28 +189,102 @@ def _parse_stats(name: str, raw: dict[bytes, bytes]) -> LockStats:
     return LockStats(name=name, counters=counters, wait=wait, hold=hold)
 
 
-def lock_stats(*, prefix: str = "", client: Redis | None = None) -> list[LockStats]:
-    """Counters and histograms of every lock name seen (within the metrics TTL)."""
+def family_matches(family: str, prefix: str) -> bool:
+    """Could a name starting with `prefix` count in `family`? (`product:4` -> `product:*`.)"""
+    if not prefix:
+        return True
+    shape = family_of(prefix)
+    return family.startswith(shape) or shape.startswith(family)
+
+
+def families(*, client: Redis | None = None) -> list[str]:
+    """Every family with stats (within the metrics TTL)."""
     c = _client(client)
-    match = f"{_prefix()}lockstats:{{{prefix}*}}"
     try:
-        keys = sorted({k.decode() for k in c.scan_iter(match=match, count=1000, _type="hash")})
+        return sorted(text(f) for f in c.smembers(families_key()))
+    except RedisError as exc:
+        raise LockUnavailable(f"Redis unreachable: {exc}", name="*") from exc
+
+
+def lock_stats(*, prefix: str = "", top: int = 10, client: Redis | None = None) -> list[LockStats]:
+    """Counters, histograms and the `top` busiest names of every family that may hold `prefix`.
+
+    One SMEMBERS and one pipeline (an HGETALL and a ZREVRANGE per family): no keyspace SCAN.
+    """
+    c = _client(client)
+    names = [f for f in families(client=c) if family_matches(f, prefix)]
+    try:
         pipe = c.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
-        replies = pipe.execute() if keys else []
+        for family in names:
+            pipe.hgetall(stats_key(family))
+            pipe.zrevrange(hot_key(family), 0, max(int(locks_settings.STATS_TOP_N), top) - 1, withscores=True)
+        replies = pipe.execute() if names else []
     except RedisError as exc:
         raise LockUnavailable(f"Redis unreachable: {exc}", name=prefix or "*") from exc
-    return [_parse_stats(name_from_key(k, "lockstats"), r) for k, r in zip(keys, replies, strict=True) if r]
+    out = []
+    for i, family in enumerate(names):
+        raw, hot = replies[2 * i], replies[2 * i + 1]
+        if not raw:
+            continue
+        stats = _parse_stats(family, raw)
+        stats.top_names = [(text(n), int(a)) for n, a in hot if text(n).startswith(prefix)][:top]
+        out.append(stats)
+    return out
 
 
-def stats_for(name: str, *, client: Redis | None = None) -> LockStats:
+def family_stats(family: str, *, top: int = 10, client: Redis | None = None) -> LockStats:
     c = _client(client)
     try:
-        raw = c.hgetall(LockKeys.for_name(name).stats)
+        pipe = c.pipeline(transaction=False)
+        pipe.hgetall(stats_key(family))
+        pipe.zrevrange(hot_key(family), 0, top - 1, withscores=True)
+        raw, hot = pipe.execute()
     except RedisError as exc:
-        raise LockUnavailable(f"Redis unreachable: {exc}", name=name) from exc
-    return _parse_stats(name, raw)
+        raise LockUnavailable(f"Redis unreachable: {exc}", name=family) from exc
+    stats = _parse_stats(family, raw)
+    stats.top_names = [(text(n), int(a)) for n, a in hot]
+    return stats
+
+
+def stats_for(name: str, *, family: str | None = None, client: Redis | None = None) -> LockStats:
+    """The stats row that counts `name`: its family's (`family_of(name)` unless given).
+
+    Counters are kept per family, not per name; `acquisitions()` has a name's own count.
+    """
+    LockKeys.for_name(name)  # validates the name
+    return family_stats(family_of(name) if family is None else family, client=client)
+
+
+def acquisitions(names: list[str], *, family: str | None = None, client: Redis | None = None) -> dict[str, int]:
+    """Acquisitions of each name, from its family's busiest names (0 if not among them, or one-shot)."""
+    c = _client(client)
+    try:
+        pipe = c.pipeline(transaction=False)
+        for name in names:
+            pipe.zscore(hot_key(family_of(name) if family is None else family), name)
+        replies = pipe.execute() if names else []
+    except RedisError as exc:
+        raise LockUnavailable(f"Redis unreachable: {exc}", name="*") from exc
+    return {name: int(score or 0) for name, score in zip(names, replies, strict=True)}
+
+
+def held_index_page(*, prefix: str = "", cursor: int = 0, count: int = 200, also: list[str] = (),
+                    client: Redis | None = None) -> tuple[int, list[HeldLock]]:
+    """One page of held locks from the held index (ZSCAN of one small key), plus the names in `also`.
+
+    The index knows a hold from the first stats flush after it began (<= STATS_FLUSH_INTERVAL);
+    `also` (e.g. the busiest names) catches the short holds of hot locks in between. Entries
+    whose lock is gone are skipped: every row is read from the lock itself.
+    """
+    c = _client(client)
+    try:
+        cursor, members = c.zscan(held_key(), cursor=cursor, match=f"{prefix}*", count=count)
+        names = {name_from_member(text(m)) for m, _ in members}
+        names.update(n for n in also if n.startswith(prefix))
+        held = _read_held(c, [LockKeys.for_name(n).lock for n in sorted(names)])
+    except RedisError as exc:
+        raise LockUnavailable(f"Redis unreachable: {exc}", name=prefix or "*") from exc
+    return int(cursor), held
 
 
 def totals(stats: list[LockStats]) -> LockStats:
@@ -218,26 +314,37 @@ def recent_events(*, limit: int = 100, kinds: tuple[str, ...] = events.KINDS,
     return out
 
 
-def force_release(name: str, *, actor: str = "", client: Redis | None = None) -> HeldLock | None:
-    """Free `name` whoever holds it; the next waiter gets it at once. Returns who held it.
+def force_release(name: str, *, actor: str = "", expected_fence: int | None = None, family: str | None = None,
+                  client: Redis | None = None) -> HeldLock | None:
+    """Free `name`; the next waiter gets it at once. Returns who held it (None: nobody did).
 
-    The old holder's fence is now stale, so its late writes are refused at the database.
+    With `expected_fence`, only the hold with that fence is released, atomically: an operator
+    who confirmed "release the holder I see" never ends a newer holder's hold (HolderChanged).
+    The old holder's fence is now stale, so its late writes are refused at the database. The
+    release is counted in the stats of `family` (default `family_of(name)`).
     """
     c = _client(client)
     keys = LockKeys.for_name(name)
     before = lock_info(name, client=c)
     try:
         held = script("force_release")(
-            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.stats],
+            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake],
             args=[keys.signal_prefix, int(locks_settings.FENCE_TTL * 1000),
-                  int(locks_settings.METRICS_TTL * 1000) if locks_settings.METRICS else 0],
+                  max(1, int(float(locks_settings.HANDOFF_LEASE) * 1000)),
+                  "0" if expected_fence is None else str(int(expected_fence))],
             client=c,
         )
     except RedisError as exc:
         raise LockUnavailable(f"Redis unreachable: {exc}", name=name) from exc
     if not held:
         return None
-    owner, fence, since_us = held[0].decode(), int(held[1]), int(held[2])
+    if text(held[0]) == "changed":
+        owner, fence = text(held[1]), int(held[2])
+        raise HolderChanged(f"the holder changed: {owner} holds it now with fence {fence}, not fence "
+                            f"{expected_fence}", name=name, owner=owner, fence=fence)
+    owner, fence, since_us = text(held[0]), int(held[1]), int(held[2])
+    recorder().force_released(Lock(name, family=family, client=client), since_us=since_us,
+                              now_us=int(time.time() * 1e6))
     events.record_event(c, events.FORCE_RELEASE, name, owner=owner, fence=fence,
                         actor=actor or f"{socket.gethostname()}:{os.getpid()}")
     if before is not None and before.fence == fence:

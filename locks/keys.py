@@ -1,7 +1,13 @@
-"""Key names. Every key of one lock carries the hash tag {name}: one Redis Cluster slot."""
+"""Key names. Every key of one lock carries the hash tag {name}: one Redis Cluster slot.
+
+Statistics are kept per lock *family* (`product:*` for `product:42`), in keys that no lock
+script touches: the per-process recorder (locks/stats.py) writes them, so the scripts stay
+within one lock's slot on Redis Cluster.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from locks.conf import locks_settings
@@ -45,18 +51,63 @@ class LockKeys:
         return f"{self.lock}:waiters"
 
     @property
+    def wake(self) -> str:
+        return f"{self.lock}:wake"
+
+    @property
     def signal_prefix(self) -> str:
         return f"{self.lock}:signal:"
 
     def signal(self, token: str) -> str:
         return self.signal_prefix + token
 
-    @property
-    def stats(self) -> str:
-        return f"{self.prefix}lockstats:{{{self.name}}}"
-
     def all(self) -> list[str]:
-        return [self.lock, self.fence, self.queue, self.waiters, self.stats]
+        return [self.lock, self.fence, self.queue, self.waiters, self.wake]
+
+
+@functools.lru_cache(maxsize=4096)
+def family_of(name: str) -> str:
+    """The default family of a lock name: every all-digit `:`-segment becomes `*`.
+
+    `product:42` -> `product:*`, `coupon:3:user:9` -> `coupon:*:user:*`. Names that carry other
+    unbounded parts (hashes, uuids) should pass `Lock(family=...)`, or every name is a family.
+    """
+    if not any(c.isdigit() for c in name):
+        return name
+    return ":".join("*" if part.isdigit() else part for part in name.split(":"))
+
+
+def _p(prefix: str | None) -> str:
+    return locks_settings.KEY_PREFIX if prefix is None else prefix
+
+
+def stats_key(family: str, prefix: str | None = None) -> str:
+    """Hash of counters and log2 histogram buckets of one family."""
+    return f"{_p(prefix)}lockstats:{{{family}}}"
+
+
+def hot_key(family: str, prefix: str | None = None) -> str:
+    """Sorted set: lock name -> acquisitions, trimmed to the top LOCKS["STATS_TOP_N"] names."""
+    return f"{_p(prefix)}lockhot:{{{family}}}"
+
+
+def families_key(prefix: str | None = None) -> str:
+    """Set of the families that have stats."""
+    return f"{_p(prefix)}lockfamilies"
+
+
+def held_key(prefix: str | None = None) -> str:
+    """Sorted set of holds published by the recorders: "<name> <token>" -> lease end (unix ms)."""
+    return f"{_p(prefix)}lockheld"
+
+
+def held_member(name: str, token: str) -> str:
+    """A member of the held index. Names never contain spaces; the token keeps holders apart."""
+    return f"{name} {token[:16]}"
+
+
+def name_from_member(member: str) -> str:
+    return member.split(" ", 1)[0]
 
 
 def events_key(prefix: str | None = None) -> str:

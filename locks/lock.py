@@ -6,15 +6,29 @@ releasing process barges back in: some processes starve), issues no fencing toke
 its token to a thread-local, which asyncio tasks share. This lock:
 
 - acquires in one round trip (one Lua script: SET-if-free with a TTL, plus a fencing token);
-- queues waiters FIFO in Redis; a release hands the lock *directly* to the next live waiter
-  and wakes only that waiter, through a list it BLPOPs, so nobody polls and nobody starves;
-  a waiter's BLPOP is bounded by the holder's remaining TTL, so a crashed holder costs at
-  most its lease, never a lost wake-up;
+- queues waiters FIFO in Redis; a release hands the lock *directly* to the head waiter and
+  wakes only that waiter, through a list it BLPOPs, so nobody polls and nobody starves;
+- hands off *provisionally*: the waiter is granted a short lease (HANDOFF_LEASE) and confirms
+  it to its own ttl when it wakes. Of the three known ways to skip a waiter that died queued,
+  waiter heartbeats cost every waiter a write per interval, and Redisson's fair lock (waiter
+  timeouts in a sorted set, pruned by whoever acquires next) still hands the lock to a dead
+  waiter whose timeout has not passed; a provisional grant costs nothing unless the waiter is
+  dead, and then only the short lease;
+- lets a waiter sleep until the lease it was told of ends, then look again: it times that
+  itself on the socket (Redis's own blocking timeouts fire on a 100 ms timer), so a crashed
+  holder costs its lease and a few ms. If the lock passes to a shorter lease meanwhile, a push
+  on the lock's wake list makes one live waiter look again at once;
+- bounds every Redis read by the client's socket timeout: a long wait is a chain of reads;
 - issues fences that strictly increase per name, even after Redis loses its data, because
   they are derived from the Redis clock in microseconds and the last fence issued;
 - treats a holder as one acquisition (a `Hold`), not a thread-local slot: threads, asyncio
   tasks and forked children can never release or extend each other's hold;
-- can renew its lease (bounded by `max_hold`) and tells the holder when it lost the lock.
+- can renew its lease (bounded by `max_hold`) and tells the holder when it lost the lock;
+- counts its statistics in the process (locks/stats.py), per lock *family*, off the scripts:
+  each script touches only the keys of its own lock (one Redis Cluster slot), and an acquire
+  pays for no stats writes;
+- can be one-shot (`one_shot=True`) for names used once, like idempotency keys: then nothing of
+  the lock remains in Redis after its release.
 
 A lease lock can never be safe against pauses on its own (Kleppmann); the fence, checked at
 the resource (`UPDATE ... WHERE fence < :fence`), is what makes a late writer harmless.
@@ -24,9 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
+import math
 import os
+import select
 import socket
 import threading
 import time
@@ -42,14 +59,42 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from locks import events
 from locks.conf import locks_settings
 from locks.exceptions import LockLost, LockNotOwned, LockTimeout, LockUnavailable
-from locks.keys import LockKeys
+from locks.keys import LockKeys, family_of
 from locks.renewal import renewer
 from locks.scripts import script
+from locks.stats import recorder
 
 log = logging.getLogger("locks")
 
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _HOST = socket.gethostname()
+
+
+# Redis clock minus our wall clock (ms), per connection pool, learned from each acquire's reply.
+_clock_offsets: dict[int, float] = {}
+# Allowance for the offset's error and clock jitter. The offset is learned as (Redis time in a
+# reply) - (our time when the reply arrived), which underestimates it by up to a round trip, so
+# the give-up time errs early; the best (largest) estimate is kept unless the clocks stepped.
+GIVE_UP_SLACK_MS = 50
+
+
+def _learn_clock(pool: Any, redis_now_ms: int) -> None:
+    if pool is None:
+        return
+    sample = redis_now_ms - time.time() * 1000
+    known = _clock_offsets.get(id(pool))
+    _clock_offsets[id(pool)] = sample if known is None or abs(sample - known) > 1000 else max(known, sample)
+
+
+def _give_up_ms(pool: Any) -> int:
+    """The Redis time after which the caller has given up on a call sent now (0: unknown)."""
+    if pool is None:
+        return 0
+    offset = _clock_offsets.get(id(pool))
+    timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
+    if offset is None or not timeout:
+        return 0
+    return int(time.time() * 1000 + offset + float(timeout) * 1000 + GIVE_UP_SLACK_MS)
 
 
 def default_client() -> Redis:
@@ -89,37 +134,139 @@ class ReplicasLagging(Exception):
     """WAIT_REPLICAS is set and too few replicas acknowledged the lock write in time."""
 
 
-def _wait_for_signal(client: Redis, key: str, block: float, *, final: bool,
-                     wait_replicas: tuple[int, int] | None = None) -> bytes | None:
-    """BLPOP our own signal list for up to `block` seconds; the popped payload, or None.
+class _Cancelled(Exception):
+    """The asyncio task that asked for the lock was cancelled while its thread waited."""
 
-    Redis checks blocking timeouts from its cron (10 times a second by default), so a BLPOP
-    can oversleep by up to 100 ms. When this wait ends at the caller's deadline (`final`) we
-    watch the socket ourselves and hang up at the deadline: the server drops the BLPOP with
-    the connection, and the caller's cancel script finds out whether a hand-off won the race.
+
+def text(value: bytes | str) -> str:
+    """Replies are bytes, or str from a client built with decode_responses=True."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _seconds(value: object, what: str, *, positive: bool = False) -> float:
+    """A finite, non-negative (or positive) number of seconds; ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, not {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
+        raise ValueError(f"{what} must be a finite {'positive' if positive else 'non-negative'} number of seconds")
+    return seconds
+
+
+class CancelToken:
+    """Lets another thread stop a waiting acquire at once (asyncio cancellation).
+
+    A self-pipe, so the waiting thread sleeps in one poll() on its Redis socket and this pipe
+    (no slicing, no polling). `deliver`/`cancel` settle the race between "acquired" and
+    "cancelled" under one mutex: exactly one side ends up owning an acquired hold.
     """
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        conn.send_command("BLPOP", key, f"{max(block, 0.001):.3f}")
-        if final and not conn.can_read(timeout=max(block, 0.0)):
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        self._mutex = threading.Lock()
+        self.cancelled = False
+        self.delivered: Hold | None = None
+
+    def fileno(self) -> int:
+        return self._r
+
+    def cancel(self) -> Hold | None:
+        """Cancel; returns a hold the thread already delivered (the caller must give it back)."""
+        with self._mutex:
+            self.cancelled = True
+            with contextlib.suppress(OSError):
+                os.write(self._w, b"x")
+            return self.delivered
+
+    def deliver(self, hold: Hold) -> bool:
+        """False if cancelled first: then the acquiring thread gives the hold back itself."""
+        with self._mutex:
+            if self.cancelled:
+                return False
+            self.delivered = hold
+            return True
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class _Signal:
+    """A waiter's own hand-off list and the lock's wake list, BLPOPped on a connection of the pool.
+
+    We time the wait ourselves (poll on the socket) instead of relying on BLPOP's timeout:
+    Redis checks blocking timeouts from its cron, `hz` times a second, so a BLPOP oversleeps by
+    up to 100 ms; and a blocking read must not run into the client's socket timeout, which
+    stays short so that a frozen Redis is noticed. The BLPOP stays in flight while we look at
+    the lock from another connection; we hang up on it (the server drops it with the
+    connection) only when we stop waiting without its answer.
+    """
+
+    def __init__(self, client: Redis, keys: list[str], cancel: CancelToken | None,
+                 wait_replicas: tuple[int, int] | None = None) -> None:
+        self.pool = client.connection_pool
+        self.keys = keys
+        self.cancel = cancel
+        self.wait_replicas = wait_replicas
+        self.conn: Any = None
+
+    def wait(self, until: float, server_deadline: float) -> str | None:
+        """The next message on the list, or None once `until` (monotonic) has passed."""
+        if self.conn is None:
+            self.conn = self.pool.get_connection()
+            block = max(server_deadline - time.monotonic(), 0.001)
+            try:
+                self.conn.send_command("BLPOP", *self.keys, f"{block:.3f}")
+            except BaseException:
+                self.abort()
+                raise
+        try:
+            while not self._readable(until - time.monotonic()):
+                if time.monotonic() >= until:
+                    return None
+            reply = self.conn.read_response()
+            if reply and self.wait_replicas is not None and text(reply[1]).startswith("g|"):
+                # Our BLPOP came after the releaser's grant, so WAIT on this connection covers it.
+                self.conn.send_command("WAIT", *self.wait_replicas)
+                acked = self.conn.read_response()
+                if acked < self.wait_replicas[0]:
+                    raise ReplicasLagging(f"only {acked} of {self.wait_replicas[0]} replicas acknowledged the hand-off")
+        except BaseException:
+            self.abort()
+            raise
+        self.pool.release(self.conn)
+        self.conn = None
+        return text(reply[1]) if reply else None
+
+    def _readable(self, timeout: float) -> bool:
+        timeout = max(timeout, 0.0)
+        cancel = self.cancel
+        if cancel is None:
+            return self.conn.can_read(timeout=timeout)
+        if cancel.cancelled:
+            raise _Cancelled
+        if self.conn.can_read(timeout=0):
+            return True
+        sock = getattr(self.conn, "_sock", None)
+        if sock is None:  # not a plain socket connection: fall back to short slices
+            if self.conn.can_read(timeout=min(timeout, 0.05)):
+                return True
+        else:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            poller.register(cancel.fileno(), select.POLLIN)
+            poller.poll(timeout * 1000)
+        if cancel.cancelled:
+            raise _Cancelled
+        return self.conn.can_read(timeout=0)
+
+    def abort(self) -> None:
+        """Stop waiting: hang up on a BLPOP still in flight."""
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
             conn.disconnect()
-            return None
-        reply = conn.read_response()
-        if reply and wait_replicas is not None:
-            # Our BLPOP came after the releaser's grant, so WAIT on this connection covers it.
-            conn.send_command("WAIT", *wait_replicas)
-            acked = conn.read_response()
-            if acked < wait_replicas[0]:
-                raise ReplicasLagging(f"only {acked} of {wait_replicas[0]} replicas acknowledged the hand-off")
-    except ReplicasLagging:
-        raise
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-    return reply[1] if reply else None
+            self.pool.release(conn)
 
 
 # --- one acquisition ------------------------------------------------------------------------
@@ -138,6 +285,7 @@ class Hold:
     renew_fraction: float = 1 / 3
     max_hold: float = 60.0
     renewing: bool = False
+    renew: bool = False  # keep renewing (else renew only once, to confirm a short hand-off lease)
     count: int = 1
     released: bool = False
     _lost: bool = field(default=False, repr=False)
@@ -161,10 +309,21 @@ class Hold:
             return 0.0
         return max(0.0, self.expires_at - time.monotonic())
 
-    def check(self, margin: float = 0.0) -> None:
-        """Raise `LockLost` unless the lease is still good for `margin` seconds (call before COMMIT)."""
+    def check(self, margin: float = 0.0, *, verify: bool = True) -> None:
+        """Raise `LockLost` unless we still hold the lock for `margin` more seconds (call before COMMIT).
+
+        Asks Redis (one round trip): only Redis knows of a force release, or of a lease that
+        ran out while this process was paused. The fence at the resource still has the last
+        word on anything that happens after this check, so a caller whose write is fenced may
+        pass `verify=False` and check only what this process knows (renewal failures, its own
+        clock), saving the round trip inside its critical section.
+        """
         if self.lost or self.remaining() <= margin:
             raise LockLost("the lock was lost or its lease ran out", name=self.name)
+        if verify:
+            self.lock._verify_hold(self)
+        if self.remaining() <= margin:
+            raise LockLost("the lease runs out too soon", name=self.name)
 
     def extend(self, seconds: float, *, replace: bool = False) -> float:
         return self.lock._extend_hold(self, seconds, replace=replace)
@@ -189,6 +348,17 @@ class Lock:
     `renew`: keep the lease alive from a background thread, at most `max_hold` seconds in all.
     `reentrant`: the same holder (thread or asyncio task of this process) may acquire again;
     the lock is freed when the last hold is released.
+    `family`: the stats row this lock counts in (default: `family_of(name)`, every all-digit
+    `:`-segment as `*`: `coupon:3:user:9` -> `coupon:*:user:*`). Pass it when the name carries
+    other unbounded parts (hashes, uuids), or every name becomes a family of its own.
+    `one_shot`: for names used once or rarely (idempotency keys, a user's coupon claim). Nothing
+    of the lock outlives its use: the fence key lives only as long as the lease and is deleted
+    at release, and the name is not kept among its family's busiest names (the family's counters
+    still count it). Fences still increase: with no stored fence they come from the Redis clock
+    in microseconds, which moves on between two uses of the name; only a Redis clock stepped
+    backwards (NTP step, failover to a host whose clock lags) between two uses could issue a
+    smaller fence, so use one-shot only where a stale writer is refused by other means too
+    (the idempotency key's unique index, the claim's unique (coupon, user) row).
     """
 
     def __init__(
@@ -202,17 +372,20 @@ class Lock:
         reentrant: bool = False,
         client: Redis | None = None,
         key_prefix: str | None = None,
+        family: str | None = None,
+        one_shot: bool = False,
     ) -> None:
         self.keys = LockKeys.for_name(name, key_prefix)
         self.name = name
-        self.ttl = float(locks_settings.DEFAULT_TTL if ttl is None else ttl)
-        self.wait = float(locks_settings.DEFAULT_WAIT if wait is None else wait)
-        if self.ttl <= 0:
-            raise ValueError("ttl must be positive: a lock always expires")
-        if self.wait < 0:
-            raise ValueError("wait cannot be negative")
+        if family is not None and (not isinstance(family, str) or not family
+                                   or any(c in family for c in "{} ") or len(family) > 200):
+            raise ValueError(f"lock family {family!r} must be a short non-empty string without braces or spaces")
+        self.family = family_of(name) if family is None else family
+        self.one_shot = bool(one_shot)
+        self.ttl = _seconds(locks_settings.DEFAULT_TTL if ttl is None else ttl, "ttl", positive=True)
+        self.wait = _seconds(locks_settings.DEFAULT_WAIT if wait is None else wait, "wait")
         self.renew = renew
-        self.max_hold = float(locks_settings.MAX_HOLD if max_hold is None else max_hold)
+        self.max_hold = _seconds(locks_settings.MAX_HOLD if max_hold is None else max_hold, "max_hold")
         if renew and self.max_hold < self.ttl:
             raise ValueError("max_hold must be at least ttl")
         self.reentrant = reentrant
@@ -231,11 +404,9 @@ class Lock:
     def ttl_ms(self) -> int:
         return max(1, int(self.ttl * 1000))
 
-    def _metrics_ttl_ms(self) -> int:
-        return int(locks_settings.METRICS_TTL * 1000) if locks_settings.METRICS else 0
-
     def _fence_ttl_ms(self) -> int:
-        return int(locks_settings.FENCE_TTL * 1000)
+        """0 tells the scripts the lock is one-shot: the fence key lives for the lease only."""
+        return 0 if self.one_shot else max(1, int(locks_settings.FENCE_TTL * 1000))
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -244,8 +415,16 @@ class Lock:
         with self._guard:
             return self._holds.get(current_holder())
 
+    def _wait_arg(self, blocking: bool, wait: float | None) -> float:
+        if not blocking:
+            if wait is not None:
+                raise ValueError("a non-blocking acquire does not wait: pass blocking=False or wait=, not both")
+            return 0.0
+        return self.wait if wait is None else _seconds(wait, "wait")
+
     def acquire(self, blocking: bool = True, wait: float | None = None) -> bool:
         """True if acquired. Blocking: waits up to `wait` seconds, then returns False."""
+        wait = self._wait_arg(blocking, wait)
         try:
             self._acquire(current_holder(), blocking=blocking, wait=wait)
         except LockTimeout:
@@ -274,25 +453,69 @@ class Lock:
             raise LockUnavailable(f"Redis unreachable: {exc}", name=self.name) from exc
 
     def __enter__(self) -> Hold:
-        return self._acquire(current_holder(), blocking=True, wait=None)
+        return self._acquire(current_holder(), blocking=True, wait=self.wait)
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        try:
+            self.release()
+        except LockNotOwned:
+            if exc_type is None:
+                raise
+            # The block already failed (often with LockLost from check()): its error is the news.
 
     async def __aenter__(self) -> Hold:
-        holder = current_holder()
-        return await asyncio.to_thread(self._acquire, holder, blocking=True, wait=None)
+        return await self._aacquire(blocking=True, wait=self.wait)
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.arelease()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        try:
+            await self.arelease()
+        except LockNotOwned:
+            if exc_type is None:
+                raise
 
     async def aacquire(self, blocking: bool = True, wait: float | None = None) -> bool:
-        holder = current_holder()
+        """The asyncio twin of `acquire`. Cancelling the awaiting task leaves the queue at once.
+
+        Pass the time limit as `wait=`, not through `asyncio.wait_for(lock.aacquire(), t)`:
+        wait_for runs the coroutine in a child task, so the hold would belong to that task and
+        the caller could not release it (cancellation is still clean: nothing is left behind).
+        """
         try:
-            await asyncio.to_thread(self._acquire, holder, blocking=blocking, wait=wait)
+            await self._aacquire(blocking=blocking, wait=self._wait_arg(blocking, wait))
         except LockTimeout:
             return False
         return True
+
+    async def _aacquire(self, *, blocking: bool, wait: float) -> Hold:
+        # The wait runs in a worker thread (redis-py is blocking). If our task is cancelled the
+        # thread is told at once; whichever of "acquired" and "cancelled" comes first wins.
+        holder = current_holder()
+        cancel = CancelToken()
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, functools.partial(
+            self._acquire_for_task, holder, blocking=blocking, wait=wait, cancel=cancel))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            hold = cancel.cancel()
+            if hold is not None:  # it was ours already: give it back, off the event loop
+                loop.run_in_executor(None, self._give_back, hold)
+            future.add_done_callback(lambda _: cancel.close())
+            raise
+        finally:
+            if future.done():
+                cancel.close()
+
+    def _acquire_for_task(self, holder: HolderKey, *, blocking: bool, wait: float, cancel: CancelToken) -> Hold:
+        hold = self._acquire(holder, blocking=blocking, wait=wait, cancel=cancel)
+        if not cancel.deliver(hold):
+            self._give_back(hold)
+            raise _Cancelled
+        return hold
+
+    def _give_back(self, hold: Hold) -> None:
+        with contextlib.suppress(LockNotOwned, LockUnavailable):
+            self._release_hold(hold)
 
     async def arelease(self) -> None:
         hold = self.held
@@ -301,7 +524,8 @@ class Lock:
         await asyncio.to_thread(self._release_hold, hold)
 
     # -- acquisition -----------------------------------------------------------------------
-    def _acquire(self, holder: HolderKey, *, blocking: bool, wait: float | None) -> Hold:
+    def _acquire(self, holder: HolderKey, *, blocking: bool, wait: float,
+                 cancel: CancelToken | None = None) -> Hold:
         with self._guard:
             existing = self._holds.get(holder)
         if existing is not None:
@@ -312,91 +536,119 @@ class Lock:
             self._reenter(existing)
             return existing
 
-        wait = self.wait if wait is None else float(wait)
         started = time.monotonic()
         deadline = started + (wait if blocking else 0.0)
         token = os.urandom(16).hex()
         owner = f"{_HOST}:{os.getpid()}"
         client = self.client
         keys = self.keys
-        key_list = [keys.lock, keys.fence, keys.queue, keys.waiters, keys.stats]
-        fence_ttl, metrics_ttl = self._fence_ttl_ms(), self._metrics_ttl_ms()
-        signal = keys.signal(token)
+        key_list = [keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake]
+        fence_ttl = self._fence_ttl_ms()
+        handoff_ms = self._handoff_ms()
+        signal = _Signal(client, [keys.signal(token), keys.wake], cancel, self._wait_replicas())
         queued = False
         try:
             while True:
                 sent = time.monotonic()
                 left_ms = int((deadline - sent) * 1000) if blocking else 0
-                args = [token, self.ttl_ms, owner, max(left_ms, 0), keys.signal_prefix, fence_ttl, metrics_ttl]
+                args = [token, self.ttl_ms, owner, max(left_ms, 0), keys.signal_prefix, fence_ttl, handoff_ms]
                 acquired, value, now_ms, since_ms = self._run_acquire(client, key_list, args)
                 if acquired:
+                    signal.abort()
                     lease_start = sent + (int(since_ms) - int(now_ms)) / 1000
-                    return self._new_hold(holder, token, int(value), lease_start, started)
+                    return self._new_hold(holder, token, int(value), lease_start, self.ttl, started,
+                                          contended=queued)
                 if not blocking or left_ms <= 0:
                     break
                 queued = True
-                # Wait for a hand-off, but never longer than the holder's lease: if it crashed,
-                # nobody will hand over and we must try again when its key expires.
-                pttl = int(value) / 1000 if int(value) > 0 else 0.001
-                block = min(deadline - time.monotonic(), pttl + 0.002)
-                if block <= 0:
-                    break
-                popped = _wait_for_signal(client, signal, block, final=deadline - time.monotonic() <= block,
-                                          wait_replicas=self._wait_replicas())
-                if popped is not None:
-                    fence_s, granted_ms = popped.decode().split("|")
+                # Wait for a hand-off, and look again by ourselves when the holder's lease ends:
+                # if it died, nobody will hand over. Timed here, to the millisecond.
+                lease_end = sent + max(int(value), 0) / 1000 + 0.001
+                message = signal.wait(until=min(deadline, lease_end), server_deadline=deadline + 0.05)
+                if message is not None and message.startswith("g|"):
+                    _, fence_s, granted_ms, lease_ms = message.split("|")
                     # The lease began when the releaser granted it (Redis clock). Map that to our
                     # clock conservatively through the reply of our last acquire attempt.
-                    lease_start = sent + (int(granted_ms) - int(now_ms)) / 1000
-                    return self._new_hold(holder, token, int(fence_s), min(lease_start, time.monotonic()),
-                                          started)
+                    lease_start = min(sent + (int(granted_ms) - int(now_ms)) / 1000, time.monotonic())
+                    return self._new_hold(holder, token, int(fence_s), lease_start, int(lease_ms) / 1000, started,
+                                          contended=True)
+                if time.monotonic() >= deadline:
+                    break
+                # A nudge ("r": a shorter lease now) or our own timer: look again.
+            signal.abort()
             if queued:
                 sent = time.monotonic()
-                got = self._cancel(client, token, metrics_ttl)
+                got = self._cancel(client, token)
                 if got is not None:
                     # Handed over at the very last moment: it is ours; don't strand it.
                     fence, now_ms, since_ms = got
-                    return self._new_hold(holder, token, fence, sent + (since_ms - now_ms) / 1000, started)
+                    return self._new_hold(holder, token, fence, sent + (since_ms - now_ms) / 1000,
+                                          self._handoff_s(), started, contended=True)
         except ReplicasLagging as exc:
+            signal.abort()
             self._release_token(client, token)
             raise LockUnavailable(str(exc), name=self.name) from exc
         except BaseException as exc:
-            # Interrupted (Ctrl-C, a timeout around us, Redis gone) while queued: leave the queue,
-            # and if a hand-off raced in, give the lock straight back instead of stranding it.
-            if queued:
+            # Interrupted (cancelled, Ctrl-C, a timeout around us, Redis gone) while queued: leave
+            # the queue, and if a hand-off raced in, give the lock straight back.
+            signal.abort()
+            # Leave the queue, unless Redis itself just failed us: a second call would only
+            # wait out another socket timeout, and a waiter that never confirms a hand-off is
+            # passed over after HANDOFF_LEASE anyway.
+            if queued and not isinstance(exc, _UNREACHABLE):
                 with contextlib.suppress(Exception):
-                    if self._cancel(client, token, metrics_ttl) is not None:
+                    if self._cancel(client, token) is not None:
                         self._release_token(client, token)
             if isinstance(exc, _UNREACHABLE):
                 raise LockUnavailable(f"Redis unreachable: {exc}", name=self.name) from exc
             raise
         waited = time.monotonic() - started
         if blocking:
+            recorder().count(self, timeouts=1)
             events.record_event(client, events.TIMEOUT, self.name, waited=round(waited, 4), owner=owner)
         raise LockTimeout(f"not acquired within {wait:g}s", name=self.name)
+
+    def _handoff_s(self) -> float:
+        return min(self.ttl, _seconds(locks_settings.HANDOFF_LEASE, "LOCKS['HANDOFF_LEASE']", positive=True))
+
+    def _handoff_ms(self) -> int:
+        return max(1, int(self._handoff_s() * 1000))
 
     def _wait_replicas(self) -> tuple[int, int] | None:
         n = int(locks_settings.WAIT_REPLICAS)
         return (n, int(locks_settings.WAIT_REPLICAS_TIMEOUT * 1000)) if n > 0 else None
 
     def _run_acquire(self, client: Redis, key_list: list[str], args: list) -> list:
-        """The acquire script; with WAIT_REPLICAS, pipelined with WAIT on the same connection."""
+        """The acquire script; with WAIT_REPLICAS, pipelined with WAIT on the same connection.
+
+        It carries the Redis time after which we will have given up on it (our socket timeout):
+        a frozen Redis that wakes runs every command still in its socket buffers, and an acquire
+        we abandoned would otherwise queue a phantom waiter that each live buyer then waits a
+        hand-off lease for. The script drops a request that arrives that late.
+        """
+        pool = getattr(client, "connection_pool", None)
+        args = [*args, _give_up_ms(pool)]
         replicas = self._wait_replicas()
         if replicas is None:
-            return script("acquire")(keys=key_list, args=args, client=client)
-        pipe = client.pipeline(transaction=False)
-        script("acquire")(keys=key_list, args=args, client=pipe)
-        pipe.execute_command("WAIT", *replicas)
-        reply, acked = pipe.execute()
-        if reply[0] and acked < replicas[0]:
-            raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
+            reply = script("acquire")(keys=key_list, args=args, client=client)
+        else:
+            pipe = client.pipeline(transaction=False)
+            script("acquire")(keys=key_list, args=args, client=pipe)
+            pipe.execute_command("WAIT", *replicas)
+            reply, acked = pipe.execute()
+            if reply[0] == 1 and acked < replicas[0]:
+                raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
+        _learn_clock(pool, int(reply[2]))
+        if reply[0] == -1:  # our clock estimate was off (we had not given up): nothing was done
+            raise LockUnavailable("the acquire reached Redis after its give-up time; clock offset relearned",
+                                  name=self.name)
         return reply
 
-    def _cancel(self, client: Redis, token: str, metrics_ttl: int) -> tuple[int, int, int] | None:
+    def _cancel(self, client: Redis, token: str) -> tuple[int, int, int] | None:
         keys = self.keys
         got = script("cancel")(
-            keys=[keys.lock, keys.queue, keys.waiters, keys.stats],
-            args=[token, keys.signal_prefix, metrics_ttl],
+            keys=[keys.lock, keys.queue, keys.waiters, keys.wake],
+            args=[token, keys.signal_prefix],
             client=client,
         )
         return (int(got[1]), int(got[2]), int(got[3])) if got[0] else None
@@ -404,12 +656,14 @@ class Lock:
     def _release_token(self, client: Redis, token: str) -> bool:
         keys = self.keys
         return bool(script("release")(
-            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.stats],
-            args=[token, keys.signal_prefix, self._fence_ttl_ms(), self._metrics_ttl_ms()],
+            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake],
+            args=[token, keys.signal_prefix, self._fence_ttl_ms(), self._handoff_ms()],
             client=client,
         ))
 
-    def _new_hold(self, holder: HolderKey, token: str, fence: int, lease_start: float, started: float) -> Hold:
+    def _new_hold(self, holder: HolderKey, token: str, fence: int, lease_start: float, lease: float,
+                  started: float, *, contended: bool) -> Hold:
+        """`lease`: what Redis gave us; shorter than ttl after a hand-off, until we confirm it."""
         now = time.monotonic()
         hold = Hold(
             lock=self,
@@ -417,18 +671,23 @@ class Lock:
             fence=fence,
             ttl=self.ttl,
             acquired_at=now,
-            expires_at=lease_start + self.ttl,
+            expires_at=lease_start + lease,
             waited=now - started,
             holder=holder,
             renew_fraction=float(locks_settings.RENEW_FRACTION),
             max_hold=self.max_hold,
+            renew=self.renew,
         )
         with self._guard:
             self._holds[holder] = hold
+        recorder().acquired(self, hold, contended=contended)
         if hold.waited >= float(locks_settings.LONG_WAIT):
+            recorder().count(self, long_waits=1)
             events.record_event(self.client, events.LONG_WAIT, self.name, waited=round(hold.waited, 4),
                                 fence=fence, owner=f"{_HOST}:{holder[0]}")
-        if self.renew:
+        if self.renew or lease < self.ttl:
+            # A short hand-off lease is confirmed to the full ttl by the renewer, off the hot
+            # path: a holder done before then (the usual case) never pays the round trip.
             hold.renewing = True
             renewer().add(hold)
         return hold
@@ -458,7 +717,9 @@ class Lock:
         try:
             released = self._release_token(self.client, hold.token)
         except _UNREACHABLE as exc:
+            recorder().ended(self, hold, released=None)
             raise LockUnavailable(f"Redis unreachable during release: {exc}", name=self.name) from exc
+        recorder().ended(self, hold, released=released)
         if not released:
             hold._lost = True
             events.record_event(self.client, events.LOST, self.name, fence=hold.fence,
@@ -468,8 +729,7 @@ class Lock:
     def _extend_hold(self, hold: Hold, seconds: float, *, replace: bool) -> float:
         if hold.released or hold.pid != os.getpid():
             raise LockNotOwned("extend of a hold this holder does not own", name=self.name)
-        if seconds <= 0:
-            raise ValueError("extend by a positive number of seconds")
+        seconds = _seconds(seconds, "extend", positive=True)
         sent = time.monotonic()
         try:
             left_ms = script("extend")(
@@ -486,12 +746,28 @@ class Lock:
         hold.expires_at = sent + int(left_ms) / 1000
         return int(left_ms) / 1000
 
+    def _verify_hold(self, hold: Hold) -> None:
+        if hold.released or hold.pid != os.getpid():
+            raise LockLost("this hold was released or belongs to another process", name=self.name)
+        sent = time.monotonic()
+        try:
+            left_ms = int(script("check")(keys=[self.keys.lock], args=[hold.token], client=self.client))
+        except _UNREACHABLE as exc:
+            raise LockUnavailable(f"Redis unreachable during check: {exc}", name=self.name) from exc
+        if left_ms <= 0:
+            hold._lost = True
+            hold.renewing = False
+            raise LockLost("the lock is no longer ours (expired, or force-released)", name=self.name)
+        hold.expires_at = sent + left_ms / 1000  # measured after `sent`: a conservative estimate
+
     def _renew_hold(self, hold: Hold) -> None:
         if hold.released:
             hold.renewing = False
             return
         try:
             self._extend_hold(hold, self.ttl, replace=True)
+            if not hold.renew:
+                hold.renewing = False  # a hand-off lease, now confirmed: nothing more to do
         except LockNotOwned:
             log.warning("lock %s: renewal found the lock gone; the holder is told (hold.lost)", self.name)
             events.record_event(self.client, events.LOST, self.name, fence=hold.fence,

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("locks")
 
+# Seconds between looks while holds keep coming and none is due sooner. Renewals are due a third
+# of a lease after acquiring (>= 0.16 s with the defaults), so a tick of 50 ms is never late.
+IDLE_TICK = 0.05
+
 
 class Renewer:
     def __init__(self) -> None:
@@ -31,15 +35,24 @@ class Renewer:
         self._heap: list[tuple[float, int, Hold]] = []
         self._seq = 0
         self._thread: threading.Thread | None = None
+        self._wakes_at = 0.0  # when the sleeping thread wakes by itself (0: it is awake)
+        self._last_add = 0.0
 
     def add(self, hold: Hold) -> None:
+        due = self._next_time(hold)
         with self._cond:
             self._seq += 1
-            heapq.heappush(self._heap, (self._next_time(hold), self._seq, hold))
+            heapq.heappush(self._heap, (due, self._seq, hold))
+            self._last_add = time.monotonic()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="locks-renewer", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif due < self._wakes_at:
+                # Wake the thread only if it would sleep past this hold's due time. While holds
+                # keep coming it ticks every IDLE_TICK anyway, so a stream of short holds (every
+                # contended acquisition: its hand-off lease is to be confirmed) never wakes it
+                # from inside a critical section: that cost a GIL hand-off per acquisition.
+                self._cond.notify()
 
     def wake(self) -> None:
         with self._cond:
@@ -47,7 +60,8 @@ class Renewer:
 
     @staticmethod
     def _next_time(hold: Hold) -> float:
-        return time.monotonic() + hold.ttl * hold.renew_fraction
+        # A fraction of the lease still left: a short hand-off lease is confirmed early.
+        return time.monotonic() + hold.remaining() * hold.renew_fraction
 
     def _run(self) -> None:
         while True:
@@ -58,8 +72,14 @@ class Renewer:
                     if self._heap and self._heap[0][0] <= time.monotonic():
                         _, _, hold = heapq.heappop(self._heap)
                         break
-                    timeout = self._heap[0][0] - time.monotonic() if self._heap else 30.0
+                    now = time.monotonic()
+                    if self._heap:
+                        timeout = self._heap[0][0] - now
+                    else:  # tick while holds keep coming; after a quiet second, sleep long
+                        timeout = IDLE_TICK if now - self._last_add < 1.0 else 30.0
+                    self._wakes_at = now + timeout
                     self._cond.wait(timeout)
+                    self._wakes_at = 0.0  # awake: add() must not rely on a wake-up
             self._renew(hold)
             if hold.renewing:
                 with self._cond:

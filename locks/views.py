@@ -18,12 +18,14 @@ from django.urls import NoReverseMatch, reverse
 from django.views.decorators.cache import never_cache
 
 from locks import events, inspect
-from locks.exceptions import LockUnavailable
+from locks.exceptions import HolderChanged, LockUnavailable
 from locks.keys import validate_name
 from locks.models import ForceRelease, LockDashboard
+from locks.services import force_release_lock
 
 PAGE_SIZE = 200
 STATS_ROWS = 100
+TOP_NAMES = 5  # busiest names shown per family (and looked up as held on the first page)
 
 
 def can_release(user) -> bool:
@@ -53,10 +55,16 @@ def _prefix(request: HttpRequest) -> str:
 
 
 def snapshot(*, prefix: str, cursor: int) -> dict[str, Any]:
-    """One page of held locks plus the stats, as plain data (the JSON endpoint and the page share it)."""
-    next_cursor, held = inspect.held_locks_page(prefix=prefix, cursor=cursor, count=PAGE_SIZE)
+    """One page of held locks plus the stats by family, as plain data (the JSON endpoint and the page share it).
+
+    Every refresh costs a few round trips and never a keyspace SCAN: the families (SMEMBERS),
+    their counters and busiest names (one pipeline), the held index (one ZSCAN page of a small
+    key) and the locks it names plus the busiest names (one pipeline).
+    """
+    stats = inspect.lock_stats(prefix=prefix, top=TOP_NAMES)
+    hot = [name for s in stats for name, _ in s.top_names] if cursor == 0 else []
+    next_cursor, held = inspect.held_index_page(prefix=prefix, cursor=cursor, count=PAGE_SIZE, also=hot)
     held.sort(key=lambda h: h.name)
-    stats = inspect.lock_stats(prefix=prefix)
     total = inspect.totals(stats)
     stats.sort(key=lambda s: s.counters.get("acquired", 0), reverse=True)
     return {
@@ -65,10 +73,16 @@ def snapshot(*, prefix: str, cursor: int) -> dict[str, Any]:
         "cursor": cursor,
         "next_cursor": next_cursor,
         "held": [{**h.as_dict(), "url": object_url(h.name)} for h in held],
-        "stats": [_with_ms({**s.as_dict(), "url": object_url(s.name)}) for s in stats[:STATS_ROWS]],
-        "stats_names": len(stats),
+        "stats": [_stats_row(s) for s in stats[:STATS_ROWS]],
+        "stats_families": len(stats),
         "totals": total.as_dict(),
     }
+
+
+def _stats_row(stats: inspect.LockStats) -> dict[str, Any]:
+    row = _with_ms(stats.as_dict())
+    row["top_names"] = [{**n, "url": object_url(n["name"])} for n in row["top_names"]]
+    return row
 
 
 def _with_ms(row: dict[str, Any]) -> dict[str, Any]:
@@ -135,20 +149,35 @@ def force_release(request: HttpRequest, name: str) -> HttpResponse:
         messages.error(request, f"Redis is unreachable: {exc}")
         return redirect("admin:locks_lockdashboard_changelist")
     if request.method == "POST":
-        if info is None:
-            messages.warning(request, f"{name} was no longer held.")
-            return redirect("admin:locks_lockdashboard_changelist")
-        released = inspect.force_release(name, actor=request.user.get_username())
-        if released is None:
-            messages.warning(request, f"{name} was released before we got to it.")
-        else:
-            ForceRelease.objects.create(
-                lock_name=name, fence=released.fence, owner=released.owner, held_for=round(released.held_for, 3),
-                waiters=info.waiters, actor=request.user, actor_name=request.user.get_username(),
-            )
-            messages.success(request, f"Released {name} (held by {released.owner}, fence {released.fence}). "
-                                      "The next waiter has it now; the old holder's writes will be refused.")
-        return redirect("admin:locks_lockdashboard_changelist")
+        return _confirmed_release(request, name)
     return TemplateResponse(request, "admin/locks/confirm_release.html", _context(
         request, title=f"Force-release {name}?", name=name, info=info, url=object_url(name),
     ))
+
+
+def _confirmed_release(request: HttpRequest, name: str) -> HttpResponse:
+    """Release only the hold the confirmation page showed (its fence), never a newer one."""
+    again = redirect("admin:locks_lockdashboard_release", name=name)
+    try:
+        fence = int(request.POST.get("fence", ""))
+        if not 0 < fence < 2**63:
+            raise ValueError(fence)
+    except ValueError:
+        messages.error(request, "Confirm the release on this page (it names the holder you release).")
+        return again
+    try:
+        released = force_release_lock(name=name, expected_fence=fence, actor=request.user,
+                                      actor_name=request.user.get_username())
+    except HolderChanged as exc:
+        messages.error(request, f"Not released: the holder changed since you looked ({exc.owner} holds it now, "
+                                f"fence {exc.fence}). Check it again before releasing.")
+        return again
+    except LockUnavailable as exc:
+        messages.error(request, f"Redis is unreachable: {exc}")
+        return redirect("admin:locks_lockdashboard_changelist")
+    if released is None:
+        messages.warning(request, f"{name} was released before we got to it.")
+    else:
+        messages.success(request, f"Released {name} (held by {released.owner}, fence {released.fence}). "
+                                  "The next waiter has it now; the old holder's writes will be refused.")
+    return redirect("admin:locks_lockdashboard_changelist")

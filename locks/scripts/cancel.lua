@@ -1,9 +1,9 @@
 -- A waiter gives up. If a release handed it the lock in the meantime, it keeps it.
--- KEYS: lock queue waiters stats
--- ARGV: token sigprefix metrics_ttl_ms
+-- KEYS: lock queue waiters wake
+-- ARGV: token sigprefix
 -- -> {1, fence, now_ms, since_ms} the lock was handed over just in time | {0} removed from the queue
-local lock, queue, waiters, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local token, sigprefix, metrics_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local lock, queue, waiters, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, sigprefix = ARGV[1], ARGV[2]
 redis.call('DEL', sigprefix .. token)
 local held = redis.call('HMGET', lock, 'token', 'fence', 'since_us')
 if held[1] == token then
@@ -11,6 +11,5 @@ if held[1] == token then
 end
 redis.call('LREM', queue, 0, token)
 redis.call('HDEL', waiters, token)
-stat(stats, metrics_ttl, 'timeouts')
-touch_stats(stats, metrics_ttl)
+if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters, wake) end
 return {0}

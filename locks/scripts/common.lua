@@ -3,55 +3,68 @@
 --   lock   = <p>lock:{name}          hash: token fence owner since_us ttl wait_us count
 --   fence  = <p>lock:{name}:fence    last fencing token issued (outlives the lock)
 --   queue  = <p>lock:{name}:queue    FIFO list of waiting tokens
---   wait   = <p>lock:{name}:waiters  hash: token -> "deadline_ms|ttl_ms|enqueued_us|owner"
---   stats  = <p>lockstats:{name}     hash: counters and log2 histogram buckets (w<b> for waits
---            of contended acquisitions: an uncontended one waited 0; h<b> for finished holds)
+--   wait   = <p>lock:{name}:waiters  hash: token -> "deadline_ms|ttl_ms|enqueued_us|owner", and
+--            "~" -> the latest lease end any waiter was told (it looks again by itself then)
+--   wake   = <p>lock:{name}:wake     list every waiter BLPOPs besides its own signal list
 --   signal = <p>lock:{name}:signal:<token>  per-waiter list the waiter BLPOPs
+-- No script writes statistics: they are counted by each client process and flushed once a
+-- second to per-family keys (locks/stats.py), which would live in other slots.
+-- fence_ttl_ms = 0 marks a one-shot lock: its fence key lives only as long as the lease and is
+-- deleted at release, so nothing of the lock remains once it is free (the lock hash says 'os').
 local T = redis.call('TIME')
 local NOW_US = tonumber(T[1]) * 1000000 + tonumber(T[2])
 local NOW_MS = math.floor(NOW_US / 1000)
 
 local function num(x) return string.format('%d', x) end
 
--- 4 buckets per power of two of microseconds: bucket b covers [2^(b/4), 2^((b+1)/4)) us.
-local function bucket(us)
-  if us < 1 then return 0 end
-  return math.floor(4 * math.log(us) / math.log(2))
-end
-
-local function stat(stats, metrics_ttl, field, by)
-  if metrics_ttl > 0 then
-    redis.call('HINCRBY', stats, field, by or 1)
-  end
-end
-
--- Count an acquisition; give the stats hash its TTL when this is its first one.
-local function count_acquired(stats, metrics_ttl)
-  if metrics_ttl > 0 and redis.call('HINCRBY', stats, 'acquired', 1) == 1 then
-    redis.call('PEXPIRE', stats, metrics_ttl)
-  end
-end
-
-local function touch_stats(stats, metrics_ttl)
-  if metrics_ttl > 0 then redis.call('PEXPIRE', stats, metrics_ttl) end
-end
-
 -- A fence is never smaller than the Redis clock in microseconds, and always greater than the
 -- last one issued: after a FLUSHALL or a restart without persistence the clock still moves on.
-local function next_fence(fencek, fence_ttl)
+-- A one-shot lock keeps its fence key only for the lease: later fences rest on the clock alone.
+local function next_fence(fencek, keep_ms)
   local last = tonumber(redis.call('GET', fencek) or '0')
   local f = NOW_US
   if f <= last then f = last + 1 end
-  redis.call('SET', fencek, num(f), 'PX', fence_ttl)
+  redis.call('SET', fencek, num(f), 'PX', keep_ms)
   return f
 end
 
-local function grant(lock, fencek, fence_ttl, token, ttl, owner, wait_us)
-  local f = next_fence(fencek, fence_ttl)
+-- `lease` is what the lock lives for now; `ttl` the holder's own lease (a hand-off starts shorter).
+local function grant(lock, fencek, fence_ttl, token, lease, ttl, owner, wait_us)
+  local one_shot = fence_ttl <= 0
+  local f = next_fence(fencek, one_shot and lease or fence_ttl)
   redis.call('HSET', lock, 'token', token, 'fence', num(f), 'owner', owner,
              'since_us', num(NOW_US), 'ttl', ttl, 'wait_us', num(wait_us))
-  redis.call('PEXPIRE', lock, ttl)
+  if one_shot then redis.call('HSET', lock, 'os', '1') end
+  redis.call('PEXPIRE', lock, lease)
   return f
+end
+
+local function parse_waiter(info)
+  local deadline, ttl, enq, owner = string.match(info, '^(%d+)|(%d+)|(%d+)|(.*)$')
+  return tonumber(deadline), tonumber(ttl), tonumber(enq), owner
+end
+
+local function signal(sigprefix, token, deadline, payload)
+  local sig = sigprefix .. token
+  redis.call('RPUSH', sig, payload)
+  redis.call('PEXPIRE', sig, math.max(deadline - NOW_MS, 0) + 10000)
+end
+
+-- A waiter looks again by itself when the lease it was told of ends: that is how it learns of
+-- a holder that died. If the lock has since passed to a holder whose lease ends sooner (a short
+-- hand-off lease after a long one), every waiter would oversleep, the head included, and the
+-- head may itself be dead. So push one "look again" to the wake list: Redis serves a push only
+-- to a client still blocked on it, i.e. to a live waiter, and one live waiter looking again
+-- keeps the queue moving (at the new lease end it takes the lock or hands it to the head).
+-- Under steady contention leases only move later and this costs nothing.
+local function nudge(lock, waiters, wake)
+  local latest = tonumber(redis.call('HGET', waiters, '~') or '0')
+  local ends = NOW_MS + math.max(redis.call('PTTL', lock), 0)
+  if latest > ends + 1 then
+    redis.call('RPUSH', wake, 'r')
+    redis.call('PEXPIRE', wake, math.max(redis.call('PTTL', waiters), 1000))
+    redis.call('HSET', waiters, '~', num(ends))
+  end
 end
 
 -- Drop waiters at the head of the queue whose own wait deadline has passed (crashed or gone).
@@ -60,31 +73,30 @@ local function purge(queue, waiters)
     local head = redis.call('LINDEX', queue, 0)
     if not head then return nil end
     local info = redis.call('HGET', waiters, head)
-    local deadline = info and tonumber(string.match(info, '^(%d+)')) or 0
+    local deadline = info and parse_waiter(info) or 0
     if deadline > NOW_MS then return head end
     redis.call('LPOP', queue)
     redis.call('HDEL', waiters, head)
+    if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
   end
 end
 
--- Pass a free lock straight to the head waiter and wake only that waiter.
-local function hand_off(lock, fencek, fence_ttl, queue, waiters, stats, metrics_ttl, sigprefix, head)
-  local info = redis.call('HGET', waiters, head)
-  local deadline, ttl, enq, owner = string.match(info, '^(%d+)|(%d+)|(%d+)|(.*)$')
+-- Pass a free lock straight to the head waiter and wake only that waiter. The waiter may have
+-- died while queued (SIGKILL, OOM): it is handed a short lease (`handoff_ms`), which a live
+-- waiter confirms to its full ttl if it holds that long; a dead one costs only that lease.
+local function hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff_ms)
+  local deadline, ttl, enq, owner = parse_waiter(redis.call('HGET', waiters, head))
   redis.call('LPOP', queue)
   redis.call('HDEL', waiters, head)
-  local waited = NOW_US - tonumber(enq)
-  local f = grant(lock, fencek, fence_ttl, head, tonumber(ttl), owner, waited)
-  local sig = sigprefix .. head
-  redis.call('RPUSH', sig, num(f) .. '|' .. num(NOW_MS))
-  redis.call('PEXPIRE', sig, math.max(tonumber(deadline) - NOW_MS, 0) + 10000)
-  stat(stats, metrics_ttl, 'acquired')
-  stat(stats, metrics_ttl, 'contended')
-  stat(stats, metrics_ttl, 'w' .. bucket(waited))
+  local waited = NOW_US - enq
+  local lease = math.min(ttl, handoff_ms)
+  local f = grant(lock, fencek, fence_ttl, head, lease, ttl, owner, waited)
+  signal(sigprefix, head, deadline, 'g|' .. num(f) .. '|' .. num(NOW_MS) .. '|' .. num(lease))
+  if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) else nudge(lock, waiters, wake) end
   return f
 end
 
--- Count a finished hold (release or force release) in the hold-time histogram.
-local function count_hold(since_us, stats, metrics_ttl)
-  stat(stats, metrics_ttl, 'h' .. bucket(NOW_US - tonumber(since_us or NOW_US)))
+-- A lock is free and nobody waits: a one-shot lock leaves nothing behind.
+local function forget_one_shot(fencek, wake)
+  redis.call('DEL', fencek, wake)
 end

@@ -1,17 +1,19 @@
 -- An operator frees a lock whoever holds it, and the next waiter gets it at once.
--- KEYS: lock fence queue waiters stats
--- ARGV: sigprefix fence_ttl_ms metrics_ttl_ms
--- -> {} nothing was held | {owner, fence, since_us, token}
-local lock, fencek, queue, waiters, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local sigprefix, fence_ttl, metrics_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local held = redis.call('HMGET', lock, 'owner', 'fence', 'since_us', 'token')
+-- KEYS: lock fence queue waiters wake
+-- ARGV: sigprefix fence_ttl_ms handoff_ms expected_fence ('0': whoever holds it)
+-- -> {} nothing was held | {owner, fence, since_us, token} | {'changed', owner, fence}: another
+--    holder than the one the operator saw (nothing touched)
+local lock, fencek, queue, waiters, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local sigprefix, fence_ttl, handoff, expected = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local held = redis.call('HMGET', lock, 'owner', 'fence', 'since_us', 'token', 'os')
 if not held[4] then return {} end
-count_hold(held[3], stats, metrics_ttl)
-stat(stats, metrics_ttl, 'force_released')
+if expected ~= '0' and held[2] ~= expected then return {'changed', held[1], held[2]} end
+if held[5] == '1' then fence_ttl = 0 end  -- a one-shot lock stays one-shot
 redis.call('DEL', lock)
 local head = purge(queue, waiters)
 if head then
-  hand_off(lock, fencek, fence_ttl, queue, waiters, stats, metrics_ttl, sigprefix, head)
+  hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff)
+elseif fence_ttl <= 0 then
+  forget_one_shot(fencek, wake)
 end
-touch_stats(stats, metrics_ttl)
-return held
+return {held[1], held[2], held[3], held[4]}

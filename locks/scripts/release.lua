@@ -1,20 +1,15 @@
--- KEYS: lock fence queue waiters stats
--- ARGV: token sigprefix fence_ttl_ms metrics_ttl_ms
--- -> 1 released (and handed to the next live waiter, if any) | 0 not owned (expired or taken)
-local lock, fencek, queue, waiters, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local token, sigprefix, fence_ttl, metrics_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+-- KEYS: lock fence queue waiters wake
+-- ARGV: token sigprefix fence_ttl_ms(0: one-shot) handoff_ms
+-- -> 1 released (and handed to the next waiter, if any) | 0 not owned (expired or taken)
+local lock, fencek, queue, waiters, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local token, sigprefix, fence_ttl, handoff = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 
-local held = redis.call('HMGET', lock, 'token', 'since_us')
-if held[1] ~= token then
-  stat(stats, metrics_ttl, 'lost')
-  touch_stats(stats, metrics_ttl)
-  return 0
-end
-count_hold(held[2], stats, metrics_ttl)
+if redis.call('HGET', lock, 'token') ~= token then return 0 end
 redis.call('DEL', lock)
 local head = purge(queue, waiters)
 if head then
-  hand_off(lock, fencek, fence_ttl, queue, waiters, stats, metrics_ttl, sigprefix, head)
+  hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff)
+elseif fence_ttl <= 0 then
+  forget_one_shot(fencek, wake)
 end
-touch_stats(stats, metrics_ttl)
 return 1

@@ -11,7 +11,7 @@ import pytest
 from django.db import connections
 from django_redis import get_redis_connection
 
-from locks import Lock
+from locks import Lock, stats
 from locks.conf import locks_settings
 from locks.keys import LockKeys
 
@@ -20,8 +20,8 @@ FORK = multiprocessing.get_context("fork")
 
 @pytest.fixture
 def name() -> str:
-    """A fresh lock name per test."""
-    return f"t:{uuid.uuid4().hex[:12]}"
+    """A fresh lock name per test; never an all-digit segment, so it is its own stats family."""
+    return f"t:x{uuid.uuid4().hex[:12]}"
 
 
 def run_in_children(target, args_list: list[tuple], timeout: float = 60.0) -> list:
@@ -46,6 +46,7 @@ def wait_in_child(name: str, queue) -> None:
 
 def _hold_in_child(name: str, ready, done, queue) -> None:
     with Lock(name, ttl=30.0) as held:
+        stats.flush()  # publish the hold in the held index now, not at the next flush
         queue.put((os.getpid(), held.fence))
         ready.set()
         done.wait(30)

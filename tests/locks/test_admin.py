@@ -11,10 +11,11 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django_redis import get_redis_connection
 
-from locks import Lock
+from locks import Lock, LockLost, stats
 from locks.conf import locks_settings
 from locks.events import FORCE_RELEASE, TIMEOUT
-from locks.keys import LockKeys
+from locks.keys import LockKeys, held_key, held_member
+from locks.lock import current_holder
 from locks.models import ForceRelease
 from tests.locks.conftest import start_waiter
 
@@ -96,7 +97,7 @@ def test_force_release_frees_it_wakes_a_waiter_and_is_audited(held_elsewhere):
     client = client_for(user)
     confirm = client.get(f"{DASHBOARD}release/{name}/").content.decode()
     assert "Force-release" in confirm and f":{pid}" in confirm and "1 waiting" in confirm
-    response = client.post(f"{DASHBOARD}release/{name}/")
+    response = client.post(f"{DASHBOARD}release/{name}/", {"fence": fence})
     assert response.status_code == 302
     waited, new_fence = queue.get(timeout=5)
     waiter.join(10)
@@ -107,6 +108,38 @@ def test_force_release_frees_it_wakes_a_waiter_and_is_audited(held_elsewhere):
     assert name in client.get("/admin/locks/forcerelease/").content.decode()
     events = client.get(f"{DASHBOARD}events/", {"kind": FORCE_RELEASE}).content.decode()
     assert name in events
+
+
+def test_force_release_acts_only_on_the_holder_it_showed(name):
+    """The confirmation carries the fence it showed; a new holder meanwhile is not released."""
+    first = Lock(name, ttl=30.0)
+    first_hold = first._acquire(current_holder(), blocking=True, wait=1.0)
+    client = client_for(make_user("releaser", staff=True, can_release=True))
+    confirm = client.get(f"{DASHBOARD}release/{name}/").content.decode()
+    assert f'name="fence" value="{first_hold.fence}"' in confirm
+    first.release()  # the holder finishes; someone else takes the lock before we click "Yes"
+    second = Lock(name, ttl=30.0)
+    second_hold = second._acquire(current_holder(), blocking=True, wait=1.0)
+    response = client.post(f"{DASHBOARD}release/{name}/", {"fence": first_hold.fence}, follow=True)
+    assert "holder changed" in response.content.decode()
+    second_hold.check()  # still held: nothing was released
+    assert not ForceRelease.objects.exists()
+    # Confirming the new holder's fence releases it.
+    client.post(f"{DASHBOARD}release/{name}/", {"fence": second_hold.fence})
+    with pytest.raises(LockLost):
+        second_hold.check()
+    assert ForceRelease.objects.get().fence == second_hold.fence
+
+
+def test_force_release_post_without_a_fence_is_refused(name):
+    with Lock(name, ttl=30.0) as held:
+        client = client_for(make_user("releaser", staff=True, can_release=True))
+        response = client.post(f"{DASHBOARD}release/{name}/", follow=True)
+        assert "confirm" in response.content.decode().lower()
+        held.check()
+    for bad in ("x", "-1", "1e30"):
+        assert client.post(f"{DASHBOARD}release/{name}/", {"fence": bad}).status_code == 302
+    assert not ForceRelease.objects.exists()
 
 
 def test_event_log_shows_timeouts(name):
@@ -124,6 +157,8 @@ def test_ten_thousand_held_locks_are_paged_not_listed_at_once(name):
         key = LockKeys.for_name(f"{name}:{i}").lock
         pipe.hset(key, mapping={"token": "x", "fence": i + 1, "owner": "bulk:1", "since_us": now_us, "ttl": 60000})
         pipe.pexpire(key, 60_000)
+        # ... and published in the held index, as the holders' stats flushes would do.
+        pipe.zadd(held_key(), {held_member(f"{name}:{i}", f"x{i}"): now_us // 1000 + 60_000})
     pipe.execute()
     client = client_for(make_user("staff", staff=True))
     seen, cursor, pages = set(), 0, 0
@@ -145,3 +180,24 @@ def test_redis_down_shows_an_error_not_a_500(settings, redis_server):
     client = client_for(make_user("staff", staff=True))
     assert "unreachable" in client.get(DASHBOARD).content.decode()
     assert client.get(f"{DASHBOARD}data/").status_code == 503
+
+
+def test_the_dashboard_never_scans_the_keyspace(settings, redis_server):
+    """Every refresh reads the families, their busiest names and the held index: no SCAN."""
+    settings.CACHES = {**settings.CACHES, "locks": {**settings.CACHES["locks"], "LOCATION": redis_server.url}}
+    client = get_redis_connection(locks_settings.CACHE_ALIAS)
+    for i in range(50):
+        with Lock(f"product:{i}", ttl=5.0):
+            pass
+    long_one = Lock("report:nightly", ttl=30.0)
+    long_one.acquire()
+    stats.flush()
+    staff = client_for(make_user("staff", staff=True))
+    before = client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
+    data = staff.get(f"{DASHBOARD}data/").json()
+    page = staff.get(DASHBOARD).content.decode()
+    assert client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0) == before
+    assert [h["name"] for h in data["held"]] == ["report:nightly"]
+    assert {s["name"] for s in data["stats"]} == {"product:*", "report:nightly"}
+    assert "product:*" in page and "report:nightly" in page
+    long_one.release()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from locks import Lock, LockNotOwned, inspect
+from locks import Lock, LockNotOwned, inspect, stats
 from locks.events import FORCE_RELEASE, LONG_WAIT, LOST, TIMEOUT
 from tests.locks.conftest import start_waiter
 
@@ -59,17 +59,19 @@ def test_counters_and_percentiles(name):
     inspect.force_release(name, actor="test")
     with pytest.raises(LockNotOwned):
         held.release()  # counted as lost
-    stats = inspect.stats_for(name)
-    c = stats.counters
+    stats.flush()
+    stats_row = inspect.stats_for(name)  # a name without numbers is a family of its own
+    c = stats_row.counters
     assert c["acquired"] == 7
     assert c["timeouts"] == 1
     assert c["force_released"] == 1
     assert c["lost"] == 1
     assert c["released"] == 6
-    q = stats.quantiles()
+    q = stats_row.quantiles()
     assert 0.008 < q["hold_p50"] < 0.05  # ~10 ms holds, log buckets are ~19% wide
     assert q["wait_p99"] is not None
-    assert stats.as_dict()["contention"] == 0.0
+    assert stats_row.as_dict()["contention"] == 0.0
+    assert stats_row.top_names == [(name, 7)]
     assert name in [s.name for s in inspect.lock_stats(prefix=name)]
 
 
@@ -80,12 +82,13 @@ def test_contended_acquisitions_and_wait_times_are_counted(name):
     time.sleep(0.2)  # a wait long enough to land in a clearly non-zero bucket
     holder.release()
     waited, _ = queue.get(timeout=10)
-    proc.join(10)
-    stats = inspect.stats_for(name)
-    assert stats.counters["contended"] == 1 and stats.counters["handoffs"] == 1
-    assert stats.contention == 0.5
+    proc.join(10)  # the child flushed its stats as it exited
+    stats.flush()
+    row = inspect.stats_for(name)
+    assert row.counters["contended"] == 1 and row.counters["handoffs"] == 1
+    assert row.contention == 0.5
     assert 0.1 < waited < 1.0
-    assert 0.1 < stats.quantiles()["wait_p99"] < 1.5
+    assert 0.1 < row.quantiles()["wait_p99"] < 1.5
 
 
 def test_force_release_wakes_the_next_waiter_and_is_logged(name):

@@ -54,6 +54,6 @@ def test_every_key_of_one_lock_is_in_one_cluster_slot(name, redis_client):
     holder.release()
     assert queue.get(timeout=10)
     waiter.join(10)
-    assert {keys.lock, keys.fence, keys.queue, keys.waiters, keys.stats} <= seen
+    assert {keys.lock, keys.fence, keys.queue, keys.waiters} <= seen
     assert {key_slot(k.encode()) for k in seen} == {key_slot(keys.lock.encode())}
     assert keys.lock.endswith(f"lock:{{{name}}}")

@@ -16,14 +16,15 @@ from tests.locks.conftest import FORK, wait_until_queued
 
 def _wait_and_report(name, ready, queue, delay_before_blpop=0.0):
     if delay_before_blpop:
-        original = lock_module._wait_for_signal
+        original = lock_module._Signal.wait
 
-        def late(*args, **kwargs):
+        def late(self, *args, **kwargs):
             # The release lands here: after our failed attempt, before we start waiting.
-            time.sleep(delay_before_blpop)
-            return original(*args, **kwargs)
+            if self.conn is None:
+                time.sleep(delay_before_blpop)
+            return original(self, *args, **kwargs)
 
-        lock_module._wait_for_signal = late
+        lock_module._Signal.wait = late
     lock = Lock(name, ttl=10.0, wait=10.0)
     ready.set()
     with lock as held:

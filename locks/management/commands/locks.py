@@ -1,9 +1,14 @@
 """`manage.py locks`: the command-line twin of the admin lock dashboard.
 
-    manage.py locks                      held locks, then per-lock stats
+    manage.py locks                      held locks, then stats by lock family with the busiest names
+    manage.py locks --all                held locks found by SCANning the keyspace (complete, costly)
     manage.py locks --watch 2            the same, refreshed every 2 s (Ctrl-C to stop)
+
+Like the dashboard, it lists held locks from the held index and the busiest names (no SCAN), so
+a lock appears once its holder's stats flush ran (<= LOCKS["STATS_FLUSH_INTERVAL"]).
     manage.py locks events               recent timeouts, lost locks, force releases, long waits
-    manage.py locks release product:42   force-release after confirmation (--yes to skip it)
+    manage.py locks release product:42   force-release after confirmation (--yes to skip it;
+                                         --fence F: only the holder with fence F)
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from locks import inspect
-from locks.exceptions import LockUnavailable
+from locks.exceptions import HolderChanged, LockUnavailable
+from locks.services import cli_actor_name, force_release_lock
 
 
 def _ms(seconds: float | None) -> str:
@@ -30,10 +36,15 @@ class Command(BaseCommand):
         parser.add_argument("name", nargs="?", help="lock name, for release (e.g. product:42)")
         parser.add_argument("--prefix", default="", help="only locks whose name starts with this")
         parser.add_argument("--limit", type=int, default=50, help="rows per table (default 50)")
+        parser.add_argument("--all", action="store_true",
+                            help="find held locks by SCANning the whole keyspace (complete, but costly)")
+        parser.add_argument("--top", type=int, default=3, help="busiest names shown per family (default 3)")
         parser.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
         parser.add_argument("--iterations", type=int, default=0, help="with --watch: stop after N refreshes")
         parser.add_argument("--json", action="store_true", help="machine-readable output")
         parser.add_argument("--yes", action="store_true", help="release without asking")
+        parser.add_argument("--fence", type=int, help="release: only if the holder still has this fence")
+        parser.add_argument("--actor", help="release: the name written to the audit trail (default user@host)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["limit"] < 1:
@@ -62,8 +73,14 @@ class Command(BaseCommand):
             pass
 
     def _show(self, opts: dict[str, Any]) -> None:
-        held = inspect.held_locks(prefix=opts["prefix"], limit=opts["limit"])
-        stats = inspect.lock_stats(prefix=opts["prefix"])
+        stats = inspect.lock_stats(prefix=opts["prefix"], top=max(opts["top"], 0))
+        stats.sort(key=lambda s: s.counters.get("acquired", 0), reverse=True)
+        if opts["all"]:
+            held = inspect.held_locks(prefix=opts["prefix"], limit=opts["limit"])
+        else:
+            hot = [name for s in stats for name, _ in s.top_names]
+            _, held = inspect.held_index_page(prefix=opts["prefix"], count=opts["limit"], also=hot)
+            held = sorted(held, key=lambda h: h.name)[: opts["limit"]]
         total = inspect.totals(stats)
         if opts["json"]:
             self.stdout.write(json.dumps({
@@ -83,7 +100,7 @@ class Command(BaseCommand):
         else:
             self.stdout.write("  none")
         self.stdout.write("")
-        self.stdout.write(self.style.MIGRATE_HEADING(f"Lock stats ({len(stats)} names)"))
+        self.stdout.write(self.style.MIGRATE_HEADING(f"Lock stats ({len(stats)} families)"))
         header = (f"{'name':<32} {'acquired':>9} {'contend%':>8} {'timeouts':>8} {'lost':>5} {'forced':>6} "
                   f"{'wait p50':>9} {'wait p99':>9} {'hold p50':>9} {'hold p99':>9}")
         self.stdout.write(header + "   (times in ms)")
@@ -95,6 +112,8 @@ class Command(BaseCommand):
                 f"{c.get('lost', 0):>5} {c.get('force_released', 0):>6} {_ms(q['wait_p50']):>9} "
                 f"{_ms(q['wait_p99']):>9} {_ms(q['hold_p50']):>9} {_ms(q['hold_p99']):>9}"
             )
+            if s.top_names:
+                self.stdout.write("    busiest: " + ", ".join(f"{n} ({a})" for n, a in s.top_names))
         if not stats:
             self.stdout.write("  none")
 
@@ -120,6 +139,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if info is None:
             raise CommandError(f"lock {name!r} is not held")
+        expected = opts["fence"]
         if not opts["yes"]:
             self.stdout.write(
                 f"{name} is held by {info.owner} (fence {info.fence}) for {info.held_for:.1f}s, "
@@ -128,7 +148,14 @@ class Command(BaseCommand):
             answer = input("Force-release it? The holder's later writes will be refused. [y/N] ")
             if answer.strip().lower() not in {"y", "yes"}:
                 raise CommandError("not released")
-        released = inspect.force_release(name, actor="manage.py locks release")
+            if expected is None:
+                expected = info.fence  # release the holder that was shown, no other
+        try:
+            released = force_release_lock(name=name, expected_fence=expected,
+                                          actor_name=opts["actor"] or cli_actor_name())
+        except HolderChanged as exc:
+            raise CommandError(f"not released: the holder changed ({exc.owner} holds it now, fence {exc.fence})"
+                               ) from exc
         if released is None:
             self.stdout.write(f"{name} was released before we got to it")
         else:

@@ -17,14 +17,16 @@
     document.querySelector("#held-locks tbody").innerHTML = held.join("") || '<tr><td colspan="7">No lock is held.</td></tr>';
     document.getElementById("held-count").textContent = "(" + data.held.length + (data.next_cursor ? "+" : "") + ")";
     var stats = data.stats.map(function (s) {
-      return "<tr><td>" + link(s) + '</td><td class="num">' + s.acquired + '</td><td class="num">' +
+      var names = s.top_names.map(function (n) { return link(n) + " (" + esc(n.acquired) + ")"; }).join(", ") || "-";
+      return "<tr><td>" + esc(s.name) + '</td><td class="names">' + names + '</td><td class="num">' + s.acquired + '</td><td class="num">' +
         Math.round(s.contention * 100) + ' %</td><td class="num">' + s.timeouts + '</td><td class="num">' + s.lost +
         '</td><td class="num">' + s.force_released + '</td><td class="num">' + ms(s.wait_p50) + '</td><td class="num">' +
         ms(s.wait_p99) + '</td><td class="num">' + ms(s.hold_p50) + '</td><td class="num">' + ms(s.hold_p99) + "</td></tr>";
     });
-    document.querySelector("#lock-stats tbody").innerHTML = stats.join("") || '<tr><td colspan="10">No lock activity yet.</td></tr>';
+    document.getElementById("stats-count").textContent = data.stats.length + " of " + data.stats_families;
+    document.querySelector("#lock-stats tbody").innerHTML = stats.join("") || '<tr><td colspan="11">No lock activity yet.</td></tr>';
     var t = data.totals, totals = document.getElementById("lock-totals");
-    if (totals) totals.innerHTML = '<td>Total</td><td class="num">' + t.acquired + '</td><td class="num">' +
+    if (totals) totals.innerHTML = '<td>Total</td><td></td><td class="num">' + t.acquired + '</td><td class="num">' +
       Math.round(t.contention * 100) + ' %</td><td class="num">' + t.timeouts + '</td><td class="num">' + t.lost +
       '</td><td class="num">' + t.force_released + '</td><td colspan="4"></td>';
     document.getElementById("refresh-state").textContent = "Updated " + new Date(data.at * 1000).toLocaleTimeString() + ".";

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from locks import Lock
+from locks import Lock, LockLost, stats
+from locks.lock import current_holder
+from locks.models import ForceRelease
 from tests.locks.conftest import start_waiter
 
 
@@ -22,14 +25,18 @@ def run(*args: str, stdin: str | None = None, monkeypatch=None) -> str:
 
 def test_lists_held_locks_and_stats(name):
     with Lock(name, ttl=10.0) as held:
+        stats.flush()  # held locks are listed from the index the stats flush keeps
         out = run("--prefix", name)
         assert name in out and str(held.fence) in out
+        assert name in run("--prefix", name, "--all")  # found by SCAN, without the index
+    stats.flush()
     out = run("--prefix", name)
-    assert "Held locks (0)" in out and "(all)" in out
+    assert "Held locks (0)" in out and "(all)" in out and f"busiest: {name} (1)" in out
 
 
 def test_json_output(name):
     with Lock(name, ttl=10.0) as held:
+        stats.flush()
         data = json.loads(run("--prefix", name, "--json"))
     assert data["held"][0]["name"] == name and data["held"][0]["fence"] == held.fence
     assert data["totals"]["acquired"] >= 1
@@ -40,7 +47,7 @@ def test_watch_refreshes_n_times(name):
     assert out.count("Held locks") == 3
 
 
-def test_release_asks_then_frees_and_wakes_the_waiter(name, monkeypatch):
+def test_release_asks_then_frees_and_wakes_the_waiter(name, db, monkeypatch):
     holder = Lock(name, ttl=30.0)
     holder.acquire()
     proc, queue = start_waiter(name)
@@ -52,6 +59,47 @@ def test_release_asks_then_frees_and_wakes_the_waiter(name, monkeypatch):
     assert queue.get(timeout=5)[0] < 2.0  # woken at once, not after the 30 s lease
     proc.join(10)
     assert "force_release" in run("events", "--limit", "5")
+
+
+def test_release_writes_the_same_audit_row_as_the_admin(name, db):
+    holder = Lock(name, ttl=30.0)
+    holder.acquire()
+    fence = holder._holds[next(iter(holder._holds))].fence
+    run("release", name, "--yes", "--actor", "ops-alice")
+    audit = ForceRelease.objects.get()
+    assert (audit.lock_name, audit.fence, audit.actor_name, audit.waiters) == (name, fence, "ops-alice", 0)
+    assert audit.owner.endswith(f":{os.getpid()}") and audit.held_for >= 0
+
+
+def test_release_with_a_stale_fence_refuses(name, db):
+    lock = Lock(name, ttl=30.0)
+    held = lock._acquire(current_holder(), blocking=True, wait=1.0)
+    with pytest.raises(CommandError, match="holder changed"):
+        run("release", name, "--yes", "--fence", str(held.fence - 1))
+    held.check()
+    assert not ForceRelease.objects.exists()
+    run("release", name, "--yes", "--fence", str(held.fence))
+    with pytest.raises(LockLost):
+        held.check()
+    audit = ForceRelease.objects.get()
+    assert audit.fence == held.fence and "@" in audit.actor_name  # default actor: user@host
+
+
+def test_interactive_release_acts_on_the_holder_it_showed(name, db, monkeypatch):
+    first = Lock(name, ttl=30.0)
+    first.acquire()
+    second = Lock(name, ttl=30.0)
+
+    def swap_holder(prompt=""):
+        first.release()  # while the operator reads the prompt, the lock changes hands
+        second.acquire()
+        return "y"
+
+    monkeypatch.setattr("builtins.input", swap_holder)
+    with pytest.raises(CommandError, match="holder changed"):
+        call_command("locks", "release", name, stdout=io.StringIO())
+    assert second.locked()
+    second.release()
 
 
 def test_release_without_yes_or_name(name):

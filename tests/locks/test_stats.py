@@ -1,0 +1,183 @@
+"""Keys that outlive their use (issue 10, defect 10): one-shot locks, stats by family, top-N names."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+
+import pytest
+import redis
+from django_redis import get_redis_connection
+
+from locks import Lock, inspect, stats
+from locks.conf import locks_settings
+from locks.keys import LockKeys, families_key, family_of, hot_key
+from tests.helpers import free_port
+from tests.locks.conftest import FORK, run_in_children, wait_until_queued
+
+
+@pytest.fixture
+def fresh_prefix(settings) -> str:
+    """A key prefix of this test's own: the families and stats it sees are only its own."""
+    prefix = f"{settings.LOCKS['KEY_PREFIX']}st{uuid.uuid4().hex[:8]}:"
+    settings.LOCKS = {**settings.LOCKS, "KEY_PREFIX": prefix}
+    return prefix
+
+
+@pytest.fixture
+def one_shot_name() -> str:
+    return f"oneshot:{random.randrange(10**9)}:user:{random.randrange(10**9)}"
+
+
+def keys_containing(text: str) -> list[str]:
+    client = get_redis_connection(locks_settings.CACHE_ALIAS)
+    return sorted(k.decode() for k in client.scan_iter(match=f"*{text}*", count=1000))
+
+
+def test_family_of_replaces_numeric_segments():
+    assert family_of("product:42") == "product:*"
+    assert family_of("coupon:3:user:9") == "coupon:*:user:*"
+    assert family_of("report") == "report"
+    assert family_of("t:x1a2") == "t:x1a2"
+    assert Lock("idem:7:abc123", family="idem").family == "idem"
+    with pytest.raises(ValueError):
+        Lock("x:1", family="{bad}")
+
+
+def test_a_one_shot_lock_leaves_no_key_after_release(one_shot_name):
+    lock = Lock(one_shot_name, ttl=5.0, one_shot=True)
+    with lock as held:
+        assert held.fence > 0
+        assert keys_containing(one_shot_name)  # the lock and its fence, while held
+    stats.flush()
+    assert keys_containing(one_shot_name) == []
+    with lock as again:  # used again: the fence still increases (it follows the Redis clock)
+        assert again.fence > held.fence
+    stats.flush()
+    assert keys_containing(one_shot_name) == []
+
+
+def _wait_one_shot(name: str, queue) -> None:
+    with Lock(name, ttl=5.0, wait=10.0, one_shot=True) as held:
+        queue.put((held.waited, held.fence))
+
+
+def test_a_one_shot_lock_leaves_no_key_after_a_hand_off(one_shot_name):
+    holder = Lock(one_shot_name, ttl=5.0, one_shot=True)
+    held = holder.__enter__()
+    queue = FORK.Queue()
+    proc = FORK.Process(target=_wait_one_shot, args=(one_shot_name, queue))
+    proc.start()
+    wait_until_queued(one_shot_name)
+    holder.release()
+    _, fence = queue.get(timeout=10)
+    proc.join(10)
+    assert proc.exitcode == 0 and fence > held.fence
+    stats.flush()
+    assert keys_containing(one_shot_name) == []
+
+
+def test_a_one_shot_lock_leaves_no_key_after_timeouts(one_shot_name):
+    holder = Lock(one_shot_name, ttl=5.0, one_shot=True)
+    holder.acquire()
+    assert not Lock(one_shot_name, wait=0.05, one_shot=True).acquire()  # a waiter gives up
+    holder.release()
+    stats.flush()
+    assert keys_containing(one_shot_name) == []
+    # A holder that never releases: its lease runs out, and so does everything else.
+    Lock(one_shot_name, ttl=0.2, one_shot=True).acquire()
+    time.sleep(0.4)
+    stats.flush()
+    assert keys_containing(one_shot_name) == []
+
+
+def test_a_one_shot_lock_counts_in_its_family_but_keeps_no_name(fresh_prefix, one_shot_name):
+    for _ in range(3):
+        with Lock(one_shot_name, one_shot=True):
+            pass
+    stats.flush()
+    row = inspect.family_stats("oneshot:*:user:*")
+    assert row.counters["acquired"] == 3 and row.counters["released"] == 3
+    assert row.top_names == []
+
+
+def test_many_distinct_names_leave_one_family_row_and_a_bounded_top_n(fresh_prefix, settings):
+    settings.LOCKS = {**settings.LOCKS, "STATS_TOP_N": 20}
+    names = [f"coupon:{i % 7}:user:{i}" for i in range(200)]
+    for name in [names[5], names[5], *names]:  # names[5] is the busiest
+        with Lock(name, ttl=5.0):
+            pass
+    stats.flush()
+    client = get_redis_connection(locks_settings.CACHE_ALIAS)
+    assert inspect.families() == ["coupon:*:user:*"]
+    (row,) = inspect.lock_stats()
+    assert row.name == "coupon:*:user:*" and row.counters["acquired"] == 202
+    assert client.zcard(hot_key("coupon:*:user:*")) <= 20
+    assert row.top_names[0] == (names[5], 3)
+    # Besides the locks' own keys (their fences), only the shared stats keys exist.
+    shared = {f"{fresh_prefix}lockstats:{{coupon:*:user:*}}", hot_key("coupon:*:user:*"), families_key(),
+              f"{fresh_prefix}lockheld"}
+    others = {k.decode() for k in client.scan_iter(match=f"{fresh_prefix}*", count=1000)
+              if not k.startswith(f"{fresh_prefix}lock:{{".encode())}
+    assert others <= shared
+    for key in [f"{fresh_prefix}lockstats:{{coupon:*:user:*}}", hot_key("coupon:*:user:*"), families_key()]:
+        assert 0 < client.ttl(key) <= locks_settings.METRICS_TTL
+
+
+def _lock_many(names: list[str], n: int, queue) -> None:
+    rng = random.Random()
+    done = 0
+    for _ in range(n):
+        with Lock(rng.choice(names), ttl=5.0, wait=20.0):
+            done += 1
+    queue.put(done)  # the process flushes its stats as it exits
+
+
+def test_stats_from_several_processes_add_up_to_what_the_clients_counted(fresh_prefix):
+    names = [f"product:{i}" for i in range(3)]
+    counted = run_in_children(_lock_many, [(names, 150)] * 4)
+    stats.flush()
+    row = inspect.family_stats("product:*")
+    assert row.counters["acquired"] == sum(counted) == 600
+    assert row.counters["released"] == 600 and sum(row.hold.values()) == 600
+    assert sum(inspect.acquisitions(names).values()) == 600
+    assert sum(row.wait.values()) == 600  # every acquisition has a wait (0 when uncontended)
+
+
+def test_the_held_index_follows_holds_and_forgets_released_ones(fresh_prefix, name):
+    lock = Lock(name, ttl=10.0)
+    with lock:
+        stats.flush()
+        _, held = inspect.held_index_page()
+        assert [h.name for h in held] == [name]
+    stats.flush()
+    assert inspect.held_index_page() == (0, [])
+    assert not get_redis_connection(locks_settings.CACHE_ALIAS).zcard(f"{fresh_prefix}lockheld")
+
+
+def test_the_stats_flush_is_rate_limited_not_per_acquire(fresh_prefix, name, settings):
+    """Acquire and release write only the lock's own keys; stats arrive with the next flush."""
+    settings.LOCKS = {**settings.LOCKS, "STATS_FLUSH_INTERVAL": 0.2}
+    with Lock(name):
+        pass
+    assert LockKeys.for_name(name).lock  # (a valid name)
+    deadline = time.monotonic() + 5
+    while inspect.family_stats(name).counters["acquired"] != 1:
+        assert time.monotonic() < deadline, "the background flush never ran"
+        time.sleep(0.05)
+
+
+def test_an_unreachable_redis_does_not_hold_up_the_other_clients_stats(fresh_prefix, name, settings):
+    """A client whose Redis is gone (a stopped server; redis-py retries with backoff for seconds)
+    must not delay the flush of the healthy ones: the CI failure of the test above."""
+    settings.LOCKS = {**settings.LOCKS, "STATS_FLUSH_INTERVAL": 0.2}
+    dead = redis.Redis(port=free_port())
+    stats.recorder().count(Lock(f"{name}-dead", client=dead), timeouts=1)
+    time.sleep(0.5)  # the flusher is now busy trying the dead one
+    with Lock(name):
+        pass
+    deadline = time.monotonic() + 3
+    while inspect.family_stats(name).counters["acquired"] != 1:
+        assert time.monotonic() < deadline, "the healthy client's stats waited for the dead Redis"
+        time.sleep(0.05)
