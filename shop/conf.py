@@ -10,7 +10,12 @@ DEFAULTS: dict[str, Any] = {
     # Take the Redis locks. Off, the guarded UPDATE alone still prevents oversell (slower under
     # contention: every buyer queues on the hot row inside MySQL instead of in Redis).
     "USE_LOCKS": True,
-    "LOCK_TTL": 5.0,  # seconds: the lease of a product/coupon lock
+    # A checkout holds its locks for milliseconds, so the lease is short and renewed by the
+    # lock's watchdog while the holder lives: a killed holder (gunicorn timeout, OOM) stalls
+    # its product for at most LOCK_TTL, well inside a buyer's LOCK_WAIT; a paused one loses the
+    # lock after LOCK_TTL and the fence refuses its late write. LOCK_MAX_HOLD caps renewals.
+    "LOCK_TTL": 1.0,  # seconds: the lease of a product/coupon lock
+    "LOCK_MAX_HOLD": 30.0,  # seconds: no hold is renewed past this
     "LOCK_WAIT": 3.0,  # seconds a buyer waits for a busy product before lock_timeout
     # Input caps, shared by the services, the web forms and the API.
     "MAX_QUANTITY_PER_LINE": 100,
@@ -22,6 +27,12 @@ DEFAULTS: dict[str, Any] = {
     # exact; the TTL bounds the damage of stock changed behind their back (raw SQL, a DB reset).
     "SOLDOUT_CACHE_ALIAS": "default",
     "SOLDOUT_TTL": 300,
+    # An order with an Idempotency-Key leaves a record in that same Redis (written before its
+    # COMMIT), so the sold-out fast path knows which keys placed an order without asking MySQL.
+    "IDEMPOTENCY_TTL": 24 * 3600,
+    # API tokens: a verified token's user is cached this long (seconds; 0 = off). Revoking a
+    # token drops it at once; deactivating a user takes effect within this time.
+    "TOKEN_CACHE_TTL": 60,
 }
 
 

@@ -124,6 +124,21 @@ class LockUnavailable(ShopError):
     default_message = "The lock service is unavailable; nothing was written. Please retry."
 
 
+class DatabaseUnavailable(ShopError):
+    """MySQL went away mid-request (errors 2006/2013/2055, a restart, KILL, a network cut).
+
+    details["outcome"]: "not_written" (the connection was lost before COMMIT: the transaction
+    rolled back) or "unknown" (lost during COMMIT: it may have committed). Either way a retry
+    with the same Idempotency-Key is safe: it returns the order if it committed, else places it
+    exactly once.
+    """
+
+    code = "database_unavailable"
+    status = 503
+    retry_after = 2
+    default_message = "The database connection was lost. Retry with the same Idempotency-Key."
+
+
 class Conflict(ShopError):
     """Deadlocks, lock-wait timeouts or stale fences that outlasted the bounded retries."""
 

@@ -29,7 +29,7 @@ class CheckoutForm(forms.Form):
     def __init__(self, *args, codes: list[tuple[str, str]] = (), **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["coupon_code"].choices = [("", "No coupon"), *codes]
-        if not self.is_bound:
+        if not self.is_bound and not self.initial.get("idempotency_key"):
             self.initial["idempotency_key"] = uuid.uuid4().hex
 
 

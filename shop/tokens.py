@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
+from django.core.cache import caches
+from django.db import connection
 from django.http import HttpRequest
 from django.utils import timezone
 
+from shop.conf import shop_settings
 from shop.models import ApiToken
 
 
@@ -22,19 +27,46 @@ def bearer_token(request: HttpRequest) -> str | None:
     return raw.strip()
 
 
+def _cache_key(key_hash: str) -> str:
+    return f"shop:{connection.settings_dict['NAME']}:token:{key_hash}"
+
+
+def _cache():
+    return caches[shop_settings.SOLDOUT_CACHE_ALIAS]
+
+
 def user_for_token(raw: str):
-    token = ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash(raw)).first()
+    """The token's user. Cached for TOKEN_CACHE_TTL seconds: a storm of API requests must not
+    send a SELECT each (a sold-out storm is refused with no SQL at all). Cache errors fall back
+    to MySQL."""
+    key_hash = ApiToken.hash(raw)
+    ttl = int(shop_settings.TOKEN_CACHE_TTL)
+    if ttl > 0:
+        try:
+            user = _cache().get(_cache_key(key_hash))
+        except Exception:  # Redis away: MySQL still answers
+            user = None
+        if user is not None:
+            return user
+    token = ApiToken.objects.select_related("user").filter(key_hash=key_hash).first()
     if token is None or token.revoked_at is not None or not token.user.is_active:
         raise BadToken("unknown or revoked token")
     # At most one write a minute per token, so heavy load tests do not hammer this row.
     now = timezone.now()
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    if ttl > 0:
+        with contextlib.suppress(Exception):
+            _cache().set(_cache_key(key_hash), token.user, ttl)
     return token.user
 
 
 def revoke(*, token: ApiToken) -> ApiToken:
+    """Revoke now: the row first, then the cached user (if Redis is away, the cache entry lapses
+    within TOKEN_CACHE_TTL)."""
     if token.revoked_at is None:
         ApiToken.objects.filter(pk=token.pk, revoked_at=None).update(revoked_at=timezone.now())
         token.refresh_from_db()
+    with contextlib.suppress(Exception):
+        _cache().delete(_cache_key(token.key_hash))
     return token

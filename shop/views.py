@@ -30,6 +30,8 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None) -> s
     return {
         "lock_timeout": "Busy right now, please retry.",
         "lock_unavailable": "We can't take orders this second. Nothing was charged; please retry.",
+        "database_unavailable": "We lost our connection to the database while placing your order. Press "
+                                "Place order again: if the order went through you'll see it, never twice.",
         "conflict": "Busy right now, please retry.",
         "coupon_already_claimed": "You already have this coupon.",
         "coupon_sold_out": "This coupon has run out.",
@@ -122,6 +124,12 @@ def checkout(request: HttpRequest) -> HttpResponse:
                 )
             except errors.ShopError as exc:
                 messages.error(request, plain_words(exc, {r["product"].pk: r["product"].name for r in rows}))
+                if exc.status == 503:  # retryable: the same key, so a resubmit never orders twice
+                    form = CheckoutForm(codes=codes, initial={"idempotency_key": key,
+                                                              "coupon_code": form.cleaned_data["coupon_code"]})
+                    return render(request, "shop/checkout.html", {
+                        "rows": rows, "total": sum(r["total"] for r in rows), "form": form,
+                    }, status=503)
             else:
                 cart.clear(request.session)
                 if not order.replayed:

@@ -49,6 +49,23 @@ def _no_stale_sold_out_markers(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         name = connection.settings_dict["NAME"]
     client = get_redis_connection("default")
-    keys = list(client.scan_iter(match=f"shop:{name}:soldout:*", count=1000))
+    keys = [key for pattern in (f"shop:{name}:soldout:*", f"shop:{name}:refilled:*")
+            for key in client.scan_iter(match=pattern, count=1000)]
     if keys:
         client.delete(*keys)
+
+
+@pytest.fixture
+def private_redis(settings) -> Iterator[RedisServer]:
+    """Both Redis aliases (markers and locks) on a private redis-server, configured exactly as
+    shop/settings.py configures them from REDIS_URL: a test may stop, freeze or wipe it."""
+    from shop.settings import _redis_cache
+
+    server = RedisServer()
+    server.start()
+    settings.CACHES = {**settings.CACHES, "default": _redis_cache(server.url), "locks": _redis_cache(server.url)}
+    try:
+        yield server
+    finally:
+        server.resume()
+        server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -97,6 +98,15 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections are accepted (the kernel's backlog) but nothing answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port)

@@ -1,8 +1,9 @@
 """place_order: the path of one checkout (see DESIGN.md).
 
-    validate -> idempotency replay? -> sold-out fast path -> locks (sorted) ->
-    durable transaction { guarded, fenced UPDATE per line; use the coupon claim; INSERT order,
-    lines, ledger } -> COMMIT -> release
+    validate -> sold-out markers + idempotency record (one MGET) -> replay if the key has a
+    record -> refuse if sold out -> locks (sorted) -> durable transaction { guarded, fenced
+    UPDATE per line; use the coupon claim; INSERT order, lines, ledger; idempotency record } ->
+    COMMIT -> release
 
 The Redis lock keeps buyers of one product in an orderly queue outside MySQL; the guarded UPDATE
 (`stock >= n AND fence < :fence`) is what guarantees no oversell, even when a lock was lost.
@@ -15,14 +16,15 @@ import json
 from collections.abc import Callable
 from decimal import Decimal
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.db.models import F
 from django.utils import timezone
 
+import locks
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import soldout
+from shop.services import idempotency, soldout
 from shop.services.coupons import valid_coupon
 from shop.services.locking import (
     StaleFence,
@@ -33,6 +35,7 @@ from shop.services.locking import (
     refuse_outer_transaction,
     with_retries,
 )
+from shop.services.transactions import connection_errors, durable_transaction
 from shop.services.validation import validate_code, validate_idempotency_key, validate_lines
 
 # Test hook: called inside the transaction as hook(stage, holds), stage "before_update" (locks
@@ -60,6 +63,7 @@ def _replay(*, user, key: str, digest: str) -> Order | None:
     return order
 
 
+@connection_errors()
 def place_order(
     *,
     user,
@@ -78,11 +82,17 @@ def place_order(
     key = validate_idempotency_key(idempotency_key) if idempotency_key is not None else None
     digest = request_digest(lines, code)
 
-    if key is not None and (order := _replay(user=user, key=key, digest=digest)) is not None:
+    # Fast path, one Redis round trip: a product known to be sold out is refused without the
+    # lock or MySQL, unless this key already placed an order (then it gets that order back).
+    try:
+        fast = soldout.lookup((pid for pid, _ in lines),
+                              record_key=idempotency.record_key(user.pk, key) if key is not None else None)
+    except soldout.SoldOutCheckFailed as exc:
+        raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc  # not a second wait
+    asked_mysql = key is not None and fast.has_record is not False
+    if asked_mysql and (order := _replay(user=user, key=key, digest=digest)) is not None:
         return order
-
-    # Fast path: a product known to be sold out is refused without the lock or MySQL.
-    marked = soldout.sold_out(pid for pid, _ in lines)
+    marked = fast.marked
     if marked:
         raise errors.OutOfStock(details={"lines": [
             {"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in marked
@@ -113,11 +123,7 @@ def place_order(
                                     digest=digest, holds=holds, use_locks=use_locks)
             except errors.OutOfStock as exc:
                 if use_locks:
-                    # Still under the product locks: a product read as 0 stays 0 until a refill,
-                    # and refills remove the marker under these same locks.
-                    for line in exc.details["lines"]:
-                        if line["available"] == 0:
-                            soldout.mark(line["product_id"])
+                    _mark_sold_out(exc.details["lines"], holds)
                 raise
             except IntegrityError:
                 if key is not None and (order := _replay(user=user, key=key, digest=digest)) is not None:
@@ -125,6 +131,22 @@ def place_order(
                 raise
 
     return with_retries(attempt, what="place_order")
+
+
+def _mark_sold_out(short: list[dict], holds: dict) -> None:
+    """Still under the product locks, after reading stock 0: mark those products sold out, with
+    this hold's fence as the proof that no refill came after the read (soldout.py)."""
+    for line in short:
+        if line["available"] != 0:
+            continue
+        hold = holds.get(product_lock(line["product_id"]))
+        if hold is None:
+            continue
+        try:
+            hold.check(verify=True)  # a hold already lost has nothing left to prove
+        except (locks.LockLost, locks.LockUnavailable):
+            continue
+        soldout.mark(line["product_id"], fence=hold.fence)
 
 
 def _usable_claim(*, user, code: str) -> CouponClaim:
@@ -136,7 +158,7 @@ def _usable_claim(*, user, code: str) -> CouponClaim:
 
 
 def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks) -> Order:
-    with transaction.atomic(durable=True):
+    with durable_transaction():
         if test_hook is not None:
             test_hook("before_update", holds)
         short = []
@@ -184,6 +206,8 @@ def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks)
         ])
         if claim is not None:
             CouponClaim.objects.filter(pk=claim.pk).update(order=order)
+        if key is not None:
+            idempotency.write_record(user_id=user.pk, key=key, order_id=order.pk, required=use_locks)
         if test_hook is not None:
             test_hook("before_commit", holds)
         check_before_commit(holds)

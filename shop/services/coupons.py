@@ -7,7 +7,7 @@ word on "one per user" (the INSERT-IGNORE / duplicate-key idea, through the ORM)
 
 from __future__ import annotations
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.db.models import F
 from django.utils import timezone
 
@@ -21,6 +21,7 @@ from shop.services.locking import (
     refuse_outer_transaction,
     with_retries,
 )
+from shop.services.transactions import connection_errors, durable_transaction
 from shop.services.validation import validate_code
 
 
@@ -37,6 +38,7 @@ def valid_coupon(code: str) -> Coupon:
     return coupon
 
 
+@connection_errors()
 def claim_coupon(*, user, code: str) -> CouponClaim:
     refuse_outer_transaction("claim_coupon")
     code = validate_code(code)
@@ -52,7 +54,7 @@ def claim_coupon(*, user, code: str) -> CouponClaim:
         with held([name]) as holds:
             hold = holds[name]
             try:
-                with transaction.atomic(durable=True):
+                with durable_transaction():
                     claim = CouponClaim.objects.create(coupon=coupon, user=user)
                     guarded = Coupon.objects.filter(pk=coupon.pk, remaining__gte=1)
                     if hold is not None:

@@ -1,13 +1,12 @@
 """Stock refills: restock (operators) and the stock half of cancel_order.
 
-A refill takes the product lock, removes the sold-out marker *before* its COMMIT (so no order can
-re-mark the product in between: orders mark only under this same lock), and writes a fenced
-UPDATE plus a ledger row.
+A refill takes the product lock, removes the sold-out marker and raises the product's refill
+floor to its fence *before* its COMMIT (so no order can re-mark the product: see
+shop/services/soldout.py), and writes a fenced UPDATE plus a ledger row.
 """
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.db.models import F
 
 from shop import errors
@@ -22,6 +21,7 @@ from shop.services.locking import (
     refuse_outer_transaction,
     with_retries,
 )
+from shop.services.transactions import connection_errors, durable_transaction
 from shop.services.validation import validate_quantity
 
 
@@ -41,16 +41,21 @@ def return_stock(*, product_id: int, quantity: int, hold, reason: str, order=Non
                                fence=fence, actor=actor)
 
 
-def unmark_sold_out(product_ids: list[int]) -> None:
-    """Before a refill commits. If Redis is down we cannot hold the lock either: refuse."""
+def unmark_sold_out(product_ids: list[int], holds: dict) -> None:
+    """Before a refill commits, under the products' locks: drop their sold-out markers and raise
+    their refill floors to this hold's fence, so a buyer that read 0 before us can no longer
+    mark them. If Redis is down we cannot hold the lock either: refuse."""
     if not shop_settings.USE_LOCKS:
         return
     try:
-        soldout.unmark(product_ids)
+        for pid in product_ids:
+            hold = holds.get(product_lock(pid))
+            soldout.refilled([pid], fence=hold.fence if hold is not None else None)
     except Exception as exc:
         raise errors.LockUnavailable() from exc
 
 
+@connection_errors()
 def restock(*, product: Product, quantity: int, actor) -> Product:
     refuse_outer_transaction("restock")
     quantity = validate_quantity(quantity, maximum=int(shop_settings.MAX_RESTOCK))
@@ -60,8 +65,8 @@ def restock(*, product: Product, quantity: int, actor) -> Product:
     def attempt() -> None:
         name = product_lock(product.pk)
         with held([name]) as holds:
-            unmark_sold_out([product.pk])
-            with transaction.atomic(durable=True):
+            unmark_sold_out([product.pk], holds)
+            with durable_transaction():
                 return_stock(product_id=product.pk, quantity=quantity, hold=holds[name],
                              reason=StockLedger.Reason.RESTOCK, actor=str(actor))
                 check_before_commit(holds)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.utils import timezone
 
 from shop import errors
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
 from shop.services.inventory import return_stock, unmark_sold_out
 from shop.services.locking import check_before_commit, held, product_lock, refuse_outer_transaction, with_retries
+from shop.services.transactions import connection_errors, durable_transaction
 
 
+@connection_errors()
 def cancel_order(*, order: Order, actor) -> Order:
     """Cancel a placed order. The status flip placed -> cancelled is the guard: one winner."""
     refuse_outer_transaction("cancel_order")
@@ -23,8 +24,8 @@ def cancel_order(*, order: Order, actor) -> Order:
     def attempt() -> None:
         names = [product_lock(pid) for pid, _ in lines]
         with held(names) as holds:
-            unmark_sold_out([pid for pid, _ in lines])
-            with transaction.atomic(durable=True):
+            unmark_sold_out([pid for pid, _ in lines], holds)
+            with durable_transaction():
                 flipped = Order.objects.filter(pk=order.pk, status=Order.Status.PLACED).update(
                     status=Order.Status.CANCELLED, cancelled_at=timezone.now())
                 if not flipped:

@@ -1,54 +1,122 @@
 """Sold-out markers: reject orders for a sold-out product without the lock or MySQL.
 
-A marker is set only by an order that saw the product's committed stock at 0 while holding the
-product's lock, and removed by restock/cancel *before* they commit, under the same lock. So no
-order can re-mark a product between a refill's removal and its commit, and a marker never
-outlives the refill. Markers live in Redis with a TTL; any Redis error just skips the fast path.
+A marker must never outlive the stock it describes. An order marks a product only after reading
+its stock as 0 under the product's lock, and only with proof that no refill came after that
+read: every refill (restock, cancel) records its lock fence as the product's *refill floor*
+before it commits, and the marker is written by a script that refuses a fence at or below that
+floor. Fences of one lock only grow, so a buyer paused past its lease (GC, SIGSTOP) that wakes
+after a restock holds an older fence than the restock's and cannot mark. A refill also deletes
+the marker before it commits, under the same lock, so no buyer is refused once it has
+committed. Markers live in Redis with a TTL; a Redis error skips the fast path (see
+`sold_out`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
+from locks.conf import locks_settings
 from shop.conf import shop_settings
 
 log = logging.getLogger("shop")
 
+# KEYS: marker, floor. ARGV: fence of the buyer's hold, marker TTL. 1 if marked.
+_MARK = """
+local floor = redis.call('GET', KEYS[2])
+if floor and tonumber(floor) >= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+# KEYS: marker, floor. ARGV: fence of the refill's hold, floor TTL. Raise the floor, drop the marker.
+_REFILL = """
+local floor = redis.call('GET', KEYS[2])
+if not floor or tonumber(floor) < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+# A floor must outlive any pause of a buyer that read stock 0 before the refill.
+FLOOR_TTL = 7 * 24 * 3600
 
-def _key(product_id: int) -> str:
-    # Namespaced by database: two databases (dev and test, two shops) may share one Redis.
-    return f"shop:{connection.settings_dict['NAME']}:soldout:{product_id}"
+
+class SoldOutCheckFailed(Exception):
+    """Redis could not answer the sold-out check; see `sold_out`."""
+
+
+def _keys(product_id: int) -> list[str]:
+    # Namespaced by database (dev and test, two shops may share one Redis); the hash tag keeps a
+    # product's marker and floor in one Redis Cluster slot for the scripts.
+    base = f"shop:{connection.settings_dict['NAME']}"
+    return [f"{base}:soldout:{{{product_id}}}", f"{base}:refilled:{{{product_id}}}"]
 
 
 def _client():
     return get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS)
 
 
-def sold_out(product_ids: Iterable[int]) -> set[int]:
-    """The subset marked sold out; empty if Redis cannot tell (then the locked path decides)."""
+def shares_lock_redis() -> bool:
+    """Markers and locks in one Redis: a failed marker check means the lock cannot work either."""
+    caches = settings.CACHES
+    mine = caches.get(shop_settings.SOLDOUT_CACHE_ALIAS, {}).get("LOCATION")
+    return mine is not None and mine == caches.get(locks_settings.CACHE_ALIAS, {}).get("LOCATION")
+
+
+@dataclass(frozen=True)
+class FastPath:
+    marked: set[int]  # products marked sold out
+    has_record: bool | None  # the idempotency record exists; None: not asked, or Redis could not tell
+
+
+def lookup(product_ids: Iterable[int], *, record_key: str | None = None) -> FastPath:
+    """One MGET: the sold-out markers of these products, and an idempotency record.
+
+    If Redis cannot answer: raises SoldOutCheckFailed when the locks live in the same Redis
+    (the locked path would only wait on it again), else nothing is marked and the locked path
+    decides.
+    """
     ids = list(product_ids)
+    keys = [_keys(pid)[0] for pid in ids] + ([record_key] if record_key is not None else [])
     try:
-        flags = _client().mget([_key(pid) for pid in ids])
-    except RedisError:
-        return set()
-    return {pid for pid, flag in zip(ids, flags, strict=True) if flag is not None}
+        values = _client().mget(keys)
+    except RedisError as exc:
+        if shares_lock_redis():
+            raise SoldOutCheckFailed(str(exc)) from exc
+        return FastPath(marked=set(), has_record=None)
+    marked = {pid for pid, flag in zip(ids, values, strict=False) if flag is not None}
+    return FastPath(marked=marked, has_record=None if record_key is None else values[-1] is not None)
 
 
-def mark(product_id: int) -> None:
-    """Call only while holding the product's lock, after reading its committed stock as 0."""
+def sold_out(product_ids: Iterable[int]) -> set[int]:
+    """The subset marked sold out (see `lookup`)."""
+    return lookup(product_ids).marked
+
+
+def mark(product_id: int, *, fence: int) -> bool:
+    """Call only while holding the product's lock (with that hold's fence), after reading its
+    committed stock as 0. False if a refill came after the hold began (or Redis is away)."""
     try:
-        _client().set(_key(product_id), "1", ex=int(shop_settings.SOLDOUT_TTL))
+        return bool(_client().eval(_MARK, 2, *_keys(product_id), fence, int(shop_settings.SOLDOUT_TTL)))
     except RedisError:
         log.warning("could not mark product %s sold out", product_id, exc_info=True)
+        return False
 
 
-def unmark(product_ids: Iterable[int]) -> None:
-    """Call under the products' locks before committing a refill. Raises if Redis is down."""
-    keys = [_key(pid) for pid in product_ids]
-    if keys:
-        _client().delete(*keys)
+def refilled(product_ids: Iterable[int], *, fence: int | None) -> None:
+    """Call under the products' locks before committing a refill. Raises if Redis is down.
+
+    `fence` is the refill's hold fence (None when locks are off: markers are not used then).
+    """
+    client = _client()
+    for pid in product_ids:
+        if fence is None:
+            client.delete(_keys(pid)[0])
+        else:
+            client.eval(_REFILL, 2, *_keys(pid), fence, max(FLOOR_TTL, int(shop_settings.SOLDOUT_TTL)))

@@ -1,0 +1,37 @@
+"""Idempotency records: which keys placed an order, known without asking MySQL.
+
+An order placed with an Idempotency-Key writes `shop:<db>:idem:<user>:<hash>` -> order id into
+the sold-out markers' Redis before its COMMIT (IDEMPOTENCY_TTL). The sold-out fast path reads it
+in the same MGET as the markers: no record means this key never committed an order (so a sold-out
+product is refused with no SQL); a record sends the request to the replay lookup in MySQL, so a
+retry of the key that bought the last unit still gets its order back. MySQL's unique key on
+(user, idempotency_key) stays the last word: a record lost with Redis only costs the fast path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.db import connection
+from django_redis import get_redis_connection
+from redis.exceptions import RedisError
+
+from shop import errors
+from shop.conf import shop_settings
+
+
+def record_key(user_id: int, key: str) -> str:
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return f"shop:{connection.settings_dict['NAME']}:idem:{user_id}:{digest}"
+
+
+def write_record(*, user_id: int, key: str, order_id: int, required: bool) -> None:
+    """Before the order's COMMIT. `required` (locks on, so sold-out markers are in use): a record
+    that cannot be written fails the order (LockUnavailable, rolled back), because without it a
+    retry of this key could be refused as sold out instead of getting its order."""
+    try:
+        get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).set(
+            record_key(user_id, key), order_id, ex=int(shop_settings.IDEMPOTENCY_TTL))
+    except RedisError as exc:
+        if required:
+            raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc

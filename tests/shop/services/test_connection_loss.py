@@ -1,0 +1,140 @@
+"""A MySQL connection lost mid-order (issue 10, defect 8): a typed, retryable error, and an
+outcome a retry with the same Idempotency-Key settles: the order if it committed, else placed once."""
+
+from __future__ import annotations
+
+import json
+
+import MySQLdb
+import pytest
+from django.db import connection
+
+from shop import errors
+from shop.models import ApiToken, Order, Product
+from shop.services import checkout, place_order
+from tests.mysql_proxy import MySQLProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _kill_own_connection() -> None:
+    """KILL this thread's MySQL connection from another one (what a DBA, a proxy or a failover does)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        (connection_id,) = cursor.fetchone()
+    admin = MySQLdb.connect(host="127.0.0.1", port=3306, user="root", passwd="")
+    try:
+        admin.cursor().execute(f"KILL {int(connection_id)}")
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def kill_at(monkeypatch):
+    """kill_at("before_update"): the next order loses its connection at that stage, once."""
+
+    def arm(stage: str) -> None:
+        def hook(at: str, holds) -> None:
+            if at == stage:
+                monkeypatch.setattr(checkout, "test_hook", None)
+                _kill_own_connection()
+
+        monkeypatch.setattr(checkout, "test_hook", hook)
+
+    return arm
+
+
+@pytest.fixture
+def through_proxy():
+    """This thread's Django connection goes through a MySQLProxy (reconnected now, restored after)."""
+    proxy = MySQLProxy()
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict.update(HOST="127.0.0.1", PORT=str(proxy.port))
+    yield proxy
+    connection.close()
+    connection.settings_dict.clear()
+    connection.settings_dict.update(saved)
+    proxy.close()
+
+
+def _orders(user) -> list[Order]:
+    return list(Order.objects.filter(user=user))
+
+
+@pytest.mark.parametrize(("stage", "outcome"), [("before_update", "not_written"), ("before_commit", "unknown")])
+def test_a_killed_connection_is_a_retryable_error_and_the_retry_places_the_order_once(
+    kill_at, make_product, user, stage, outcome
+):
+    product = make_product(stock=5)
+    kill_at(stage)
+    with pytest.raises(errors.DatabaseUnavailable) as caught:  # old code: a raw OperationalError (HTML 500)
+        place_order(user=user, lines=[(product.pk, 1)], idempotency_key="k-1")
+    assert caught.value.code == "database_unavailable" and caught.value.status == 503
+    assert caught.value.details == {"outcome": outcome}
+    assert _orders(user) == []  # KILL rolled the transaction back
+    assert Product.objects.get(pk=product.pk).stock == 5
+
+    retry = place_order(user=user, lines=[(product.pk, 1)], idempotency_key="k-1")
+    assert not retry.replayed
+    assert [o.pk for o in _orders(user)] == [retry.pk]
+    assert Product.objects.get(pk=product.pk).stock == 4
+
+
+def test_a_commit_whose_reply_is_lost_is_found_by_the_retry_not_placed_twice(through_proxy, make_product, user):
+    product = make_product(stock=5)
+    through_proxy.drop_next_commit_reply.set()
+    with pytest.raises(errors.DatabaseUnavailable) as caught:
+        place_order(user=user, lines=[(product.pk, 1)], idempotency_key="k-2")
+    assert through_proxy.commits_dropped == 1
+    assert caught.value.details == {"outcome": "unknown"}  # it did commit; the client cannot know
+
+    retry = place_order(user=user, lines=[(product.pk, 1)], idempotency_key="k-2")
+    assert retry.replayed
+    assert [o.pk for o in _orders(user)] == [retry.pk]
+    assert Product.objects.get(pk=product.pk).stock == 4
+
+
+def test_the_api_answers_503_json_and_the_retry_gets_the_order(client, kill_at, make_product, user):
+    product = make_product(stock=5)
+    token = ApiToken.issue(user_id=user.pk, name="test")
+    body = json.dumps({"lines": [{"product_id": product.pk, "quantity": 1}]})
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}", "HTTP_IDEMPOTENCY_KEY": "api-1"}
+    kill_at("before_commit")
+    lost = client.post("/api/orders/", data=body, content_type="application/json", **headers)
+    assert lost.status_code == 503
+    assert lost.json()["error"]["code"] == "database_unavailable"
+    assert lost["Retry-After"]
+    again = client.post("/api/orders/", data=body, content_type="application/json", **headers)
+    assert again.status_code == 201
+    assert len(_orders(user)) == 1
+
+
+def test_the_web_checkout_keeps_its_key_so_pressing_again_orders_once(client, kill_at, make_product, user):
+    product = make_product(stock=5)
+    client.force_login(user)
+    client.post(f"/products/{product.pk}/", {"quantity": 1})
+    key = client.get("/checkout/").context["form"].initial["idempotency_key"]
+    kill_at("before_commit")
+    lost = client.post("/checkout/", {"idempotency_key": key})
+    assert lost.status_code == 503
+    assert "Place order again" in lost.content.decode()
+    assert lost.context["form"].initial["idempotency_key"] == key
+    placed = client.post("/checkout/", {"idempotency_key": key})
+    assert placed.status_code == 302
+    assert len(_orders(user)) == 1
+
+
+def test_a_connection_lost_outside_the_services_is_a_friendly_503_page(client, monkeypatch):
+    """A page's own read (not a service) losing the connection: the middleware's 503 page."""
+    from django.db.utils import OperationalError
+
+    from shop import views
+
+    def lost(*args, **kwargs):
+        raise OperationalError(2013, "Lost connection to server during query")
+
+    monkeypatch.setattr(views.selectors, "product_list", lost)
+    page = client.get("/")
+    assert page.status_code == 503
+    assert "Back in a moment" in page.content.decode()
