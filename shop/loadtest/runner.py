@@ -25,6 +25,7 @@ from threading import BrokenBarrierError
 from django.db import OperationalError, connection, connections
 
 from locks import inspect as lock_inspect
+from locks import stats as lock_stats
 from shop.loadtest import strategies
 from shop.loadtest.strategies import OUTCOMES, Options
 
@@ -114,12 +115,16 @@ MYSQL_STATUS = ("Questions", "Com_select", "Com_update", "Com_insert")
 
 
 def server_counters(lock_names: list[str]) -> dict[str, int]:
-    """MySQL global status (server-wide: includes other clients) and the service's lock counters."""
+    """MySQL global status (server-wide: includes other clients) and the service's lock counters.
+
+    Lock acquisitions are the names' counts among their families' busiest names (exact while a
+    run locks at most LOCKS["STATS_TOP_N"] names of a family); workers flush their lock stats
+    before they report a phase finished, so the counts are complete when this is read.
+    """
     with connection.cursor() as cursor:
         cursor.execute("SHOW GLOBAL STATUS WHERE Variable_name IN (%s, %s, %s, %s)", list(MYSQL_STATUS))
         out = {f"mysql_{name.lower()}": int(value) for name, value in cursor.fetchall()}
-    stats = [lock_inspect.stats_for(name) for name in lock_names]
-    out["lock_acquired"] = sum(s.counters.get("acquired", 0) for s in stats)
+    out["lock_acquired"] = sum(lock_inspect.acquisitions(lock_names).values())
     return out
 
 
@@ -180,6 +185,7 @@ def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) 
                         break
                     ticket += plan.processes  # used when timed: tickets interleave across workers
                 out.phases.append(records)
+                lock_stats.flush()  # the parent reads the lock counters once every worker is done
                 with finished.get_lock():
                     finished.value += 1
         results.put(out)

@@ -19,6 +19,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -258,13 +259,30 @@ class LockTable(_LockThenGuard):
                 return name
             except IntegrityError:
                 # Someone holds it. If that someone died, its row has expired: remove it.
-                DbLock.objects.filter(name=name, expires_at__lt=timezone.now()).delete()
+                with contextlib.suppress(OperationalError):  # lost a deadlock: just try again
+                    DbLock.objects.filter(name=name, expires_at__lt=timezone.now()).delete()
+            except OperationalError as exc:
+                # The INSERT's duplicate-key check takes a shared lock on the key, so waiters'
+                # INSERTs and the holder's DELETE can deadlock; InnoDB rolls one back. For a
+                # waiter that is only a failed attempt, never a reason to give up before its wait.
+                if not _mysql_busy(exc):
+                    raise
             if time.monotonic() >= deadline:
                 return None
             time.sleep(random.uniform(0.5, 1.5) * self.options.poll)
 
     def release(self, handle: object) -> None:
-        DbLock.objects.filter(name=handle, owner=self.owner).delete()
+        # The DELETE can lose a deadlock against waiters' INSERT/DELETE on the same key under
+        # load; a release given up leaves the row to its expiry and stalls the product for the
+        # whole lease, so try again a few times first.
+        for attempt in range(3):
+            try:
+                DbLock.objects.filter(name=handle, owner=self.owner).delete()
+                return
+            except OperationalError:
+                if attempt == 2:
+                    raise
+                time.sleep(0.005)
 
 
 class MySQLGetLock(_LockThenGuard):
@@ -323,7 +341,7 @@ class PythonRedisLock(_LockThenGuard):
 
 
 # Error codes of the service (shop.errors) that mean "busy, nothing written, retry".
-_BUSY_CODES = {"lock_timeout", "lock_unavailable", "conflict"}
+_BUSY_CODES = {"lock_timeout", "lock_unavailable", "conflict", "database_unavailable"}
 
 
 def outcome_of_code(code: str) -> str:
@@ -435,7 +453,10 @@ class Http(Strategy):
             self.options.url.rstrip("/") + "/api/orders/",
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json", "Accept": "application/json",
-                     "Authorization": f"Bearer {self.options.tokens[user_id]}"},
+                     "Authorization": f"Bearer {self.options.tokens[user_id]}",
+                     # As a real client sends it (a retry would reuse it): the service must
+                     # still refuse a sold-out storm without SQL.
+                     "Idempotency-Key": uuid.uuid4().hex},
             method="POST",
         )
         try:

@@ -5,6 +5,7 @@
     manage.py loadtest --processes 16 --duration 10 --products 8 --quantity 1-3 --plot run.png
     manage.py loadtest --url http://127.0.0.1:8000       the same through the JSON API
     manage.py loadtest --compare --duration 5 --repeat 3 --json compare.json --plot compare.png
+    manage.py loadtest --fault all                       inject each fault, check the books and liveness
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from shop.loadtest import report, scenarios, strategies, workload
+from shop.loadtest import faults, report, scenarios, strategies, workload
 from shop.loadtest.runner import RunError
 from shop.loadtest.scenarios import Comparison, LoadConfig, Outcome
 
@@ -67,6 +68,15 @@ class Command(BaseCommand):
         parser.add_argument("--plot", metavar="FILE.png", help="plot throughput and latency over time")
         parser.add_argument("--keep", action="store_true", help="keep the run's users, products and orders")
         parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+        flt = parser.add_argument_group("fault injection (--fault; docs/reliability.md)")
+        flt.add_argument("--fault", metavar="SCENARIO",
+                         help="run the hot-product load test while injecting this fault (or 'all'), then check "
+                              "the books and liveness; see --fault-list")
+        flt.add_argument("--fault-list", action="store_true", help="list the fault scenarios and exit")
+        flt.add_argument("--fault-length", type=float, default=2.0,
+                         help="seconds a pause, freeze or outage lasts (default 2)")
+        flt.add_argument("--fault-duration", type=float, default=8.0, help="seconds of buying per scenario (default 8)")
+        flt.add_argument("--fault-buyers", type=int, default=6, help="buyer processes per scenario (default 6)")
         cmp = parser.add_argument_group("comparison (--compare)")
         cmp.add_argument("--compare", action="store_true", help="run several strategies side by side")
         cmp.add_argument("--strategies", default=",".join(names), help="comma-separated (default: all)")
@@ -77,6 +87,13 @@ class Command(BaseCommand):
         cmp.add_argument("--sellout-stock", type=int, default=50, help="stock in 'sellout' (default 50)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["fault_list"]:
+            for scenario in faults.SCENARIOS.values():
+                self.stdout.write(f"{scenario.name:<22} {scenario.description}")
+            return
+        if opts["fault"]:
+            self._faults(opts)
+            return
         config = self._config(opts)
         if not workload.is_migrated():
             raise CommandError(workload.NOT_MIGRATED)
@@ -87,6 +104,31 @@ class Command(BaseCommand):
                 self._single(config, opts)
         except RunError as exc:
             raise CommandError(str(exc)) from exc
+
+    # -- fault injection -------------------------------------------------------------------
+    def _faults(self, opts: dict[str, Any]) -> None:
+        names = list(faults.SCENARIOS) if opts["fault"] == "all" else name_list(
+            opts["fault"], list(faults.SCENARIOS), "--fault")
+        if not 0 < opts["fault_length"] <= 10:
+            raise CommandError("--fault-length: seconds, above 0 and at most 10")
+        if opts["fault_duration"] < opts["fault_length"] + 4:
+            raise CommandError("--fault-duration must leave time around the fault: at least --fault-length + 4")
+        if opts["fault_buyers"] < 2:
+            raise CommandError("--fault-buyers must be at least 2 (one holder, one waiter)")
+        if not workload.is_migrated():
+            raise CommandError(workload.NOT_MIGRATED)
+        config = faults.FaultConfig(buyers=opts["fault_buyers"], duration=opts["fault_duration"],
+                                    fault_length=opts["fault_length"], seed=opts["seed"])
+        outcomes = []
+        for name in names:
+            self.stdout.write(f"{name}: {faults.SCENARIOS[name].description} ...")
+            outcomes.append(faults.run_scenario(name, config, keep=opts["keep"],
+                                                say=lambda line: self.stdout.write(f"  {line}")))
+        self.stdout.write("")
+        self.stdout.write(faults.table(outcomes))
+        failed = [o.scenario.name for o in outcomes if not o.passed]
+        if failed:
+            raise CommandError(f"fault injection FAILED: {', '.join(failed)}")
 
     # -- options ---------------------------------------------------------------------------
     def _config(self, opts: dict[str, Any]) -> LoadConfig:

@@ -37,6 +37,10 @@ def run(*args: str) -> str:
     (["--compare", "--strategies", "guarded,nope"], "--strategies: unknown nope"),
     (["--compare", "--scenarios", "cold"], "--scenarios: unknown cold"),
     (["--compare", "--url", "http://127.0.0.1:1"], "does not take --url"),
+    (["--fault", "kill-everything"], "--fault: unknown kill-everything; choose from kill-holder"),
+    (["--fault", "kill-holder", "--fault-length", "0"], "--fault-length: seconds, above 0"),
+    (["--fault", "kill-holder", "--fault-duration", "3"], "at least --fault-length \\+ 4"),
+    (["--fault", "kill-holder", "--fault-buyers", "1"], "--fault-buyers must be at least 2"),
 ])
 def test_bad_arguments_are_refused_with_a_message(args, message):
     with pytest.raises(CommandError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -135,3 +139,17 @@ def test_coupon_mode_claims_then_uses_the_coupon_within_its_total():
     assert claims.count() == 4  # 5 users, 4 coupons: claimed exactly up to the total
     with_coupon = Order.objects.filter(coupon__code__startswith="LT-")
     assert with_coupon.count() == 4 and all(o.discount > 0 for o in with_coupon)
+
+
+def test_fault_list_names_every_scenario():
+    out = run("--fault-list")
+    for name in ("kill-holder", "pause-holder", "kill-waiter", "kill-mysql-connection", "restart-redis",
+                 "freeze-redis", "restock-in-pause"):
+        assert name in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fault_run_prints_its_row_and_passes():
+    out = run("--fault", "kill-holder", "--fault-duration", "5", "--fault-length", "1", "--fault-buyers", "3")
+    row = next(line for line in out.splitlines() if line.startswith("kill-holder "))
+    assert row.split()[1] == "1" and row.endswith("PASS")  # one fault injected

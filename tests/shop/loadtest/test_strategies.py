@@ -6,6 +6,9 @@ one (with a little jitter to widen its race) must oversell and the check must sa
 
 from __future__ import annotations
 
+import time
+from decimal import Decimal
+
 import pytest
 
 from shop.loadtest import scenarios, strategies
@@ -24,7 +27,9 @@ def short_run(strategy: str, **overrides) -> scenarios.Outcome:
 
 @pytest.mark.parametrize("strategy", SAFE)
 def test_each_safe_strategy_sells_exactly_the_stock_and_passes(strategy):
-    outcome = short_run(strategy)
+    # The lock table: a lease well below the wait, so a row a busy machine failed to delete (its
+    # DELETE lost a deadlock) stalls the product for that lease, never past a waiter's wait.
+    outcome = short_run(strategy, **({"lock_ttl": 3.0} if strategy == "lock_table" else {}))
     s = outcome.summaries[0]
     assert s.attempted == 45
     assert s.counts["error"] == 0, outcome.result.errors
@@ -71,3 +76,63 @@ def test_outcome_of_service_error_codes():
 def test_unknown_strategy_is_named():
     with pytest.raises(ValueError, match="unknown strategy 'nope'"):
         strategies.get("nope")
+
+
+def test_lock_table_waiters_outlive_the_deadlock_innodb_hands_them():
+    # InnoDB's documented duplicate-key deadlock: two INSERTs of a key another transaction has
+    # inserted but not committed both wait with a shared lock; when that one rolls back, both
+    # want the exclusive lock and one is rolled back with 1213. The same happens in races with a
+    # release's DELETE. A waiter must count it as one more failed attempt, never give up (busy).
+    import threading
+
+    import MySQLdb
+    from django.db import connection, connections
+
+    from shop.models import Product
+
+    product = Product.objects.create(name="Deadlock", price=Decimal("1.00"), stock=1)
+    options = strategies.Options(run_id="t", prices={}, lock_wait=5.0, lock_ttl=30.0)
+    name = strategies.LockTable(options).lock_name(product.pk)
+    settings = connection.settings_dict
+    other = MySQLdb.connect(host=settings["HOST"] or "127.0.0.1", port=int(settings["PORT"] or 3306),
+                            user=settings["USER"], passwd=settings["PASSWORD"], db=settings["NAME"])
+    results: list[object] = []
+
+    def waiter() -> None:
+        try:
+            strategy = strategies.LockTable(options)
+            handle = strategy.acquire(product.pk)
+            if handle is not None:
+                strategy.release(handle)
+            results.append(handle)
+        except Exception as exc:
+            results.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=waiter) for _ in range(2)]
+    try:
+        other.autocommit(False)
+        other.cursor().execute(
+            "INSERT INTO shop_dblock (name, owner, expires_at) VALUES (%s, 'other', NOW() + INTERVAL 1 MINUTE)",
+            [name],
+        )
+        for t in threads:
+            t.start()
+        probe = connection.cursor()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # both waiters' INSERTs are in flight...
+            probe.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE info LIKE %s",
+                          ["INSERT INTO `shop_dblock`%"])
+            if probe.fetchone()[0] >= 2:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the two waiters never queued behind the other transaction's INSERT")
+        time.sleep(0.3)  # ...and waiting on its row lock
+        other.rollback()
+    finally:
+        other.close()
+    for t in threads:
+        t.join(timeout=15)
+    assert results == [name, name]
