@@ -61,7 +61,9 @@ class Command(BaseCommand):
         parser.add_argument("--jitter", type=float, default=0.0, metavar="MS",
                             help="naive: sleep up to MS ms between reading and writing the stock")
         parser.add_argument("--lock-wait", type=float, default=3.0, help="lock wait timeout, seconds (default 3)")
-        parser.add_argument("--lock-ttl", type=float, default=10.0, help="lock lease, seconds (default 10)")
+        parser.add_argument("--lock-ttl", type=float, default=10.0,
+                            help="lease of the competitor locks (lock_table, redis_py, python_redis_lock), "
+                                 "seconds (default 10); ours uses SHOP['LOCK_TTL']")
         parser.add_argument("--no-lock", action="store_true", help="ours: skip the Redis lock (guarded UPDATE only)")
         parser.add_argument("--seed", type=int, default=0, help="random seed for products, users and quantities")
         parser.add_argument("--json", metavar="FILE", help="write every figure (and the timeline) as JSON")
