@@ -26,6 +26,7 @@ from django.db import OperationalError, connection, connections
 
 from locks import inspect as lock_inspect
 from locks import stats as lock_stats
+from locks.conf import locks_settings
 from shop.loadtest import strategies
 from shop.loadtest.strategies import OUTCOMES, Options
 
@@ -292,6 +293,11 @@ def run(plan: Plan, progress: Callable[[Progress], None] | None = None, interval
                     progress(Progress(phase=phase, elapsed=now - started, counts=totals))
             if progress is not None:
                 progress(Progress(phase=phase, elapsed=time.monotonic() - started, counts=workers.totals(base)))
+            if plan.strategy == "http":
+                # The server's processes flush their lock counters every STATS_FLUSH_INTERVAL from
+                # a thread; read the phase's counters once its last acquisitions have landed, or
+                # they count in the next phase (a sell-out's last orders in the storm).
+                time.sleep(1.5 * float(locks_settings.STATS_FLUSH_INTERVAL))
             phase_runs.append((phase, before, server_counters(plan.lock_names)))
         deadline = time.monotonic() + STALL_TIMEOUT
         while len(workers.reported) < n:
