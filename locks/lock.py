@@ -269,6 +269,14 @@ class _Signal:
             self.pool.release(conn)
 
 
+@dataclass(frozen=True)
+class Served:
+    """A request (combining) that a lock holder served: the lock was never ours."""
+
+    reply: str
+    waited: float
+
+
 # --- one acquisition ------------------------------------------------------------------------
 @dataclass(eq=False)
 class Hold:
@@ -525,7 +533,8 @@ class Lock:
 
     # -- acquisition -----------------------------------------------------------------------
     def _acquire(self, holder: HolderKey, *, blocking: bool, wait: float,
-                 cancel: CancelToken | None = None) -> Hold:
+                 cancel: CancelToken | None = None, payload: str = "") -> Hold:
+        """A Hold; with a `payload` (combining, locks/combining.py) possibly `Served` instead."""
         with self._guard:
             existing = self._holds.get(holder)
         if existing is not None:
@@ -552,8 +561,8 @@ class Lock:
                 sent = time.monotonic()
                 left_ms = int((deadline - sent) * 1000) if blocking else 0
                 args = [token, self.ttl_ms, owner, max(left_ms, 0), keys.signal_prefix, fence_ttl, handoff_ms]
-                acquired, value, now_ms, since_ms = self._run_acquire(client, key_list, args)
-                if acquired:
+                acquired, value, now_ms, since_ms = self._run_acquire(client, key_list, args, payload)
+                if acquired == 1:
                     signal.abort()
                     lease_start = sent + (int(since_ms) - int(now_ms)) / 1000
                     return self._new_hold(holder, token, int(value), lease_start, self.ttl, started,
@@ -572,6 +581,8 @@ class Lock:
                     lease_start = min(sent + (int(granted_ms) - int(now_ms)) / 1000, time.monotonic())
                     return self._new_hold(holder, token, int(fence_s), lease_start, int(lease_ms) / 1000, started,
                                           contended=True)
+                if message is not None and message.startswith("d|"):
+                    return Served(message[2:], waited=time.monotonic() - started)  # type: ignore[return-value]
                 if time.monotonic() >= deadline:
                     break
                 # A nudge ("r": a shorter lease now) or our own timer: look again.
@@ -579,6 +590,8 @@ class Lock:
             if queued:
                 sent = time.monotonic()
                 got = self._cancel(client, token)
+                if isinstance(got, Served):
+                    return got  # type: ignore[return-value]
                 if got is not None:
                     # Handed over at the very last moment: it is ours; don't strand it.
                     fence, now_ms, since_ms = got
@@ -597,7 +610,7 @@ class Lock:
             # passed over after HANDOFF_LEASE anyway.
             if queued and not isinstance(exc, _UNREACHABLE):
                 with contextlib.suppress(Exception):
-                    if self._cancel(client, token) is not None:
+                    if isinstance(self._cancel(client, token), tuple):
                         self._release_token(client, token)
             if isinstance(exc, _UNREACHABLE):
                 raise LockUnavailable(f"Redis unreachable: {exc}", name=self.name) from exc
@@ -618,7 +631,7 @@ class Lock:
         n = int(locks_settings.WAIT_REPLICAS)
         return (n, int(locks_settings.WAIT_REPLICAS_TIMEOUT * 1000)) if n > 0 else None
 
-    def _run_acquire(self, client: Redis, key_list: list[str], args: list) -> list:
+    def _run_acquire(self, client: Redis, key_list: list[str], args: list, payload: str = "") -> list:
         """The acquire script; with WAIT_REPLICAS, pipelined with WAIT on the same connection.
 
         It carries the Redis time after which we will have given up on it (our socket timeout):
@@ -627,7 +640,7 @@ class Lock:
         hand-off lease for. The script drops a request that arrives that late.
         """
         pool = getattr(client, "connection_pool", None)
-        args = [*args, _give_up_ms(pool)]
+        args = [*args, _give_up_ms(pool), payload]
         replicas = self._wait_replicas()
         if replicas is None:
             reply = script("acquire")(keys=key_list, args=args, client=client)
@@ -644,13 +657,17 @@ class Lock:
                                   name=self.name)
         return reply
 
-    def _cancel(self, client: Redis, token: str) -> tuple[int, int, int] | None:
+    def _cancel(self, client: Redis, token: str) -> tuple[int, int, int] | Served | None:
+        """Leave the queue. The lock if it was handed over just now, a reply if a holder served
+        this request just now (combining), else None."""
         keys = self.keys
         got = script("cancel")(
             keys=[keys.lock, keys.queue, keys.waiters, keys.wake],
             args=[token, keys.signal_prefix],
             client=client,
         )
+        if got[0] == 2:
+            return Served(text(got[1]), waited=0.0)
         return (int(got[1]), int(got[2]), int(got[3])) if got[0] else None
 
     def _release_token(self, client: Redis, token: str) -> bool:

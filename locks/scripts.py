@@ -8,7 +8,7 @@ from pathlib import Path
 from redis.commands.core import Script
 
 _DIR = Path(__file__).parent / "scripts"
-NAMES = ("acquire", "release", "extend", "cancel", "force_release", "check")
+NAMES = ("acquire", "release", "extend", "cancel", "force_release", "check", "take")
 
 
 @cache

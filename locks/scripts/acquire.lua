@@ -1,7 +1,9 @@
 -- KEYS: lock fence queue waiters wake
 -- ARGV: token ttl_ms owner wait_ms sigprefix fence_ttl_ms(0: one-shot) handoff_ms give_up_ms
+--       payload ('' or absent: a plain acquire; else a request a holder may serve: combining)
 -- -> {1, fence, now_ms, since_ms} acquired (since_ms: when its lease began)
 --  | {-1, 0, now_ms} arrived after give_up_ms: nothing done
+--  | {2, pttl_ms, now_ms} this request is in the holder's batch, or its reply is waiting: wait on
 --  | {0, pttl_ms, now_ms} held by someone else (and, if wait_ms > 0, this token is queued:
 --    a release will hand the lock over and push to its signal list)
 local lock, fencek, queue, waiters, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -18,6 +20,15 @@ if held[1] == token then
   redis.call('DEL', sigprefix .. token)
   return {1, tonumber(held[2]), NOW_MS, math.floor(tonumber(held[3]) / 1000)}
 end
+local payload = ARGV[9] or ''
+if payload ~= '' and (redis.call('HEXISTS', lock, 'b|' .. token) == 1
+                      or redis.call('LLEN', sigprefix .. token) > 0) then
+  -- A request taken into the current holder's batch (or already answered) looks again when
+  -- that holder's lease ends: it keeps waiting while the holder lives. If the holder died, its
+  -- lock hash is gone with the 'b|' marks and the request queues again (a new holder serves
+  -- it; the request id's unique key in MySQL makes sure it is committed at most once).
+  return {2, math.max(redis.call('PTTL', lock), 0), NOW_MS, 0}
+end
 local head = purge(queue, waiters)
 if not held[1] then
   if not head or head == token then
@@ -27,7 +38,7 @@ if not held[1] then
       local _, _, enq = parse_waiter(redis.call('HGET', waiters, head))
       waited = NOW_US - enq
       redis.call('LPOP', queue)
-      redis.call('HDEL', waiters, head)
+      redis.call('HDEL', waiters, head, 'p|' .. head)
       if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
       redis.call('DEL', sigprefix .. token)
     end
@@ -50,6 +61,7 @@ if wait > 0 then
     redis.call('RPUSH', queue, token)
   end
   redis.call('HSET', waiters, token, num(NOW_MS + wait) .. '|' .. ttl .. '|' .. num(enq) .. '|' .. owner)
+  if payload ~= '' then redis.call('HSET', waiters, 'p|' .. token, payload) end
   -- We look again by ourselves when this lease ends; nudge() needs the latest such time.
   local ends = NOW_MS + math.max(pttl, 0)
   if tonumber(redis.call('HGET', waiters, '~') or '0') < ends then redis.call('HSET', waiters, '~', num(ends)) end

@@ -1,10 +1,12 @@
 -- Shared helpers, prepended to every lock script (see locks/scripts.py).
 -- Keys of one lock share the hash tag {name}, so they live in one Redis Cluster slot:
---   lock   = <p>lock:{name}          hash: token fence owner since_us ttl wait_us count
+--   lock   = <p>lock:{name}          hash: token fence owner since_us ttl wait_us count, and
+--            "b|<token>" for each request the holder took into its batch (take.lua)
 --   fence  = <p>lock:{name}:fence    last fencing token issued (outlives the lock)
 --   queue  = <p>lock:{name}:queue    FIFO list of waiting tokens
---   wait   = <p>lock:{name}:waiters  hash: token -> "deadline_ms|ttl_ms|enqueued_us|owner", and
---            "~" -> the latest lease end any waiter was told (it looks again by itself then)
+--   wait   = <p>lock:{name}:waiters  hash: token -> "deadline_ms|ttl_ms|enqueued_us|owner",
+--            "p|<token>" -> the waiter's request, if it asks to be served (combining: take.lua),
+--            and "~" -> the latest lease end any waiter was told (it looks again by itself then)
 --   wake   = <p>lock:{name}:wake     list every waiter BLPOPs besides its own signal list
 --   signal = <p>lock:{name}:signal:<token>  per-waiter list the waiter BLPOPs
 -- No script writes statistics: they are counted by each client process and flushed once a
@@ -76,7 +78,7 @@ local function purge(queue, waiters)
     local deadline = info and parse_waiter(info) or 0
     if deadline > NOW_MS then return head end
     redis.call('LPOP', queue)
-    redis.call('HDEL', waiters, head)
+    redis.call('HDEL', waiters, head, 'p|' .. head)
     if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
   end
 end
@@ -87,7 +89,7 @@ end
 local function hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff_ms)
   local deadline, ttl, enq, owner = parse_waiter(redis.call('HGET', waiters, head))
   redis.call('LPOP', queue)
-  redis.call('HDEL', waiters, head)
+  redis.call('HDEL', waiters, head, 'p|' .. head)
   local waited = NOW_US - enq
   local lease = math.min(ttl, handoff_ms)
   local f = grant(lock, fencek, fence_ttl, head, lease, ttl, owner, waited)

@@ -1,0 +1,181 @@
+"""Combining (locks/combining.py): the holder serves the requests queued behind it.
+
+Real Redis, real processes: each requester is a forked child that submits and reports what it
+got back (its reply, or that it got the lock itself, or a timeout).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from django_redis import get_redis_connection
+
+from locks import Lock, LockTimeout
+from locks.combining import Served, Turn, submit
+from locks.conf import locks_settings
+from locks.keys import LockKeys
+from tests.locks.conftest import FORK, wait_until_queued
+
+
+def _submit_in_child(name: str, payload: str, wait: float, queue) -> None:
+    lock = Lock(name, ttl=1.0, wait=wait, renew=True)
+    started = time.monotonic()
+    try:
+        got = submit(lock, payload)
+    except LockTimeout:
+        queue.put((payload, "timeout", None, time.monotonic() - started))
+        return
+    if isinstance(got, Served):
+        queue.put((payload, "served", got.reply, time.monotonic() - started))
+        return
+    with got as turn:  # our own turn: serve whatever queued behind us, echoing
+        batch = turn.take(limit=10)
+        turn.reply({r.token: f"echo:{r.payload}" for r in batch})
+    queue.put((payload, "turn", [r.payload for r in batch], time.monotonic() - started))
+
+
+def start_submitter(name: str, payload: str, *, wait: float = 10.0, queued_before: int | None = 0):
+    """A child that submits `payload`; returned once it is queued (unless `queued_before` is None:
+    a holder that takes requests as they come may dequeue it before we could see it)."""
+    queue = FORK.Queue()
+    proc = FORK.Process(target=_submit_in_child, args=(name, payload, wait, queue))
+    proc.start()
+    if queued_before is not None:
+        wait_until_queued(name, queued_before + 1)
+    return proc, queue
+
+
+def _client():
+    return get_redis_connection(locks_settings.CACHE_ALIAS)
+
+
+def test_the_holder_takes_the_queued_requests_in_order_and_answers_each(name):
+    turn = submit(Lock(name, ttl=5.0), "mine")
+    assert isinstance(turn, Turn)
+    waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(3)]
+    with turn:
+        batch = turn.take(limit=10)
+        assert [r.payload for r in batch] == ["r0", "r1", "r2"]
+        assert all(r.deadline > time.monotonic() for r in batch)
+        turn.reply({r.token: f"done:{r.payload}" for r in batch})
+    got = [q.get(timeout=10) for _, q in waiters]
+    assert [(p, kind, reply) for p, kind, reply, _ in got] == [
+        ("r0", "served", "done:r0"), ("r1", "served", "done:r1"), ("r2", "served", "done:r2")
+    ]
+    for proc, _ in waiters:
+        proc.join(5)
+    keys = LockKeys.for_name(name)
+    assert _client().exists(keys.lock, keys.queue, keys.waiters) == 0  # nothing left behind
+
+
+def test_take_respects_its_limit_and_the_rest_get_the_next_turn(name):
+    turn = submit(Lock(name, ttl=5.0), "mine")
+    waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(3)]
+    with turn:
+        batch = turn.take(limit=2)
+        turn.reply({r.token: "ok" for r in batch})
+    got = sorted(q.get(timeout=10)[:3] for _, q in waiters)
+    # r2 was not taken: the release handed it the lock, and it served itself (nobody behind it).
+    assert got == [("r0", "served", "ok"), ("r1", "served", "ok"), ("r2", "turn", [])]
+
+
+def test_a_plain_waiter_stops_the_batch_and_keeps_its_place(name):
+    turn = submit(Lock(name, ttl=5.0), "mine")
+    first, q_first = start_submitter(name, "before")
+    plain_q = FORK.Queue()
+
+    def plain(queue):
+        with Lock(name, wait=10.0):
+            queue.put("plain got it")
+
+    plain_proc = FORK.Process(target=plain, args=(plain_q,))
+    plain_proc.start()
+    wait_until_queued(name, 2)
+    after, q_after = start_submitter(name, "after", queued_before=2)
+    with turn:
+        batch = turn.take(limit=10)
+        assert [r.payload for r in batch] == ["before"]  # stops at the plain waiter: FIFO
+        turn.reply({batch[0].token: "ok"})
+    assert q_first.get(timeout=10)[:3] == ("before", "served", "ok")
+    assert plain_q.get(timeout=10) == "plain got it"
+    assert q_after.get(timeout=10)[:3] == ("after", "turn", [])
+    for p in (first, plain_proc, after):
+        p.join(5)
+
+
+def _hold_take_then_stop(name: str, ready, queue) -> None:
+    """Take the batch and then freeze (the test kills or pauses us): no reply is ever sent."""
+    lock = Lock(name, ttl=0.5, wait=10.0, renew=True)
+    turn = submit(lock, "holder")
+    assert isinstance(turn, Turn)
+    ready.set()
+    while not turn.take(limit=10):
+        time.sleep(0.01)
+    queue.put("taken")
+    time.sleep(60)
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_a_request_whose_combiner_dies_or_stalls_is_served_by_the_next(name, fault):
+    ready, holder_q = FORK.Event(), FORK.Queue()
+    holder = FORK.Process(target=_hold_take_then_stop, args=(name, ready, holder_q))
+    holder.start()
+    assert ready.wait(10)
+    proc, q = start_submitter(name, "r0", queued_before=None)
+    assert holder_q.get(timeout=10) == "taken"
+    os.kill(holder.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    try:
+        payload, kind, _, waited = q.get(timeout=10)
+    finally:
+        if fault == "pause":
+            os.kill(holder.pid, signal.SIGKILL)
+        holder.join(5)
+    # The holder's lease (0.5 s, no longer renewed) ran out with r0 in its batch and no reply:
+    # r0 queued again and, first in line, got the lock to serve itself.
+    assert (payload, kind) == ("r0", "turn")
+    assert waited < 0.5 + 1.0
+    proc.join(5)
+
+
+def _take_renew_and_reply_late(name: str, ready, queue) -> None:
+    lock = Lock(name, ttl=0.3, wait=10.0, renew=True)
+    with submit(lock, "holder") as turn:
+        ready.set()
+        while not (batch := turn.take(limit=10)):
+            time.sleep(0.01)
+        time.sleep(1.2)  # four leases: the watchdog renews; the waiter looks again meanwhile
+        turn.reply({r.token: "late but alive" for r in batch})
+    queue.put("done")
+
+
+def test_a_taken_request_waits_for_a_live_combiner_past_its_lease_without_queueing_again(name):
+    ready, holder_q = FORK.Event(), FORK.Queue()
+    holder = FORK.Process(target=_take_renew_and_reply_late, args=(name, ready, holder_q))
+    holder.start()
+    assert ready.wait(10)
+    proc, q = start_submitter(name, "r0", queued_before=None)
+    assert q.get(timeout=10)[:3] == ("r0", "served", "late but alive")
+    assert holder_q.get(timeout=10) == "done"
+    holder.join(5)
+    proc.join(5)
+    keys = LockKeys.for_name(name)
+    assert _client().exists(keys.lock, keys.queue, keys.waiters) == 0  # it never queued twice
+
+
+def test_a_taken_request_times_out_if_no_reply_comes_within_its_wait(name):
+    turn = submit(Lock(name, ttl=10.0), "mine")
+    proc, q = start_submitter(name, "r0", wait=0.5)
+    with turn:
+        assert [r.payload for r in turn.take(limit=10)] == ["r0"]
+        payload, kind, _, waited = q.get(timeout=10)
+    assert (payload, kind) == ("r0", "timeout")
+    assert 0.5 <= waited < 1.5
+    proc.join(5)
+
+
+def test_a_payload_is_required():
+    with pytest.raises(ValueError, match="payload"):
+        submit(Lock("t:xpayload"), "")
