@@ -21,6 +21,12 @@ DEFAULTS: dict[str, Any] = {
     "MAX_QUANTITY_PER_LINE": 100,
     "MAX_LINES_PER_ORDER": 20,
     "MAX_RESTOCK": 1_000_000,
+    # Combining (shop/services/combining.py): an order for one product queues on the product's
+    # lock, and whoever holds the lock commits everyone queued, up to COMBINE_BATCH orders, in
+    # one transaction. Off: every order takes the lock and commits alone (multi-product orders
+    # always do).
+    "COMBINING": False,
+    "COMBINE_BATCH": 32,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.
     "RETRIES": 5,
     # Sold-out markers live in this cache's Redis, with this TTL (seconds). Services keep them

@@ -153,6 +153,7 @@ ERRORS_BY_CODE: dict[str, type[ShopError]] = {
     for cls in (
         InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock,
         CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed, CouponNotClaimed,
-        OrderNotFound, OrderNotCancellable, IdempotencyConflict, LockTimeout, LockUnavailable, Conflict,
+        OrderNotFound, OrderNotCancellable, IdempotencyConflict, LockTimeout, LockUnavailable,
+        DatabaseUnavailable, Conflict,
     )
 }

@@ -93,6 +93,22 @@ class Order(models.Model):
         return f"Order #{self.pk}"
 
 
+class CheckoutRequest(models.Model):
+    """A combined checkout request, by id: claimed by the order that served it, or by its buyer
+    who gave up waiting (order NULL). The unique id is the last word on "at most once": a
+    combiner that serves a request twice (after a crash) or after its buyer gave up fails on it
+    and rolls back, and a buyer that gives up learns from it whether its order was committed.
+    """
+
+    request_id = models.CharField(max_length=32, unique=True)
+    order = models.OneToOneField(Order, null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="checkout_request")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"request {self.request_id} -> {self.order_id or 'given up'}"
+
+
 class OrderLine(models.Model):
     order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="lines")
     product = models.ForeignKey(Product, on_delete=models.PROTECT, related_name="order_lines")

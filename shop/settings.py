@@ -149,6 +149,11 @@ LOCKS = {
     "DEFAULT_WAIT": env.float("LOCKS_DEFAULT_WAIT", default=3.0),
 }
 
+# The shop's own settings (defaults and meaning in shop/conf.py).
+SHOP = {
+    "COMBINING": _env_bool("SHOP_COMBINING", False),
+}
+
 SESSION_ENGINE = "django.contrib.sessions.backends.db"
 
 AUTH_PASSWORD_VALIDATORS = [

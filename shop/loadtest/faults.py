@@ -241,7 +241,7 @@ def _buyer(index: int, product_id: int, user_ids: list[int], stop_at: float, arm
     from django.contrib.auth import get_user_model
 
     from shop import errors
-    from shop.services import checkout, place_order, soldout
+    from shop.services import hooks, place_order, soldout
 
     def take(mode: int) -> bool:
         with armed.get_lock():
@@ -268,7 +268,7 @@ def _buyer(index: int, product_id: int, user_ids: list[int], stop_at: float, arm
             os.kill(os.getpid(), signal.SIGSTOP)
         return real_mark(*args, **kwargs)
 
-    checkout.test_hook = hook
+    hooks.checkout_hook = hook
     soldout.mark = mark
     users = list(get_user_model().objects.filter(pk__in=user_ids))
     rng = random.Random(index)

@@ -18,7 +18,7 @@ from django_redis import get_redis_connection
 
 from locks.conf import locks_settings
 from locks.keys import LockKeys
-from shop.models import Coupon, CouponClaim, DbLock, Order, OrderLine, Product, StockLedger
+from shop.models import CheckoutRequest, Coupon, CouponClaim, DbLock, Order, OrderLine, Product, StockLedger
 
 PREFIX = "lt-"
 
@@ -114,6 +114,7 @@ def cleanup(workload: Workload) -> None:
         StockLedger.objects.filter(order__user__in=users).delete()
         CouponClaim.objects.filter(user__in=users).delete()
         OrderLine.objects.filter(order__user__in=users).delete()
+        CheckoutRequest.objects.filter(order__user__in=users).delete()
         with connection.cursor() as cursor:  # raw: the ORM would load every order to cascade
             cursor.execute(
                 f"DELETE FROM {Order._meta.db_table} WHERE user_id IN "

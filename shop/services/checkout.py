@@ -1,9 +1,11 @@
 """place_order: the path of one checkout (see DESIGN.md).
 
     validate -> sold-out markers + idempotency record (one MGET) -> replay if the key has a
-    record -> refuse if sold out -> locks (sorted) -> durable transaction { guarded, fenced
-    UPDATE per line; use the coupon claim; INSERT order, lines, ledger; idempotency record } ->
-    COMMIT -> release
+    record -> refuse if sold out ->
+      one product, SHOP["COMBINING"]: queue on its lock and be served in a batch
+        (shop/services/combining.py)
+      otherwise: locks (sorted) -> durable transaction { guarded, fenced UPDATE per line; use
+        the coupon claim; INSERT order, lines, ledger; idempotency record } -> COMMIT -> release
 
 The Redis lock keeps buyers of one product in an orderly queue outside MySQL; the guarded UPDATE
 (`stock >= n AND fence < :fence`) is what guarantees no oversell, even when a lock was lost.
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from decimal import Decimal
 
 from django.db import IntegrityError
@@ -24,7 +25,8 @@ import locks
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import idempotency, soldout
+from shop.services import hooks, idempotency, soldout
+from shop.services.combining import place_combined
 from shop.services.coupons import valid_coupon
 from shop.services.locking import (
     StaleFence,
@@ -37,10 +39,6 @@ from shop.services.locking import (
 )
 from shop.services.transactions import connection_errors, durable_transaction
 from shop.services.validation import validate_code, validate_idempotency_key, validate_lines
-
-# Test hook: called inside the transaction as hook(stage, holds), stage "before_update" (locks
-# held, nothing written) or "before_commit". Tests pause a holder here past its lease.
-test_hook: Callable[[str, dict], None] | None = None
 
 
 def request_digest(lines: list[tuple[int, int]], coupon_code: str | None) -> str:
@@ -98,6 +96,13 @@ def place_order(
             {"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in marked
         ]})
 
+    use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
+    if use_locks and shop_settings.COMBINING and len(lines) == 1:
+        # One product: queue on its lock; whoever holds it commits everyone queued at once.
+        [(product_id, quantity)] = lines
+        return place_combined(user=user, product_id=product_id, quantity=quantity, code=code, key=key,
+                              digest=digest)
+
     products = Product.objects.only("id", "price", "active").in_bulk([pid for pid, _ in lines])
     unknown = [pid for pid, _ in lines if pid not in products]
     if unknown:
@@ -107,7 +112,6 @@ def place_order(
         raise errors.InactiveProduct(details={"product_ids": inactive})
 
     claim = _usable_claim(user=user, code=code) if code is not None else None
-    use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
     names = [product_lock(pid) for pid, _ in lines]
     if claim is not None:
         names.append(claim_lock(claim.coupon_id, user.pk))
@@ -159,8 +163,7 @@ def _usable_claim(*, user, code: str) -> CouponClaim:
 
 def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks) -> Order:
     with durable_transaction():
-        if test_hook is not None:
-            test_hook("before_update", holds)
+        hooks.call("before_update", holds)
         short = []
         fences: dict[int, int | None] = {}
         for pid, qty in lines:
@@ -208,8 +211,7 @@ def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks)
             CouponClaim.objects.filter(pk=claim.pk).update(order=order)
         if key is not None:
             idempotency.write_record(user_id=user.pk, key=key, order_id=order.pk, required=use_locks)
-        if test_hook is not None:
-            test_hook("before_commit", holds)
+        hooks.call("before_commit", holds)
         check_before_commit(holds)
     order.replayed = False
     return order

@@ -25,16 +25,23 @@ from shop.services.transactions import connection_errors, durable_transaction
 from shop.services.validation import validate_code
 
 
-def valid_coupon(code: str) -> Coupon:
-    """The coupon for `code` if it exists, is active and is within its validity window."""
-    coupon = Coupon.objects.filter(code=code).first()
+def coupon_error(coupon: Coupon | None, code: str) -> errors.ShopError | None:
+    """Why `coupon` (looked up by `code`) cannot be used now, or None if it can."""
     if coupon is None:
-        raise errors.CouponUnknown(details={"coupon_code": code})
+        return errors.CouponUnknown(details={"coupon_code": code})
     now = timezone.now()
     if not coupon.active or (coupon.valid_from and now < coupon.valid_from) or (
         coupon.valid_until and now >= coupon.valid_until
     ):
-        raise errors.CouponExpired(details={"coupon_code": code})
+        return errors.CouponExpired(details={"coupon_code": code})
+    return None
+
+
+def valid_coupon(code: str) -> Coupon:
+    """The coupon for `code` if it exists, is active and is within its validity window."""
+    coupon = Coupon.objects.filter(code=code).first()
+    if (error := coupon_error(coupon, code)) is not None:
+        raise error
     return coupon
 
 

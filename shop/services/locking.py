@@ -63,6 +63,12 @@ def lock_options(name: str) -> dict[str, object]:
     return {}
 
 
+def shop_lock(name: str) -> locks.Lock:
+    """The lock `name` with the shop's lease, wait and watchdog settings."""
+    return locks.Lock(name, ttl=shop_settings.LOCK_TTL, wait=shop_settings.LOCK_WAIT, renew=True,
+                      max_hold=shop_settings.LOCK_MAX_HOLD, **lock_options(name))
+
+
 def refuse_outer_transaction(service: str) -> None:
     """The lock must cover COMMIT: inside an outer atomic block our COMMIT would be a savepoint."""
     if transaction.get_connection().in_atomic_block:
@@ -87,8 +93,7 @@ def held(names: list[str], *, use_locks: bool | None = None) -> Iterator[dict[st
         return
     with ExitStack() as stack:
         for name in names:
-            lock = locks.Lock(name, ttl=shop_settings.LOCK_TTL, wait=shop_settings.LOCK_WAIT, renew=True,
-                              max_hold=shop_settings.LOCK_MAX_HOLD, **lock_options(name))
+            lock = shop_lock(name)
             try:
                 hold = lock.__enter__()
             except locks.LockTimeout as exc:
@@ -96,11 +101,12 @@ def held(names: list[str], *, use_locks: bool | None = None) -> Iterator[dict[st
             except locks.LockUnavailable as exc:
                 raise errors.LockUnavailable(details={"lock": name}) from exc
             holds[name] = hold
-            stack.callback(_release, hold)
+            stack.callback(release_safely, hold)
         yield holds
 
 
-def _release(hold: locks.Hold) -> None:
+def release_safely(hold: locks.Hold) -> None:
+    """Release after COMMIT: a lock already gone is logged (the fence kept the write safe)."""
     try:
         hold.release()
     except locks.LockNotOwned:

@@ -1,0 +1,16 @@
+"""A test hook in the checkout: where tests and the fault-injection load test pause or kill a
+lock holder. Both checkout paths (per order, and combining) call it at the same stages:
+"before_update" (locks held, nothing written) and "before_commit" (everything written, not
+committed), with the holds by lock name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+checkout_hook: Callable[[str, dict], None] | None = None
+
+
+def call(stage: str, holds: dict) -> None:
+    if checkout_hook is not None:
+        checkout_hook(stage, holds)
