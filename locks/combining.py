@@ -19,14 +19,16 @@ request, and a batch is exactly what queued while the previous one was being ser
 No polling and no lost wake-ups: a waiter BLPOPs its own list, where either the lock (a
 hand-off) or its reply arrives. The ordering is the lock's: FIFO, so nobody starves.
 
-Crashes. A request taken into a batch is marked in the holder's lock hash, which lives exactly
-as long as the hold. A waiter looks again by itself when the holder's lease ends (as every
-waiter of this lock does): while the mark exists it keeps waiting; once the hold has ended
-without a reply (the combiner crashed, or was paused past its lease) it queues again and a new
-combiner serves it. So a request can be *worked on* twice: the caller must make its effect
-idempotent per request, e.g. a unique key per request id in the same transaction as the work
-(shop/services/combining.py does this), and decide the outcome of a request that timed out the
-same way. This module knows nothing of what requests mean.
+Crashes. A request taken into a batch is recorded as the holder's (the lock's `taken` hash)
+until the holder replies. A waiter looks again by itself when the holder's lease ends (as every
+waiter of this lock does): while its holder still holds it keeps waiting. Once the hold has
+ended without a reply (the combiner crashed, was paused past its lease, or was forced out) the
+request is an orphan: the next script that sees the hold gone (the next acquire of the free
+lock, a release, a force release) wakes it at once, and it queues again for a new combiner.
+So a request can be *worked on* twice: the caller must make its effect idempotent per request,
+e.g. a unique key per request id in the same transaction as the work (shop/services/combining.py
+does this), and decide the outcome of a request that timed out the same way. This module knows
+nothing of what requests mean.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class Turn:
             return []
         keys = self.lock.keys
         sent = time.monotonic()
-        got = script("take")(keys=[keys.lock, keys.queue, keys.waiters], args=[self.hold.token, int(limit)],
+        got = script("take")(keys=[keys.lock, keys.queue, keys.waiters, keys.taken], args=[self.hold.token, int(limit)],
                              client=self.lock.client)
         if int(got[0]) == -1:
             raise LockNotOwned("take: the lock is no longer ours", name=self.lock.name)
@@ -95,6 +97,7 @@ class Turn:
             pipe.rpush(signal, "d|" + reply)
             left = self._deadlines.get(token, now_ms) - now_ms
             pipe.pexpire(signal, max(int(left), 0) + REPLY_GRACE_MS)
+        pipe.hdel(keys.taken, *replies)  # answered: no longer ours to orphan
         pipe.execute()
 
     def release(self) -> None:

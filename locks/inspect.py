@@ -328,7 +328,7 @@ def force_release(name: str, *, actor: str = "", expected_fence: int | None = No
     before = lock_info(name, client=c)
     try:
         held = script("force_release")(
-            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake],
+            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken],
             args=[keys.signal_prefix, int(locks_settings.FENCE_TTL * 1000),
                   max(1, int(float(locks_settings.HANDOFF_LEASE) * 1000)),
                   "0" if expected_fence is None else str(int(expected_fence))],

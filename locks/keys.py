@@ -55,6 +55,10 @@ class LockKeys:
         return f"{self.lock}:wake"
 
     @property
+    def taken(self) -> str:
+        return f"{self.lock}:taken"
+
+    @property
     def signal_prefix(self) -> str:
         return f"{self.lock}:signal:"
 
@@ -62,7 +66,7 @@ class LockKeys:
         return self.signal_prefix + token
 
     def all(self) -> list[str]:
-        return [self.lock, self.fence, self.queue, self.waiters, self.wake]
+        return [self.lock, self.fence, self.queue, self.waiters, self.wake, self.taken]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -551,7 +551,7 @@ class Lock:
         owner = f"{_HOST}:{os.getpid()}"
         client = self.client
         keys = self.keys
-        key_list = [keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake]
+        key_list = [keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken]
         fence_ttl = self._fence_ttl_ms()
         handoff_ms = self._handoff_ms()
         signal = _Signal(client, [keys.signal(token), keys.wake], cancel, self._wait_replicas())
@@ -662,7 +662,7 @@ class Lock:
         this request just now (combining), else None."""
         keys = self.keys
         got = script("cancel")(
-            keys=[keys.lock, keys.queue, keys.waiters, keys.wake],
+            keys=[keys.lock, keys.queue, keys.waiters, keys.wake, keys.taken],
             args=[token, keys.signal_prefix],
             client=client,
         )
@@ -673,7 +673,7 @@ class Lock:
     def _release_token(self, client: Redis, token: str) -> bool:
         keys = self.keys
         return bool(script("release")(
-            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake],
+            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken],
             args=[token, keys.signal_prefix, self._fence_ttl_ms(), self._handoff_ms()],
             client=client,
         ))

@@ -1,4 +1,4 @@
--- KEYS: lock fence queue waiters wake
+-- KEYS: lock fence queue waiters wake taken
 -- ARGV: token ttl_ms owner wait_ms sigprefix fence_ttl_ms(0: one-shot) handoff_ms give_up_ms
 --       payload ('' or absent: a plain acquire; else a request a holder may serve: combining)
 -- -> {1, fence, now_ms, since_ms} acquired (since_ms: when its lease began)
@@ -6,7 +6,7 @@
 --  | {2, pttl_ms, now_ms} this request is in the holder's batch, or its reply is waiting: wait on
 --  | {0, pttl_ms, now_ms} held by someone else (and, if wait_ms > 0, this token is queued:
 --    a release will hand the lock over and push to its signal list)
-local lock, fencek, queue, waiters, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lock, fencek, queue, waiters, wake, taken = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local token, ttl, owner, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local sigprefix, fence_ttl, handoff = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 -- ARGV[8]: the Redis time (ms) after which the client has given up on this call (0: unknown).
@@ -21,16 +21,20 @@ if held[1] == token then
   return {1, tonumber(held[2]), NOW_MS, math.floor(tonumber(held[3]) / 1000)}
 end
 local payload = ARGV[9] or ''
-if payload ~= '' and (redis.call('HEXISTS', lock, 'b|' .. token) == 1
-                      or redis.call('LLEN', sigprefix .. token) > 0) then
-  -- A request taken into the current holder's batch (or already answered) looks again when
-  -- that holder's lease ends: it keeps waiting while the holder lives. If the holder died, its
-  -- lock hash is gone with the 'b|' marks and the request queues again (a new holder serves
-  -- it; the request id's unique key in MySQL makes sure it is committed at most once).
-  return {2, math.max(redis.call('PTTL', lock), 0), NOW_MS, 0}
+if payload ~= '' then
+  local by = redis.call('HGET', taken, token)
+  if (by and by == held[1]) or redis.call('LLEN', sigprefix .. token) > 0 then
+    -- A request taken into the current holder's batch (or already answered) looks again when
+    -- that holder's lease ends: it keeps waiting while the holder lives. If the holder is gone
+    -- without replying, the request queues again (a new holder serves it; the request id's
+    -- unique key in MySQL makes sure it is committed at most once).
+    return {2, math.max(redis.call('PTTL', lock), 0), NOW_MS, 0}
+  end
+  if by then redis.call('HDEL', taken, token) end
 end
 local head = purge(queue, waiters)
 if not held[1] then
+  wake_orphans(taken, sigprefix, nil)
   if not head or head == token then
     local waited = 0
     if head then

@@ -1,12 +1,13 @@
 -- A waiter gives up. If a release handed it the lock in the meantime, it keeps it.
--- KEYS: lock queue waiters wake
+-- KEYS: lock queue waiters wake taken
 -- ARGV: token sigprefix
 -- -> {1, fence, now_ms, since_ms} the lock was handed over just in time
 --  | {2, reply} a holder served this request (combining) just in time | {0} removed from the queue
-local lock, queue, waiters, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lock, queue, waiters, wake, taken = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, sigprefix = ARGV[1], ARGV[2]
 local pending = redis.call('LRANGE', sigprefix .. token, 0, -1)
 redis.call('DEL', sigprefix .. token)
+redis.call('HDEL', taken, token)
 for _, message in ipairs(pending) do
   if string.sub(message, 1, 2) == 'd|' then
     redis.call('LREM', queue, 0, token)

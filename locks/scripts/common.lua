@@ -1,7 +1,6 @@
 -- Shared helpers, prepended to every lock script (see locks/scripts.py).
 -- Keys of one lock share the hash tag {name}, so they live in one Redis Cluster slot:
---   lock   = <p>lock:{name}          hash: token fence owner since_us ttl wait_us count, and
---            "b|<token>" for each request the holder took into its batch (take.lua)
+--   lock   = <p>lock:{name}          hash: token fence owner since_us ttl wait_us count
 --   fence  = <p>lock:{name}:fence    last fencing token issued (outlives the lock)
 --   queue  = <p>lock:{name}:queue    FIFO list of waiting tokens
 --   wait   = <p>lock:{name}:waiters  hash: token -> "deadline_ms|ttl_ms|enqueued_us|owner",
@@ -9,6 +8,8 @@
 --            and "~" -> the latest lease end any waiter was told (it looks again by itself then)
 --   wake   = <p>lock:{name}:wake     list every waiter BLPOPs besides its own signal list
 --   signal = <p>lock:{name}:signal:<token>  per-waiter list the waiter BLPOPs
+--   taken  = <p>lock:{name}:taken    hash: request token -> token of the holder that took it into
+--            its batch (combining, take.lua); removed when the holder replies
 -- No script writes statistics: they are counted by each client process and flushed once a
 -- second to per-family keys (locks/stats.py), which would live in other slots.
 -- fence_ttl_ms = 0 marks a one-shot lock: its fence key lives only as long as the lease and is
@@ -101,4 +102,22 @@ end
 -- A lock is free and nobody waits: a one-shot lock leaves nothing behind.
 local function forget_one_shot(fencek, wake)
   redis.call('DEL', fencek, wake)
+end
+
+-- Requests taken into a batch whose holder is gone without replying (it crashed, was paused
+-- past its lease, or was forced out) are orphans: their waiters are not queued, so no hand-off
+-- reaches them, and their own timers may be far off (they were told of an earlier, longer
+-- lease). Tell each to look again now: it queues again and the next holder serves it. Called
+-- wherever a hold is seen to have ended: a release, a force release, an acquire of a free lock.
+-- `live` is the token of the hold that still counts (nil: none).
+local function wake_orphans(taken, sigprefix, live)
+  local entries = redis.call('HGETALL', taken)
+  for i = 1, #entries, 2 do
+    if entries[i + 1] ~= live then
+      local sig = sigprefix .. entries[i]
+      redis.call('RPUSH', sig, 'r')
+      redis.call('PEXPIRE', sig, 10000)
+      redis.call('HDEL', taken, entries[i])
+    end
+  end
 end

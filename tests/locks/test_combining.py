@@ -179,3 +179,36 @@ def test_a_taken_request_times_out_if_no_reply_comes_within_its_wait(name):
 def test_a_payload_is_required():
     with pytest.raises(ValueError, match="payload"):
         submit(Lock("t:xpayload"), "")
+
+
+def _combine_then_die(name: str, queue) -> None:
+    """Queue for the lock with a short lease; when handed it, take the batch and die at once
+    (no reply, no release, no confirmation of the hand-off lease)."""
+    turn = submit(Lock(name, ttl=0.5, wait=10.0), "combiner")
+    assert isinstance(turn, Turn)
+    turn.take(limit=10)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_requests_told_of_a_long_lease_are_not_stranded_when_a_short_lease_combiner_dies(name):
+    # The requests queue while a long lease (30 s) holds the lock, so each one's own timer says
+    # "look again in 30 s". The lock then passes to a combiner with a short lease that takes
+    # them all and dies: nothing will ever reply or hand over to them, and their timers are far
+    # off. They must learn at once that their batch is orphaned, queue again and be served.
+    gate = Lock(name, ttl=30.0)
+    gate.acquire()
+    combiner = FORK.Process(target=_combine_then_die, args=(name, FORK.Queue()))
+    combiner.start()
+    wait_until_queued(name, 1)
+    submitters = [start_submitter(name, f"r{i}", wait=10.0, queued_before=i + 1) for i in range(3)]
+    released = time.monotonic()
+    gate.release()
+    combiner.join(5)
+    assert combiner.exitcode == -signal.SIGKILL
+    got = sorted(q.get(timeout=15) for _, q in submitters)
+    # One of them got the lock after the dead combiner's lease (0.5 s) and served the others.
+    kinds = sorted(kind for _, kind, _, _ in got)
+    assert kinds == ["served", "served", "turn"]
+    assert time.monotonic() - released < 0.5 + 1.0
+    for proc, _ in submitters:
+        proc.join(5)
