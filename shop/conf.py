@@ -24,8 +24,8 @@ DEFAULTS: dict[str, Any] = {
     # Combining (shop/services/combining.py): an order for one product queues on the product's
     # lock, and whoever holds the lock commits everyone queued, up to COMBINE_BATCH orders, in
     # one transaction. Off: every order takes the lock and commits alone (multi-product orders
-    # always do).
-    "COMBINING": False,
+    # always do). Env: SHOP_COMBINING=false.
+    "COMBINING": True,
     "COMBINE_BATCH": 32,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.
     "RETRIES": 5,

@@ -151,7 +151,7 @@ LOCKS = {
 
 # The shop's own settings (defaults and meaning in shop/conf.py).
 SHOP = {
-    "COMBINING": _env_bool("SHOP_COMBINING", False),
+    "COMBINING": _env_bool("SHOP_COMBINING", True),
 }
 
 SESSION_ENGINE = "django.contrib.sessions.backends.db"

@@ -473,10 +473,72 @@ class Http(Strategy):
             return outcome_of_code(code), None
 
 
+class OursPerOrder(Ours):
+    """The real service with combining off: every order takes the product's lock and commits alone."""
+
+    name = "ours_per_order"
+    label = "ours, combining off (one hold per order)"
+
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        from django.conf import settings
+
+        settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": False}  # this worker process only
+
+
+class Raw(Strategy):
+    """The row's own limit: hand-written MySQLdb (guarded UPDATE, then the order, line and ledger
+    INSERTs, one transaction), no ORM, no lock. How far every other strategy is from the row."""
+
+    name = "raw"
+    label = "raw MySQLdb guarded UPDATE + INSERTs (no ORM, no lock)"
+
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        self.tables = (Product._meta.db_table, Order._meta.db_table, OrderLine._meta.db_table,
+                       StockLedger._meta.db_table)
+
+    def place(self, user_id: int, lines: Lines) -> Result:
+        product, order, line, ledger = self.tables
+        prices = self.options.prices
+        connection.ensure_connection()
+        db = connection.connection  # the MySQLdb connection itself, in autocommit mode
+        cursor = db.cursor()
+        try:
+            cursor.execute("START TRANSACTION")
+            for pid, qty in lines:
+                if not cursor.execute(f"UPDATE {product} SET stock = stock - %s WHERE id = %s AND stock >= %s",
+                                      (qty, pid, qty)):
+                    cursor.execute("ROLLBACK")
+                    return OUT_OF_STOCK, None
+            subtotal = sum((prices[pid] * qty for pid, qty in lines), Decimal(0))
+            now = timezone.now().replace(tzinfo=None)  # the ORM stores UTC naive on MySQL
+            cursor.execute(
+                f"INSERT INTO {order} (user_id, status, subtotal, discount, total, request_digest, created_at) "
+                "VALUES (%s, 'placed', %s, 0, %s, '', %s)", (user_id, subtotal, subtotal, now))
+            order_id = cursor.lastrowid
+            cursor.execute(
+                f"INSERT INTO {line} (order_id, product_id, quantity, unit_price) VALUES "
+                + ", ".join(["(%s, %s, %s, %s)"] * len(lines)),
+                [v for pid, qty in lines for v in (order_id, pid, qty, prices[pid])])
+            cursor.execute(
+                f"INSERT INTO {ledger} (product_id, quantity, reason, order_id, actor, created_at) VALUES "
+                + ", ".join(["(%s, %s, 'order', %s, 'loadtest:raw', %s)"] * len(lines)),
+                [v for pid, qty in lines for v in (pid, -qty, order_id, now)])
+            cursor.execute("COMMIT")
+            return PLACED, order_id
+        except BaseException:
+            with contextlib.suppress(Exception):
+                cursor.execute("ROLLBACK")
+            raise
+        finally:
+            cursor.close()
+
+
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
     for cls in (Naive, GuardedUpdate, Optimistic, SelectForUpdate, LockTable, MySQLGetLock, RedisPyLock,
-                PythonRedisLock, Ours)
+                PythonRedisLock, Raw, Ours, OursPerOrder)
 }
 
 
