@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from locks.exceptions import LockNotOwned
 from locks.lock import Hold, Lock, Served, _clock_offsets, current_holder, text
 from locks.scripts import script
+from locks.stats import recorder
 
 __all__ = ["Request", "Served", "Turn", "submit"]
 
@@ -63,6 +64,7 @@ class Turn:
         self.hold = hold
         self.taken: list[Request] = []
         self._deadlines: dict[str, int] = {}  # token -> deadline (Redis ms), for the reply's expiry
+        self._recorded = False
 
     def take(self, limit: int) -> list[Request]:
         """Take up to `limit` requests queued behind us (FIFO; the first plain waiter stops it)."""
@@ -101,7 +103,15 @@ class Turn:
         pipe.execute()
 
     def release(self) -> None:
-        self.hold.release()
+        """Release, and count this turn as one batch of 1 + len(taken) requests in the family's
+        stats (even if the release finds the lock lost: the batch was formed and worked on).
+        Counted once, however often release is called."""
+        try:
+            self.hold.release()
+        finally:
+            if not self._recorded:
+                self._recorded = True
+                recorder().batch(self.lock, 1 + len(self.taken))
 
     def __enter__(self) -> Turn:
         return self

@@ -46,3 +46,32 @@ def merge(many: Iterable[Mapping[int, int]]) -> dict[int, int]:
         for b, n in h.items():
             out[b] = out.get(b, 0) + n
     return out
+
+
+# Batch sizes (combining, locks/combining.py) are small counts, not times: exact powers of two.
+# Field `b<k>` counts batches of size in (2^(k-1), 2^k]: b0 = 1, b1 = 2, b2 = 3-4, b3 = 5-8,
+# b4 = 9-16, b5 = 17-32, ... Fine enough where it matters (is combining happening at all, does
+# the batch reach its limit?), no cap to pick, and mergeable by HINCRBY like the time buckets.
+
+
+def batch_bucket_of(size: int) -> int:
+    return max(int(size) - 1, 0).bit_length()
+
+
+def batch_bucket_label(b: int) -> str:
+    """b2 -> "3-4"; b0 -> "1"."""
+    lo, hi = (2 ** (b - 1) + 1 if b > 0 else 1), 2**b
+    return str(hi) if lo == hi else f"{lo}-{hi}"
+
+
+def batch_percentile(buckets: Mapping[int, int], q: float) -> int | None:
+    """Upper bound (largest size) of the batch-size bucket holding the q-th quantile."""
+    total = sum(buckets.values())
+    if not total:
+        return None
+    seen = 0
+    for b in sorted(buckets):
+        seen += buckets[b]
+        if seen >= q * total:
+            return 2**b
+    return 2 ** max(buckets)

@@ -9,6 +9,11 @@ for one-off checks. Both pipeline the per-lock reads.
 
 Statistics are per lock family (`product:*`), with the top names of each family by
 acquisitions; see locks/stats.py for how they are counted and flushed.
+
+Combining (locks/combining.py): a held lock's row says how many of its waiters queue a
+*request* for the holder to serve (`queued_requests`, the "p|<token>" fields of its waiters
+hash) and how many wait for the lock itself; a family's row has its batches (count, mean size,
+size histogram and quantiles, time of the last one).
 """
 
 from __future__ import annotations
@@ -41,7 +46,13 @@ from locks.lock import Lock, default_client, text
 from locks.scripts import script
 from locks.stats import recorder
 
-COUNTERS = ("acquired", "contended", "handoffs", "released", "timeouts", "lost", "force_released", "long_waits")
+COUNTERS = ("acquired", "contended", "handoffs", "released", "timeouts", "lost", "force_released", "long_waits",
+            "batches", "batched_requests")
+# One HSCAN page (MATCH "p|*") per held lock counts its queued requests: exact for the small
+# hashes Redis keeps as a listpack (<= 128 fields) and usually beyond; past one page of this
+# many slots the count is a lower bound (`queued_requests_more`), so a 10 000-waiter queue
+# costs one bounded read per refresh, not a walk of the whole hash.
+REQUESTS_SCAN = 1000
 
 
 @dataclass
@@ -53,9 +64,16 @@ class HeldLock:
     held_for: float
     ttl_left: float
     waiters: int
+    queued_requests: int = 0  # waiters that carry a combining request (the holder may serve them)
+    queued_requests_more: bool = False  # the count is a lower bound (see REQUESTS_SCAN)
+
+    @property
+    def plain_waiters(self) -> int:
+        """Waiters that want the lock itself (a batch stops at the first of them)."""
+        return max(self.waiters - self.queued_requests, 0)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "plain_waiters": self.plain_waiters}
 
 
 @dataclass
@@ -67,6 +85,28 @@ class LockStats:
     wait: dict[int, int] = field(default_factory=dict, repr=False)
     hold: dict[int, int] = field(default_factory=dict, repr=False)
     top_names: list[tuple[str, int]] = field(default_factory=list)  # busiest names, by acquisitions
+    batch: dict[int, int] = field(default_factory=dict, repr=False)  # combining batch sizes, histogram.batch_*
+    last_batch_ms: int | None = None  # unix ms of the latest combining batch
+
+    @property
+    def mean_batch(self) -> float | None:
+        """Requests served per batch, the combiner's own included (1.0: nobody was queued)."""
+        batches = self.counters.get("batches", 0)
+        return self.counters.get("batched_requests", 0) / batches if batches else None
+
+    def batch_summary(self) -> dict[str, Any]:
+        """Combining: batches, mean size, p50/p99 (upper bounds of their buckets), the histogram
+        as {"3-4": n, ...} in size order, and the last batch time (unix seconds)."""
+        mean = self.mean_batch
+        return {
+            "batches": self.counters.get("batches", 0),
+            "batched_requests": self.counters.get("batched_requests", 0),
+            "mean_batch": None if mean is None else round(mean, 2),
+            "batch_p50": histogram.batch_percentile(self.batch, 0.50),
+            "batch_p99": histogram.batch_percentile(self.batch, 0.99),
+            "batch_sizes": {histogram.batch_bucket_label(b): self.batch[b] for b in sorted(self.batch)},
+            "last_batch_at": None if self.last_batch_ms is None else self.last_batch_ms / 1000,
+        }
 
     @property
     def contention(self) -> float:
@@ -83,8 +123,20 @@ class LockStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, **{c: self.counters.get(c, 0) for c in COUNTERS},
-                "contention": round(self.contention, 4), **self.quantiles(),
+                "contention": round(self.contention, 4), **self.quantiles(), **self.batch_summary(),
                 "top_names": [{"name": n, "acquired": a} for n, a in self.top_names]}
+
+
+def ago(seconds: float | None) -> str:
+    """12.3 -> "12 s ago": the last batch, as an operator reads it (clocks of one fleet: NTP-close)."""
+    if seconds is None:
+        return "-"
+    seconds = max(seconds, 0.0)
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.0f} h ago"
 
 
 def _client(client: Redis | None) -> Redis:
@@ -107,13 +159,14 @@ def _read_held(client: Redis, keys: list[str]) -> list[HeldLock]:
         pipe.hgetall(key)
         pipe.pttl(key)
         pipe.llen(f"{key}:queue")
+        pipe.hscan(f"{key}:waiters", 0, match="p|*", count=REQUESTS_SCAN)
     pipe.time()
     replies = pipe.execute()
     secs, usecs = replies[-1]
     now = secs + usecs / 1e6
     out = []
     for i, key in enumerate(keys):
-        data, pttl, waiters = replies[3 * i : 3 * i + 3]
+        data, pttl, waiters, (more, requests) = replies[4 * i : 4 * i + 4]
         if not data or pttl is None or pttl == -2:
             continue  # released between SCAN and read
         d = _decode(data)
@@ -126,6 +179,8 @@ def _read_held(client: Redis, keys: list[str]) -> list[HeldLock]:
             held_for=max(0.0, now - since),
             ttl_left=pttl / 1000 if pttl >= 0 else -1.0,
             waiters=int(waiters),
+            queued_requests=len(requests),
+            queued_requests_more=int(more) != 0,
         ))
     return out
 
@@ -181,12 +236,14 @@ def _parse_stats(name: str, raw: dict[bytes, bytes]) -> LockStats:
     counters = {c: fields.get(c, 0) for c in COUNTERS}
     wait = histogram.parse(fields, "w")
     hold = histogram.parse(fields, "h")
+    batch = histogram.parse(fields, "b")
     uncontended = counters["acquired"] - sum(wait.values())
     if uncontended > 0:
         wait[0] = wait.get(0, 0) + uncontended
     counters["released"] = max(0, sum(hold.values()) - counters["force_released"])
     counters["handoffs"] = counters["contended"]
-    return LockStats(name=name, counters=counters, wait=wait, hold=hold)
+    return LockStats(name=name, counters=counters, wait=wait, hold=hold, batch=batch,
+                     last_batch_ms=fields.get("last_batch_ms"))
 
 
 def family_matches(family: str, prefix: str) -> bool:
@@ -294,6 +351,8 @@ def totals(stats: list[LockStats]) -> LockStats:
             total.counters[k] = total.counters.get(k, 0) + v
     total.wait = histogram.merge(s.wait for s in stats)
     total.hold = histogram.merge(s.hold for s in stats)
+    total.batch = histogram.merge(s.batch for s in stats)
+    total.last_batch_ms = max((s.last_batch_ms for s in stats if s.last_batch_ms is not None), default=None)
     return total
 
 

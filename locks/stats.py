@@ -10,7 +10,9 @@ hash (and a fence key) for days. So:
 - A daemon thread flushes them at most every LOCKS["STATS_FLUSH_INTERVAL"] seconds, in ONE
   pipeline per Redis client (each client's in a short-lived thread of its own, so a Redis that
   is down, retried with backoff for seconds, never delays another's): HINCRBY on
-  `<p>lockstats:{family}` (counters and the log2 histogram buckets of locks/histogram.py),
+  `<p>lockstats:{family}` (counters and the log2 histogram buckets of locks/histogram.py,
+  among them the combining batches: `batches`, `batched_requests`, `b<k>`; plus HSET of
+  `last_batch_ms`, see `Recorder.batch`),
   ZINCRBY `<p>lockhot:{family}` name (acquisitions),
   trimmed to the top LOCKS["STATS_TOP_N"] names, SADD `<p>lockfamilies`; TTL METRICS_TTL.
   One-shot locks add to their family's row only: their names are never kept.
@@ -61,13 +63,14 @@ class _Pending:
 
     counters: dict[str, Counter] = field(default_factory=dict)  # family -> field -> n
     names: dict[str, Counter] = field(default_factory=dict)  # family -> name -> acquisitions
+    latest: dict[str, dict[str, int]] = field(default_factory=dict)  # family -> field -> latest value (HSET)
     live: dict[int, Hold] = field(default_factory=dict)  # id(hold) -> hold, not yet released
     published: dict[int, str] = field(default_factory=dict)  # id(hold) -> member in the held index
     gone: list[str] = field(default_factory=list)  # published members whose hold ended
     failures: int = 0  # flushes in a row that could not reach this Redis
 
     def empty(self) -> bool:
-        return not (self.counters or self.names or self.live or self.gone)
+        return not (self.counters or self.names or self.latest or self.live or self.gone)
 
 
 class Recorder:
@@ -147,6 +150,32 @@ class Recorder:
         with self._mutex:
             self._count(self._slot(lock), lock.family, **fields)
             self._start()
+
+    def batch(self, lock: Lock, size: int) -> None:
+        """A combiner's turn ended having served `size` requests (its own + those it took).
+
+        Counted: `batches`, `batched_requests` (so mean = batched_requests / batches), the
+        batch-size bucket `b<k>` (locks/histogram.py) and `last_batch_ms`, the unix time of the
+        latest batch. That one is written with HSET, not as a max: each process flushes within
+        an interval of its batch, so a later flush of an older batch can set it back by at most
+        about one flush interval (more only while Redis is unreachable), which a "3 s ago" does
+        not show; a max would cost a script or a key of its own per family.
+        """
+        bucket = f"b{histogram.batch_bucket_of(size)}"
+        now_ms = int(time.time() * 1000)
+        family = lock.family
+        with self._mutex:
+            pending = self._slot(lock)
+            counters = pending.counters.get(family)
+            if counters is None:
+                counters = pending.counters[family] = Counter()
+            counters["batches"] += 1
+            counters["batched_requests"] += size
+            counters[bucket] += 1
+            latest = pending.latest.setdefault(family, {})
+            latest["last_batch_ms"] = max(latest.get("last_batch_ms", 0), now_ms)
+            if self._thread is None or not self._exit_hooked:
+                self._start()
 
     def force_released(self, lock: Lock, *, since_us: int, now_us: int) -> None:
         """An operator freed the lock: a finished hold and a force release, flushed at once."""
@@ -247,10 +276,10 @@ class Recorder:
             member = held_member(hold.name, hold.token)
             pending.published[hid] = member
             publish[member] = now_ms + int(left * 1000)
-        batch = {"counters": pending.counters, "names": pending.names, "publish": publish, "gone": pending.gone,
-                 "now_ms": now_ms}
-        pending.counters, pending.names, pending.gone = {}, {}, []
-        if not (batch["counters"] or batch["names"] or publish or batch["gone"]):
+        batch = {"counters": pending.counters, "names": pending.names, "latest": pending.latest, "publish": publish,
+                 "gone": pending.gone, "now_ms": now_ms}
+        pending.counters, pending.names, pending.latest, pending.gone = {}, {}, {}, []
+        if not (batch["counters"] or batch["names"] or batch["latest"] or publish or batch["gone"]):
             return None
         return batch
 
@@ -263,6 +292,10 @@ class Recorder:
             mine.update(names)
             if len(mine) > _MAX_PENDING_NAMES:
                 pending.names[family] = Counter(dict(mine.most_common(_MAX_PENDING_NAMES)))
+        for family, latest in batch["latest"].items():
+            mine = pending.latest.setdefault(family, {})
+            for name, value in latest.items():
+                mine[name] = max(mine.get(name, 0), value)
         pending.gone.extend(batch["gone"])
 
     @staticmethod
@@ -274,12 +307,16 @@ class Recorder:
         ttl = int(locks_settings.METRICS_TTL)
         top_n = max(int(locks_settings.STATS_TOP_N), 1)
         pipe = client.pipeline(transaction=False)
-        families = set(batch["counters"]) | set(batch["names"])
+        families = set(batch["counters"]) | set(batch["names"]) | set(batch["latest"])
         if families and locks_settings.METRICS:
             for family, counters in batch["counters"].items():
                 key = stats_key(family, prefix)
                 for name, n in counters.items():
                     pipe.hincrby(key, name, n)
+                pipe.expire(key, ttl)
+            for family, latest in batch["latest"].items():
+                key = stats_key(family, prefix)
+                pipe.hset(key, mapping=latest)
                 pipe.expire(key, ttl)
             for family, names in batch["names"].items():
                 key = hot_key(family, prefix)

@@ -67,21 +67,33 @@ def snapshot(*, prefix: str, cursor: int) -> dict[str, Any]:
     held.sort(key=lambda h: h.name)
     total = inspect.totals(stats)
     stats.sort(key=lambda s: s.counters.get("acquired", 0), reverse=True)
+    now = time.time()
+    combining = sorted((s for s in stats if s.counters.get("batches")), key=lambda s: -(s.last_batch_ms or 0))
     return {
-        "at": time.time(),
+        "at": now,
         "prefix": prefix,
         "cursor": cursor,
         "next_cursor": next_cursor,
         "held": [{**h.as_dict(), "url": object_url(h.name)} for h in held],
-        "stats": [_stats_row(s) for s in stats[:STATS_ROWS]],
+        "stats": [_stats_row(s, now) for s in stats[:STATS_ROWS]],
         "stats_families": len(stats),
-        "totals": total.as_dict(),
+        "combining": [_stats_row(s, now) for s in combining[:STATS_ROWS]],
+        "totals": _with_ago(total.as_dict(), now),
     }
 
 
-def _stats_row(stats: inspect.LockStats) -> dict[str, Any]:
-    row = _with_ms(stats.as_dict())
+def _stats_row(stats: inspect.LockStats, now: float) -> dict[str, Any]:
+    row = _with_ago(_with_ms(stats.as_dict()), now)
     row["top_names"] = [{**n, "url": object_url(n["name"])} for n in row["top_names"]]
+    return row
+
+
+def _with_ago(row: dict[str, Any], now: float) -> dict[str, Any]:
+    """The last batch's age by the server's clock, so the page and the JSON agree."""
+    at = row.get("last_batch_at")
+    row["last_batch_ago"] = None if at is None else round(max(now - at, 0.0), 1)
+    row["last_batch_text"] = inspect.ago(row["last_batch_ago"])
+    row["batch_sizes_text"] = ", ".join(f"{k}: {n}" for k, n in row.get("batch_sizes", {}).items()) or "-"
     return row
 
 

@@ -1,6 +1,7 @@
 """`manage.py locks`: the command-line twin of the admin lock dashboard.
 
-    manage.py locks                      held locks, then stats by lock family with the busiest names
+    manage.py locks                      held locks (waiters, queued combining requests), stats by lock
+                                         family with the busiest names, combining batches by family
     manage.py locks --all                held locks found by SCANning the keyspace (complete, costly)
     manage.py locks --watch 2            the same, refreshed every 2 s (Ctrl-C to stop)
 
@@ -91,11 +92,13 @@ class Command(BaseCommand):
             return
         self.stdout.write(self.style.MIGRATE_HEADING(f"Held locks ({len(held)})"))
         if held:
-            self.stdout.write(f"{'name':<32} {'owner':<28} {'fence':>18} {'held ms':>9} {'ttl ms':>8} {'waiters':>7}")
+            self.stdout.write(f"{'name':<32} {'owner':<28} {'fence':>18} {'held ms':>9} {'ttl ms':>8} {'waiters':>7} "
+                              f"{'requests':>8}")
             for h in held:
+                requests = f"{h.queued_requests}{'+' if h.queued_requests_more else ''}"
                 self.stdout.write(
                     f"{h.name:<32} {h.owner:<28} {h.fence:>18} {h.held_for * 1000:>9.1f} "
-                    f"{h.ttl_left * 1000:>8.0f} {h.waiters:>7}"
+                    f"{h.ttl_left * 1000:>8.0f} {h.waiters:>7} {requests:>8}"
                 )
         else:
             self.stdout.write("  none")
@@ -116,6 +119,27 @@ class Command(BaseCommand):
                 self.stdout.write("    busiest: " + ", ".join(f"{n} ({a})" for n, a in s.top_names))
         if not stats:
             self.stdout.write("  none")
+        self._combining(stats, total)
+
+    def _combining(self, stats: list[inspect.LockStats], total: inspect.LockStats) -> None:
+        """Batches served by combiners, per family (sizes count the combiner's own request)."""
+        rows = [s for s in stats if s.counters.get("batches")]
+        self.stdout.write("")
+        self.stdout.write(self.style.MIGRATE_HEADING(f"Combining ({len(rows)} families)"))
+        if not rows:
+            self.stdout.write("  none")
+            return
+        self.stdout.write(f"{'name':<32} {'batches':>8} {'requests':>9} {'mean':>6} {'p50':>5} {'p99':>5} "
+                          f"{'last batch':>12}  sizes (size: batches)")
+        now = time.time()
+        for s in [*rows, total] if len(rows) > 1 else rows:
+            b = s.batch_summary()
+            last = inspect.ago(None if b["last_batch_at"] is None else now - b["last_batch_at"])
+            sizes = ", ".join(f"{k}: {n}" for k, n in b["batch_sizes"].items())
+            self.stdout.write(
+                f"{s.name:<32} {b['batches']:>8} {b['batched_requests']:>9} {b['mean_batch'] or 0:>6.2f} "
+                f"{b['batch_p50'] or '-':>5} {b['batch_p99'] or '-':>5} {last:>12}  {sizes}"
+            )
 
     def _events(self, opts: dict[str, Any]) -> None:
         events = inspect.recent_events(limit=opts["limit"])

@@ -12,9 +12,10 @@
       var release = canRelease ? '<a href="' + esc(root.dataset.releaseUrl.replace("NAME", encodeURI(h.name))) + '">Force release…</a>' : "";
       return "<tr><td>" + link(h) + "</td><td>" + esc(h.owner) + '</td><td class="num">' + esc(h.fence) +
         '</td><td class="num">' + h.held_for.toFixed(2) + ' s</td><td class="num">' + h.ttl_left.toFixed(2) +
-        ' s</td><td class="num">' + esc(h.waiters) + "</td><td>" + release + "</td></tr>";
+        ' s</td><td class="num">' + esc(h.waiters) + '</td><td class="num">' + esc(h.queued_requests) +
+        (h.queued_requests_more ? "+" : "") + "</td><td>" + release + "</td></tr>";
     });
-    document.querySelector("#held-locks tbody").innerHTML = held.join("") || '<tr><td colspan="7">No lock is held.</td></tr>';
+    document.querySelector("#held-locks tbody").innerHTML = held.join("") || '<tr><td colspan="8">No lock is held.</td></tr>';
     document.getElementById("held-count").textContent = "(" + data.held.length + (data.next_cursor ? "+" : "") + ")";
     var stats = data.stats.map(function (s) {
       var names = s.top_names.map(function (n) { return link(n) + " (" + esc(n.acquired) + ")"; }).join(", ") || "-";
@@ -25,6 +26,13 @@
     });
     document.getElementById("stats-count").textContent = data.stats.length + " of " + data.stats_families;
     document.querySelector("#lock-stats tbody").innerHTML = stats.join("") || '<tr><td colspan="11">No lock activity yet.</td></tr>';
+    var combining = data.combining.map(function (s) {
+      return "<tr><td>" + esc(s.name) + '</td><td class="num">' + s.batches + '</td><td class="num">' + s.batched_requests +
+        '</td><td class="num">' + (s.mean_batch === null ? "-" : esc(s.mean_batch)) + '</td><td class="num">&le; ' + esc(s.batch_p50) +
+        '</td><td class="num">&le; ' + esc(s.batch_p99) + "</td><td>" + esc(s.batch_sizes_text) + '</td><td class="num" title="' +
+        esc(s.last_batch_at) + '">' + esc(s.last_batch_text) + "</td></tr>";
+    });
+    document.querySelector("#lock-combining tbody").innerHTML = combining.join("") || '<tr><td colspan="8">No combining batch yet.</td></tr>';
     var t = data.totals, totals = document.getElementById("lock-totals");
     if (totals) totals.innerHTML = '<td>Total</td><td></td><td class="num">' + t.acquired + '</td><td class="num">' +
       Math.round(t.contention * 100) + ' %</td><td class="num">' + t.timeouts + '</td><td class="num">' + t.lost +
