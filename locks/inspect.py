@@ -48,10 +48,10 @@ from locks.stats import recorder
 
 COUNTERS = ("acquired", "contended", "handoffs", "released", "timeouts", "lost", "force_released", "long_waits",
             "batches", "batched_requests")
-# One HSCAN page (MATCH "p|*") per held lock counts its queued requests: exact for the small
-# hashes Redis keeps as a listpack (<= 128 fields) and usually beyond; past one page of this
-# many slots the count is a lower bound (`queued_requests_more`), so a 10 000-waiter queue
-# costs one bounded read per refresh, not a walk of the whole hash.
+# One HSCAN page (MATCH "p|*") per held lock counts its queued requests: exact up to a few
+# hundred waiters (a listpack hash comes whole; a bigger one, one page of this many slots);
+# beyond, a lower bound (`queued_requests_more`, shown as "N+"), so a 10 000-waiter queue costs
+# one bounded read per refresh, not a walk of the whole hash.
 REQUESTS_SCAN = 1000
 
 

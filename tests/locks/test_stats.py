@@ -10,7 +10,7 @@ import pytest
 import redis
 from django_redis import get_redis_connection
 
-from locks import Lock, inspect, stats
+from locks import Lock, LockNotOwned, inspect, stats
 from locks.conf import locks_settings
 from locks.keys import LockKeys, families_key, family_of, hot_key
 from tests.helpers import free_port
@@ -181,3 +181,80 @@ def test_an_unreachable_redis_does_not_hold_up_the_other_clients_stats(fresh_pre
     while inspect.family_stats(name).counters["acquired"] != 1:
         assert time.monotonic() < deadline, "the healthy client's stats waited for the dead Redis"
         time.sleep(0.05)
+
+
+# -- combining batches (issue 11, item 6) ----------------------------------------------------
+def test_batch_size_buckets_are_exact_powers_of_two():
+    from locks import histogram
+
+    sizes = {1: "1", 2: "2", 3: "3-4", 4: "3-4", 5: "5-8", 8: "5-8", 9: "9-16", 16: "9-16", 17: "17-32",
+             32: "17-32", 33: "33-64"}
+    for size, label in sizes.items():
+        assert histogram.batch_bucket_label(histogram.batch_bucket_of(size)) == label, size
+    buckets = {0: 50, 2: 49, 5: 1}  # 50 alone, 49 of 3-4, one of 17-32
+    assert histogram.batch_percentile(buckets, 0.5) == 1
+    assert histogram.batch_percentile(buckets, 0.99) == 4
+    assert histogram.batch_percentile(buckets, 1.0) == 32
+    assert histogram.batch_percentile({}, 0.5) is None
+
+
+def test_a_turn_counts_one_batch_of_its_own_request_and_all_it_took(fresh_prefix, name):
+    """Requests taken over several take() calls make one batch; a repeated release counts it once."""
+    from locks.combining import submit
+    from locks.keys import stats_key
+    from tests.locks.test_combining import start_submitter
+
+    turn = submit(Lock(name, ttl=5.0), "mine")
+    waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(3)]
+    before_ms = int(time.time() * 1000)
+    with turn:
+        first, rest = turn.take(limit=2), turn.take(limit=10)
+        assert len(first) == 2 and len(rest) == 1
+        turn.reply({r.token: "ok" for r in first + rest})
+    after_ms = int(time.time() * 1000)
+    with pytest.raises(LockNotOwned):
+        turn.release()  # released again: an error, and no second batch
+    for proc, queue in waiters:
+        assert queue.get(timeout=10)[1] == "served"
+        proc.join(5)
+    with submit(Lock(name, ttl=5.0), "alone"):  # nobody queued: a batch of 1
+        pass
+    with Lock(name):  # a plain hold is no batch
+        pass
+    stats.flush()
+    raw = get_redis_connection(locks_settings.CACHE_ALIAS).hgetall(stats_key(name))
+    fields = {k.decode(): int(v) for k, v in raw.items()}
+    assert (fields["batches"], fields["batched_requests"], fields["b0"], fields["b2"]) == (2, 5, 1, 1)
+    assert not {k for k in fields if k.startswith("b") and k[1:].isdigit()} - {"b0", "b2"}
+    assert before_ms <= fields["last_batch_ms"] <= int(time.time() * 1000)
+    summary = inspect.family_stats(name).batch_summary()
+    assert summary["batch_sizes"] == {"1": 1, "3-4": 1} and summary["mean_batch"] == 2.5
+    assert summary["last_batch_at"] >= after_ms / 1000  # the latest batch, the lone one
+
+
+def _lone_batches(name: str, n: int, queue) -> None:
+    from locks.combining import submit
+
+    for _ in range(n):
+        with submit(Lock(name, ttl=5.0, wait=20.0), "x"):
+            pass
+    queue.put(n)  # the exit of this child flushes its counts (multiprocessing's exit hook)
+
+
+def test_batches_from_several_processes_add_up(fresh_prefix, name):
+    counted = run_in_children(_lone_batches, [(name, 25)] * 3)
+    summary = inspect.family_stats(name).batch_summary()
+    assert summary["batches"] == sum(counted) == 75
+    assert summary["batched_requests"] >= 75 and summary["last_batch_at"] is not None
+    # Each batch is 1 + what queued behind the combiner (other children's requests, served by it).
+    row = inspect.family_stats(name)
+    assert sum(row.batch.values()) == 75
+
+
+def test_the_last_batch_time_kept_for_a_failed_flush_stays_the_latest():
+    from locks.stats import Recorder, _Pending
+
+    pending = _Pending()
+    pending.latest["f"] = {"last_batch_ms": 2000}
+    Recorder._put_back(pending, {"counters": {}, "names": {}, "latest": {"f": {"last_batch_ms": 1000}}, "gone": []})
+    assert pending.latest["f"]["last_batch_ms"] == 2000
