@@ -120,3 +120,71 @@ def test_event_log_records_timeouts_lost_and_long_waits_and_stays_bounded(name, 
         with Lock(name, ttl=5.0):
             Lock(name, wait=0.01).acquire()
     assert len(inspect.recent_events(limit=100)) == 5
+
+
+# -- combining (issue 11, item 6) --------------------------------------------------------------
+def test_queued_requests_are_told_apart_from_plain_waiters_and_the_batch_is_counted(name):
+    """Two queued requests, then a plain waiter: the holder's successor serves both requests'
+    batch (it stops at the plain waiter), and the batch, flushed by the child's exit, is counted."""
+    from tests.locks.conftest import FORK, wait_in_child, wait_until_queued
+    from tests.locks.test_combining import start_submitter
+
+    holder = Lock(name, ttl=10.0)
+    holder.acquire()
+    submitters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(2)]
+    plain_q = FORK.Queue()
+    plain = FORK.Process(target=wait_in_child, args=(name, plain_q))
+    plain.start()
+    wait_until_queued(name, 3)
+    info = inspect.lock_info(name)
+    assert (info.waiters, info.queued_requests, info.plain_waiters) == (3, 2, 1)
+    assert not info.queued_requests_more
+    assert info.as_dict()["plain_waiters"] == 1
+    before = time.time()
+    holder.release()  # r0 gets it, takes r1 (then meets the plain waiter), serves both
+    got = sorted(q.get(timeout=10)[:3] for _, q in submitters)
+    assert got == [("r0", "turn", ["r1"]), ("r1", "served", "echo:r1")]
+    plain_q.get(timeout=10)
+    for proc in [*(p for p, _ in submitters), plain]:
+        proc.join(10)
+    summary = inspect.stats_for(name).batch_summary()
+    assert (summary["batches"], summary["batched_requests"], summary["batch_sizes"]) == (1, 2, {"2": 1})
+    assert before - 1 <= summary["last_batch_at"] <= time.time() + 1  # the child's clock: this machine's
+    assert inspect.lock_info(name) is None
+
+
+def test_a_long_queue_reports_a_bounded_lower_count_of_requests(name):
+    """Past one HSCAN page the count is a lower bound, flagged, never a walk of the whole hash."""
+    from django_redis import get_redis_connection
+
+    from locks.conf import locks_settings
+    from locks.keys import LockKeys
+
+    keys = LockKeys.for_name(name)
+    client = get_redis_connection(locks_settings.CACHE_ALIAS)
+    with Lock(name, ttl=10.0):
+        fields = {}
+        for i in range(5000):  # as acquire.lua writes them: a waiter and its request
+            fields[f"tok{i:08d}"] = "99999999999999|1000|1|x:1"
+            fields[f"p|tok{i:08d}"] = "payload"
+        client.hset(keys.waiters, mapping=fields)
+        client.rpush(keys.queue, *(f"tok{i:08d}" for i in range(5000)))
+        try:
+            info = inspect.lock_info(name)
+        finally:
+            client.delete(keys.waiters, keys.queue)
+    assert info.waiters == 5000 and info.queued_requests_more
+    assert 0 < info.queued_requests < 5000
+
+
+def test_batch_summary_totals_and_ages():
+    a = inspect.LockStats(name="a:*", counters={"batches": 3, "batched_requests": 9}, batch={2: 3},
+                          last_batch_ms=5_000)
+    b = inspect.LockStats(name="b:*", counters={"batches": 1, "batched_requests": 1}, batch={0: 1},
+                          last_batch_ms=9_000)
+    quiet = inspect.LockStats(name="c:*")
+    assert a.batch_summary()["mean_batch"] == 3.0 and quiet.batch_summary()["mean_batch"] is None
+    total = inspect.totals([a, b, quiet]).batch_summary()
+    assert total == {"batches": 4, "batched_requests": 10, "mean_batch": 2.5, "batch_p50": 4, "batch_p99": 4,
+                     "batch_sizes": {"1": 1, "3-4": 3}, "last_batch_at": 9.0}
+    assert [inspect.ago(s) for s in (None, 3.4, 600, 7300)] == ["-", "3 s ago", "10 min ago", "2 h ago"]
