@@ -201,3 +201,38 @@ def test_the_dashboard_never_scans_the_keyspace(settings, redis_server):
     assert {s["name"] for s in data["stats"]} == {"product:*", "report:nightly"}
     assert "product:*" in page and "report:nightly" in page
     long_one.release()
+
+
+def test_the_dashboard_shows_queued_requests_then_the_batch_that_served_them(name):
+    """Three children queue requests behind our hold: the dashboard says 3 queued requests; once
+    we served them (a batch of 4) and flushed, the family's combining row says so."""
+    from locks.combining import submit
+    from tests.locks.test_combining import start_submitter
+
+    staff = client_for(make_user("staff", staff=True))
+    turn = submit(Lock(name, ttl=10.0), "mine")
+    stats.flush()  # publish our hold in the held index
+    waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(3)]
+    data = staff.get(f"{DASHBOARD}data/", {"prefix": name}).json()
+    [row] = data["held"]
+    assert (row["name"], row["waiters"], row["queued_requests"], row["plain_waiters"]) == (name, 3, 3, 0)
+    assert data["combining"] == []  # no batch yet
+    page = staff.get(DASHBOARD, {"prefix": name}).content.decode()
+    assert "Queued requests" in page and "No combining batch yet." in page
+    with turn:
+        batch = turn.take(limit=10)
+        turn.reply({r.token: "ok" for r in batch})
+    for proc, queue in waiters:
+        assert queue.get(timeout=10)[1] == "served"
+        proc.join(5)
+    stats.flush()
+    data = staff.get(f"{DASHBOARD}data/", {"prefix": name}).json()
+    assert data["held"] == []
+    [fam] = data["combining"]
+    assert (fam["name"], fam["batches"], fam["batched_requests"], fam["mean_batch"]) == (name, 1, 4, 4.0)
+    assert (fam["batch_p50"], fam["batch_p99"], fam["batch_sizes"]) == (4, 4, {"3-4": 1})
+    assert 0 <= fam["last_batch_ago"] < 5 and fam["last_batch_text"].endswith(" s ago")
+    assert data["totals"]["batches"] == 1
+    page = staff.get(DASHBOARD, {"prefix": name}).content.decode()
+    assert f'<tr><td>{name}</td><td class="num">1</td><td class="num">4</td>' in page
+    assert "3-4: 1" in page and " s ago</td>" in page

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -123,3 +124,34 @@ def test_redis_down_is_a_clear_error(settings, redis_server):
     redis_server.stop()
     with pytest.raises(CommandError, match="unreachable"):
         run()
+
+
+def test_shows_queued_requests_and_the_combining_batches(name):
+    """Two children queue requests behind our hold; after we serve them (a batch of 3) the
+    Combining section, and --json, have the family's batch."""
+    from locks.combining import submit
+    from tests.locks.test_combining import start_submitter
+
+    turn = submit(Lock(name, ttl=10.0), "mine")
+    stats.flush()
+    waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(2)]
+    out = run("--prefix", name)
+    held = out[: out.index("Lock stats")]
+    [line] = [line for line in held.splitlines() if line.startswith(name)]
+    assert held.splitlines()[1].split()[-2:] == ["waiters", "requests"]
+    assert line.split()[-2:] == ["2", "2"]  # waiters, of which queued requests
+    assert json.loads(run("--prefix", name, "--json"))["held"][0]["queued_requests"] == 2
+    assert "Combining (0 families)" in out
+    with turn:
+        turn.reply({r.token: "ok" for r in turn.take(limit=10)})
+    for proc, queue in waiters:
+        assert queue.get(timeout=10)[1] == "served"
+        proc.join(5)
+    stats.flush()
+    out = run("--prefix", name)
+    combining = out[out.index("Combining (1 families)"):]
+    [row] = [line for line in combining.splitlines() if line.startswith(name)]
+    assert row.split()[1:5] == ["1", "3", "3.00", "4"] and "s ago" in row and row.endswith("3-4: 1")
+    family = json.loads(run("--prefix", name, "--json"))["stats"][0]
+    assert (family["batches"], family["batched_requests"], family["batch_sizes"]) == (1, 3, {"3-4": 1})
+    assert time.time() - family["last_batch_at"] < 5
