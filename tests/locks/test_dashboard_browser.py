@@ -72,3 +72,45 @@ def test_dashboard_screenshot_under_load(live_server, settings):
             p.join(30)
     assert any(f"product:{p.pk}" in text for p in products) and "product:*" in text
     assert (ARTIFACTS / "lock-dashboard.png").stat().st_size > 10_000
+
+
+def test_the_refresh_renders_queued_requests_and_the_combining_row(live_server, settings):
+    """dashboard.js redraws the held table's queued requests and the Combining table from the
+    JSON: 2 requests queued behind our hold, then (after we serve them) a batch of 3."""
+    import uuid
+
+    from playwright.sync_api import sync_playwright
+
+    from locks import Lock, stats
+    from locks.combining import submit
+    from tests.locks.test_combining import start_submitter
+
+    name = f"t:x{uuid.uuid4().hex[:12]}"
+    get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password-1")
+    turn = submit(Lock(name, ttl=30.0), "mine")
+    stats.flush()
+    waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(2)]
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page()
+        page.goto(f"{live_server.url}/admin/login/?next=/admin/locks/lockdashboard/%3Fprefix%3D{name}")
+        page.fill("#id_username", "ops")
+        page.fill("#id_password", "ops-password-1")
+        page.click("input[type=submit]")
+        page.wait_for_url("**/admin/locks/lockdashboard/**")
+        page.wait_for_function("() => document.getElementById('refresh-state').textContent.startsWith('Updated')",
+                               timeout=10000)
+        cells = page.locator("#held-locks tbody tr").first.locator("td").all_inner_texts()
+        assert cells[0] == name and cells[5:7] == ["2", "2"]  # waiters, queued requests
+        with turn:
+            turn.reply({r.token: "ok" for r in turn.take(limit=10)})
+        stats.flush()
+        page.wait_for_function(
+            f"() => (document.querySelector('#lock-combining tbody td') || {{}}).textContent === {name!r}",
+            timeout=10000)
+        row = page.locator("#lock-combining tbody tr").first.locator("td").all_inner_texts()
+        browser.close()
+    for proc, queue in waiters:
+        queue.get(timeout=10)
+        proc.join(5)
+    assert row[1:6] == ["1", "3", "3", "≤ 4", "≤ 4"] and row[6] == "3-4: 1" and row[7].endswith("s ago")
