@@ -99,7 +99,12 @@ case "${1:-}" in
   test)
     shift
     setup test
-    exec "$VENV/bin/python" -m pytest "$@"
+    if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
+    # The whole suite with combining on (the default), then the shop's tests again with it off:
+    # both checkout paths must pass everything (tests/locks does not depend on the setting).
+    "$VENV/bin/python" -m pytest
+    say "again with combining off (SHOP_COMBINING=false): tests/shop"
+    SHOP_COMBINING=false exec "$VENV/bin/python" -m pytest tests/shop
     ;;
   setup)
     setup "${2:-run}"

@@ -196,7 +196,8 @@ class ProgressLine:
 
 
 # --- comparisons ----------------------------------------------------------------------------
-BASELINE = "guarded"  # the hot row's own limit on this machine
+BASELINE = "guarded"  # the unlocked ORM loop on the hot row
+RAW = "raw"  # the row's own limit: hand-written MySQLdb, no ORM, no lock
 PEER = "redis_py"  # what everyone has: django-redis cache.lock()
 
 
@@ -218,12 +219,32 @@ class Aggregate:
     lock_acquisitions: int
     server: dict[str, int]
     invariants: str  # "PASS" or "FAIL (n)" over all repeats
+    batch_mean: float = 0.0  # orders per lock hold (median over repeats; 0: no fenced holds)
+    batch_p99: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def aggregate(strategy: str, scenario: str, summaries: Sequence[Summary], failures: int) -> Aggregate:
+def batch_summary(sizes: Sequence[int]) -> dict[str, Any]:
+    """Orders per lock hold: how much combining batched (all 1 without it)."""
+    if not sizes:
+        return {"holds": 0, "mean": 0.0, "p50": 0, "p99": 0, "max": 0, "histogram": {}}
+    ordered = sorted(sizes)
+    histogram: dict[str, int] = {}
+    for size in ordered:
+        top = 1
+        while top < size:
+            top *= 2
+        label = str(top) if top <= 2 else f"{top // 2 + 1}-{top}"
+        histogram[label] = histogram.get(label, 0) + 1
+    return {"holds": len(ordered), "mean": round(sum(ordered) / len(ordered), 2),
+            "p50": percentile(ordered, 0.5), "p99": percentile(ordered, 0.99), "max": ordered[-1],
+            "histogram": histogram}
+
+
+def aggregate(strategy: str, scenario: str, summaries: Sequence[Summary], failures: int,
+              batches: Sequence[dict[str, Any]] = ()) -> Aggregate:
     def med(values: Iterable[float]) -> float:
         values = list(values)
         return statistics.median(values) if values else 0.0
@@ -244,6 +265,8 @@ def aggregate(strategy: str, scenario: str, summaries: Sequence[Summary], failur
         lock_acquisitions=round(med(s.lock_acquisitions for s in summaries)),
         server={k: round(med(s.server.get(k, 0) for s in summaries)) for k in sorted(keys)},
         invariants="PASS" if not failures else f"FAIL ({failures}/{len(summaries)})",
+        batch_mean=med(b["mean"] for b in batches if b["holds"]),
+        batch_p99=med(b["p99"] for b in batches if b["holds"]),
     )
 
 
@@ -254,13 +277,15 @@ def _ratio(value: float, base: float | None) -> str:
 def comparison_table(aggregates: Sequence[Aggregate]) -> str:
     """Throughput and latency, with ratios to guarded UPDATE (orders/s) and to cache.lock()."""
     by = {a.strategy: a for a in aggregates}
-    base, peer = by.get(BASELINE), by.get(PEER)
+    base, peer, raw = by.get(BASELINE), by.get(PEER), by.get(RAW)
     rows = [[a.strategy, a.orders_per_s, _ratio(a.orders_per_s, base and base.orders_per_s),
-             _ratio(a.orders_per_s, peer and peer.orders_per_s), a.p50_ms, a.p99_ms,
-             _ratio(a.p99_ms, peer and peer.p99_ms), a.max_ms, a.fairness, a.busy, a.invariants]
+             _ratio(a.orders_per_s, raw and raw.orders_per_s), _ratio(a.orders_per_s, peer and peer.orders_per_s),
+             a.p50_ms, a.p99_ms, _ratio(a.p99_ms, base and base.p99_ms), _ratio(a.p99_ms, peer and peer.p99_ms),
+             a.max_ms, a.fairness, f"{a.batch_mean:.1f}" if a.batch_mean else "-", a.busy, a.invariants]
             for a in aggregates]
-    return table(("strategy", "orders/s", "vs guarded", "vs cache.lock", "p50 ms", "p99 ms",
-                  "p99 vs cache.lock", "max ms", "fairness", "busy", "invariants"), rows)
+    return table(("strategy", "orders/s", "vs guarded", "vs raw", "vs cache.lock", "p50 ms", "p99 ms",
+                  "p99 vs guarded", "p99 vs cache.lock", "max ms", "fairness", "per hold", "busy", "invariants"),
+                 rows)
 
 
 def sellout_table(aggregates: Sequence[Aggregate], placed_rate: dict[str, float]) -> str:

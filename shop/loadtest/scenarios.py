@@ -56,6 +56,7 @@ class Outcome:
     summaries: list[report.Summary]
     violations: list[str]
     books: list[workload.Books]
+    batches: list[int] = field(default_factory=list)  # orders per lock hold (workload.batch_sizes)
 
     @property
     def passed(self) -> bool:
@@ -71,6 +72,7 @@ class Outcome:
             "invariants": "PASS" if self.passed else "FAIL",
             "violations": self.violations,
             "books": [{**dataclasses.asdict(b), "oversold": b.oversold} for b in self.books],
+            "batches": report.batch_summary(self.batches),
         })
 
 
@@ -110,7 +112,7 @@ def run_once(config: LoadConfig, progress: Callable[[Progress], None] | None = N
         result = runner.run(plan, progress)
         summaries = [report.summarize(plan.strategy, ph) for ph in result.phases]
         return Outcome(config=config, workload=w, result=result, summaries=summaries,
-                       violations=check(w, result), books=workload.books(w))
+                       violations=check(w, result), books=workload.books(w), batches=workload.batch_sizes(w))
     finally:
         if not config.keep:
             workload.cleanup(w)
@@ -138,7 +140,8 @@ class Comparison:
             outcomes = self.runs.get(scenario, {}).get(name, [])
             if outcomes:
                 out.append(report.aggregate(name, scenario, [o.summaries[-1] for o in outcomes],
-                                            failures=sum(not o.passed for o in outcomes)))
+                                            failures=sum(not o.passed for o in outcomes),
+                                            batches=[report.batch_summary(o.batches) for o in outcomes]))
         return out
 
     def unexpected_failures(self) -> list[Outcome]:

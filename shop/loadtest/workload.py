@@ -13,7 +13,7 @@ from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django_redis import get_redis_connection
 
 from locks.conf import locks_settings
@@ -147,6 +147,14 @@ class Books:
     def oversold(self) -> int:
         """Units sold beyond what left the stock: lost updates (0 when the books balance)."""
         return self.sold - (self.initial - self.current)
+
+
+def batch_sizes(workload: Workload) -> list[int]:
+    """Orders per lock hold, from the ledger: every order a hold commits carries that hold's fence
+    (one per order without combining, one per batch with it). Empty for lock-free strategies."""
+    return list(StockLedger.objects.filter(product_id__in=workload.product_ids, reason=StockLedger.Reason.ORDER,
+                                           fence__isnull=False)
+                .values("product_id", "fence").annotate(n=Count("id")).values_list("n", flat=True))
 
 
 def books(workload: Workload) -> list[Books]:

@@ -76,14 +76,23 @@ def aggregate(strategy: str, orders: float, p99: float, failures: int = 0) -> re
     return report.aggregate(strategy, "hot", [s], failures=failures)
 
 
-def test_comparison_gives_ratios_to_guarded_and_to_cache_lock():
-    text = report.comparison_table([aggregate("guarded", 1000, 10), aggregate("redis_py", 500, 400),
-                                    aggregate("ours", 800, 40), aggregate("naive", 1200, 8, failures=1)])
+def test_comparison_gives_ratios_to_guarded_raw_and_cache_lock():
+    text = report.comparison_table([aggregate("raw", 4000, 5), aggregate("guarded", 1000, 10),
+                                    aggregate("redis_py", 500, 400), aggregate("ours", 800, 40),
+                                    aggregate("naive", 1200, 8, failures=1)])
     rows = {line.split()[0]: line.split() for line in text.splitlines()[2:]}
-    assert rows["ours"][2:4] == ["0.80x", "1.60x"]  # orders/s vs guarded, vs cache.lock
-    assert rows["ours"][6] == "0.10x"  # p99 vs cache.lock
+    assert rows["ours"][2:5] == ["0.80x", "0.20x", "1.60x"]  # orders/s vs guarded, vs raw, vs cache.lock
+    assert rows["ours"][7:9] == ["4.00x", "0.10x"]  # p99 vs guarded, vs cache.lock
     assert rows["naive"][-2:] == ["FAIL", "(1/1)"]
     assert rows["guarded"][-1] == "PASS"
+
+
+def test_batch_summary_counts_orders_per_hold():
+    got = report.batch_summary([1, 1, 2, 3, 4, 9, 32])
+    assert (got["holds"], got["max"], got["p50"]) == (7, 32, 3)
+    assert got["mean"] == round(52 / 7, 2)
+    assert got["histogram"] == {"1": 2, "2": 1, "3-4": 2, "9-16": 1, "17-32": 1}
+    assert report.batch_summary([])["holds"] == 0
 
 
 def test_aggregate_takes_medians_over_repeats():

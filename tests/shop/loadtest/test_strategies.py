@@ -136,3 +136,11 @@ def test_lock_table_waiters_outlive_the_deadlock_innodb_hands_them():
     for t in threads:
         t.join(timeout=15)
     assert results == [name, name]
+
+
+def test_batch_sizes_come_from_the_ledger_one_per_hold_without_combining():
+    per_order = short_run("ours_per_order")
+    assert per_order.batches and set(per_order.batches) == {1}  # every order its own hold and fence
+    combined = short_run("ours", processes=6)
+    assert sum(combined.batches) == 30  # every placed order is in exactly one hold's batch
+    assert combined.as_dict()["batches"]["holds"] == len(combined.batches)
