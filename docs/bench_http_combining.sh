@@ -6,17 +6,19 @@
 #   ROUNDS=1 DURATION=4 bash docs/bench_http_combining.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-8} PROCESSES=${PROCESSES:-16} WORKERS=${WORKERS:-4}
-export DEBUG=false SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=shop.settings
+ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-8} PROCESSES=${PROCESSES:-16} WORKERS=${WORKERS:-4} THREADS=${THREADS:-1}
+export PYTHONWARNINGS=ignore DEBUG=false SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=shop.settings
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
 py=.venv/bin/python
 $py manage.py createdb >/dev/null && $py manage.py migrate --no-input -v 0
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-SHOP_COMBINING=true .venv/bin/gunicorn -w "$WORKERS" -b 127.0.0.1:8061 -q shop.wsgi & pids+=($!)
-SHOP_COMBINING=false .venv/bin/gunicorn -w "$WORKERS" -b 127.0.0.1:8062 -q shop.wsgi & pids+=($!)
+SHOP_COMBINING=true .venv/bin/gunicorn -w "$WORKERS" --threads "$THREADS" -b 127.0.0.1:8061 --log-level warning shop.wsgi & pids+=($!)
+SHOP_COMBINING=false .venv/bin/gunicorn -w "$WORKERS" --threads "$THREADS" -b 127.0.0.1:8062 --log-level warning shop.wsgi & pids+=($!)
 for port in 8061 8062; do
-  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/api/products/" >/dev/null 2>&1 && break; sleep 0.1; done
+  up=
+  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/api/products/" >/dev/null 2>&1 && { up=1; break; }; sleep 0.1; done
+  [ -n "$up" ] || { echo "gunicorn on :$port did not start" >&2; exit 1; }
 done
 declare -A label=([8061]=on [8062]=off)
 for r in $(seq "$ROUNDS"); do
@@ -40,5 +42,6 @@ def fig(side, key):
 for key in ("orders", "p50", "p99", "max"):
     on, on_all = fig("on", key)
     off, off_all = fig("off", key)
-    print(f"{key:>6}: combining on {on:9,.1f} {on_all}  off {off:9,.1f} {off_all}  ratio {on / off:.2f}x")
+    ratio = f"{on / off:.2f}x" if off else "-"
+    print(f"{key:>6}: combining on {on:9,.1f} {on_all}  off {off:9,.1f} {off_all}  ratio {ratio}")
 PY

@@ -34,6 +34,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, OperationalError, connection, models
@@ -60,6 +61,7 @@ from shop.services.transactions import durable_transaction
 
 log = logging.getLogger("shop")
 
+CENTS = Decimal("0.01")
 # A request whose buyer gives up sooner than this is not committed (it could not be told).
 DEADLINE_MARGIN = 0.05
 
@@ -91,9 +93,16 @@ class BatchRequest:
 Result = dict  # {"order": {...}} | {"error": {...}} | {"again": 1}
 
 
-def _placed(order: Order, *, replayed: bool) -> Result:
-    return {"order": {"id": order.pk, "subtotal": str(order.subtotal), "discount": str(order.discount),
-                      "total": str(order.total), "coupon": order.coupon_id, "replayed": replayed}}
+def _placed(order: Order, *, replayed: bool, request: BatchRequest, row: dict | None) -> Result:
+    """The buyer's answer: the order and, with the product's row, its whole receipt (the one
+    line, sku, name, coupon code, time), so the API answers without reading the order back."""
+    placed = {"id": order.pk, "subtotal": str(order.subtotal), "discount": str(order.discount),
+              "total": str(order.total), "coupon": order.coupon_id, "replayed": replayed}
+    if row is not None:
+        placed["receipt"] = {"created_at": order.created_at.isoformat(), "code": request.code,
+                             "sku": row["sku"], "name": row["name"], "quantity": request.quantity,
+                             "unit_price": str((order.subtotal / request.quantity).quantize(CENTS))}
+    return {"order": placed}
 
 
 def _failed(exc: errors.ShopError) -> Result:
@@ -135,18 +144,30 @@ def place_combined(*, user, product_id: int, quantity: int, code: str | None, ke
                     return order
                 raise errors.DatabaseUnavailable(details={"outcome": "not_written"})
             raise errors.ERRORS_BY_CODE[error["code"]](error["message"], details=error["details"])
-        return _order_from(result["order"], user=user, key=key, digest=digest)
+        return _order_from(result["order"], user=user, product_id=product_id, key=key, digest=digest)
     if (order := _settle(mine.id, user)) is not None:
         return order  # committed by a combiner whose reply we did not wait for
     raise errors.LockTimeout(details={"lock": lock.name})
 
 
-def _order_from(data: dict, *, user, key: str | None, digest: str) -> Order:
+def _order_from(data: dict, *, user, product_id: int, key: str | None, digest: str) -> Order:
+    """The Order a combiner's reply describes. With a receipt it is complete (`receipt_ready`):
+    its coupon, line and product are filled in, so rendering it sends no query."""
     order = Order(pk=data["id"], user=user, subtotal=Decimal(data["subtotal"]), discount=Decimal(data["discount"]),
                   total=Decimal(data["total"]), coupon_id=data["coupon"], idempotency_key=key,
                   request_digest=digest)
     order._state.adding = False
     order.replayed = data["replayed"]
+    receipt = data.get("receipt")
+    order.receipt_ready = receipt is not None
+    if receipt is not None:
+        order.created_at = datetime.fromisoformat(receipt["created_at"])
+        if order.coupon_id is not None:
+            order.coupon = Coupon(pk=order.coupon_id, code=receipt["code"])
+        product = Product(pk=product_id, sku=receipt["sku"], name=receipt["name"])
+        line = OrderLine(order=order, product=product, quantity=receipt["quantity"],
+                         unit_price=Decimal(receipt["unit_price"]))
+        order._prefetched_objects_cache = {"lines": [line]}
     return order
 
 
@@ -237,11 +258,11 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
         # The row lock first: every combiner of this product (and a paused one that wakes)
         # passes here, so what we read next is exact until we commit.
         row = Product.objects.select_for_update().filter(pk=product_id).values(
-            "price", "active", "stock", "fence").first()
+            "price", "active", "stock", "fence", "sku", "name").first()
         # A request served before, by a combiner that crashed or stalled before replying (its
         # buyer queued again), is answered from what was committed, never allocated again.
-        live = _drop_settled(live, results)
-        live = _drop_replays(live, results)
+        live = _drop_settled(live, results, row)
+        live = _drop_replays(live, results, row)
         if row is None or not row["active"]:
             error = (errors.UnknownProduct(details={"product_ids": [product_id]}) if row is None
                      else errors.InactiveProduct(details={"product_ids": [product_id]}))
@@ -276,7 +297,7 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
         for r in placed:
             subtotal = price * r.quantity
             claim = claims.get(r.id)
-            discount = min(claim.coupon.discount, subtotal) if claim is not None else Decimal("0")
+            discount = min(claim.coupon.discount, subtotal) if claim is not None else CENTS * 0
             orders.append(Order(user_id=r.user_id, subtotal=subtotal, discount=discount, total=subtotal - discount,
                                 coupon_id=claim.coupon_id if claim is not None else None,
                                 idempotency_key=r.key, request_digest=r.digest))
@@ -303,7 +324,7 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
         hooks.call("before_commit", {hold.name: hold})
         check_before_commit({hold.name: hold})
         for r, o in zip(placed, orders, strict=True):
-            results[r.id] = _placed(o, replayed=False)
+            results[r.id] = _placed(o, replayed=False, request=r, row=row)
     return results, left
 
 
@@ -321,7 +342,7 @@ def _insert_rows(model: type[models.Model], fields: tuple[str, ...], rows: list[
                        [value for row in rows for value in row])
 
 
-def _drop_settled(live: list[BatchRequest], results: dict[str, Result]) -> list[BatchRequest]:
+def _drop_settled(live: list[BatchRequest], results: dict[str, Result], row: dict | None) -> list[BatchRequest]:
     """Requests whose id is already claimed: by an order (a crashed combiner committed it) or
     by a buyer who gave up. Either way they are not committed again."""
     claimed = dict(CheckoutRequest.objects.filter(request_id__in=[r.id for r in live])
@@ -332,12 +353,12 @@ def _drop_settled(live: list[BatchRequest], results: dict[str, Result]) -> list[
     for r in live:
         if r.id in claimed:
             oid = claimed[r.id]
-            results[r.id] = (_placed(orders[oid], replayed=False) if oid is not None
+            results[r.id] = (_placed(orders[oid], replayed=False, request=r, row=row) if oid is not None
                              else _failed(errors.LockTimeout(details={"gave_up": True})))
     return [r for r in live if r.id not in claimed]
 
 
-def _drop_replays(live: list[BatchRequest], results: dict[str, Result]) -> list[BatchRequest]:
+def _drop_replays(live: list[BatchRequest], results: dict[str, Result], row: dict | None) -> list[BatchRequest]:
     """Idempotency keys: a key that already placed an order gets it back (or a conflict if the
     body differs); a second request with the same key in this batch is refused as a conflict."""
     keyed = [r for r in live if r.key]
@@ -351,7 +372,7 @@ def _drop_replays(live: list[BatchRequest], results: dict[str, Result]) -> list[
     for r in keyed:
         pair = (r.user_id, r.key)
         if (order := known.get(pair)) is not None:
-            results[r.id] = (_placed(order, replayed=True) if order.request_digest == r.digest
+            results[r.id] = (_placed(order, replayed=True, request=r, row=row) if order.request_digest == r.digest
                              else _failed(errors.IdempotencyConflict(details={"order_id": order.pk})))
         elif pair in seen:
             # Its twin in this batch is being placed right now; the client retries and replays it.

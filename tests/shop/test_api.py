@@ -129,6 +129,30 @@ def test_order_with_coupon(client, token, make_product, make_coupon):
     assert placed.status_code == 201 and placed.json()["total"] == "20.00"
 
 
+@pytest.mark.parametrize("combining", [True, False])
+def test_the_order_a_post_returns_is_the_order_a_get_reads(client, token, make_product, make_coupon, settings,
+                                                            django_assert_max_num_queries, combining):
+    # A combined order comes back from the combiner complete (its receipt) and is rendered
+    # without reading it back; it must be exactly what the database says, replay included.
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": combining}
+    p = make_product(stock=9, price="12.50")
+    coupon = make_coupon(total=5, discount="5.00")
+    post(client, f"/api/coupons/{coupon.code}/claim/", {}, token)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    for body, key in (({"lines": [{"product_id": p.pk, "quantity": 3}], "coupon_code": coupon.code}, "rc-1"),
+                      ({"lines": [{"product_id": p.pk, "quantity": 2}]}, None)):
+        headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+        posted = post(client, "/api/orders/", body, token, **headers)
+        assert posted.status_code == 201
+        assert posted.json() == client.get(f"/api/orders/{posted.json()['id']}/", **auth).json()
+        if key:
+            replayed = post(client, "/api/orders/", body, token, **headers)
+            assert replayed.status_code == 200 and replayed.json() == posted.json()
+    if combining:  # nothing read back: the token and the order path's own queries only
+        with django_assert_max_num_queries(9):
+            post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token)
+
+
 def test_busy_lock_is_503_with_retry_after(client, token, make_product, settings):
     settings.SHOP = {**getattr(settings, "SHOP", {}), "LOCK_WAIT": 0.05}
     p = make_product(stock=5)
