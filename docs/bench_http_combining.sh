@@ -4,9 +4,11 @@
 # against each in turn, ROUNDS times, alternating which goes first. DEBUG off.
 #   bash docs/bench_http_combining.sh            # 3 rounds of 8 s, 16 buyer processes
 #   ROUNDS=1 DURATION=4 bash docs/bench_http_combining.sh
+# gunicorn: WORKERS=4 x THREADS=4 (16 requests in flight). With sync workers only 4 requests are
+# in the service at once, so a batch can never exceed 4 whatever the load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-8} PROCESSES=${PROCESSES:-16} WORKERS=${WORKERS:-4} THREADS=${THREADS:-1}
+ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-8} PROCESSES=${PROCESSES:-16} WORKERS=${WORKERS:-4} THREADS=${THREADS:-4}
 export PYTHONWARNINGS=ignore DEBUG=false SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=shop.settings
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
 py=.venv/bin/python
