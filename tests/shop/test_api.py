@@ -214,9 +214,20 @@ def test_bad_idempotency_key_header_is_400(client, token, make_product):
     assert Order.objects.count() == 0
 
 
-def test_unknown_and_inactive_products_in_an_order(client, token, make_product):
+def test_unknown_and_inactive_products_in_an_order(client, token, make_product, user):
+    # Issue 12: a hidden (inactive) product answers exactly like a missing one, so the API
+    # cannot be used to find unlisted products; staff still get the real reason.
     gone = make_product(stock=5, active=False)
     unknown = post(client, "/api/orders/", {"lines": [{"product_id": 987654321, "quantity": 1}]}, token)
     assert unknown.status_code == 404 and error_code(unknown) == "unknown_product"
     inactive = post(client, "/api/orders/", {"lines": [{"product_id": gone.pk, "quantity": 1}]}, token)
-    assert inactive.status_code == 409 and error_code(inactive) == "inactive_product"
+    assert inactive.status_code == 404 and error_code(inactive) == "unknown_product"
+    assert inactive.json()["error"]["message"] == unknown.json()["error"]["message"]
+    assert inactive.json()["error"]["details"] == {"product_ids": [gone.pk]}
+    assert client.get(f"/api/products/{gone.pk}/").status_code == 404
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    staff_token = ApiToken.issue(user_id=user.pk, name="staff")  # a token's user is cached: a fresh one
+    staff = post(client, "/api/orders/", {"lines": [{"product_id": gone.pk, "quantity": 1}]}, staff_token)
+    assert staff.status_code == 409 and error_code(staff) == "inactive_product"
+    assert Order.objects.count() == 0
