@@ -231,3 +231,30 @@ def test_unknown_and_inactive_products_in_an_order(client, token, make_product, 
     staff = post(client, "/api/orders/", {"lines": [{"product_id": gone.pk, "quantity": 1}]}, staff_token)
     assert staff.status_code == 409 and error_code(staff) == "inactive_product"
     assert Order.objects.count() == 0
+
+
+def test_head_is_allowed_wherever_get_is(client, token, make_product):
+    p = make_product(stock=3)
+    order_id = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token).json()["id"]
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    for url in ("/api/products/", f"/api/products/{p.pk}/", "/api/orders/", f"/api/orders/{order_id}/"):
+        response = client.head(url, **auth)
+        assert response.status_code == 200, url
+        assert response["Content-Type"] == "application/json" and response.content == b""
+    assert client.head("/api/orders/").status_code == 401  # HEAD is a read: still signed in only
+    refused = client.put("/api/orders/", **auth)
+    assert refused.status_code == 405 and refused["Allow"] == "GET, POST, HEAD"
+    claim = client.head("/api/coupons/X/claim/", **auth)
+    assert claim.status_code == 405 and claim["Allow"] == "POST"
+    assert Order.objects.count() == 1
+
+
+def test_coupon_codes_with_odd_characters_can_be_claimed_not_crash(client, token):
+    from shop.models import Coupon
+
+    coupon = Coupon.objects.create(code="A/B", discount="1.00", total=5, remaining=5)  # saved before validation
+    response = post(client, "/api/coupons/A/B/claim/", {}, token)
+    assert response.status_code == 201 and response.json()["coupon_code"] == "A/B"
+    assert CouponClaim.objects.filter(coupon=coupon).count() == 1
+    assert error_code(post(client, "/api/coupons/NO%2FSUCH/claim/", {}, token)) == "coupon_unknown"
+    assert error_code(post(client, f"/api/coupons/{'x' * 41}/claim/", {}, token)) == "not_found"
