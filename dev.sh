@@ -11,6 +11,9 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 VENV=.venv
 export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-shop.settings}
+# A development machine: DEBUG on (settings default to off) and, with it, Django's dev-only key.
+# The test suite uses tests.settings (pyproject.toml), which brings its own throwaway key.
+export DEBUG=${DEBUG:-true}
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -92,7 +95,7 @@ setup() {
 case "${1:-}" in
   run)
     setup run
-    "$VENV/bin/python" manage.py seed_demo
+    SEED_DEMO=1 "$VENV/bin/python" manage.py seed_demo
     say "serving on http://127.0.0.1:8000 (admin: /admin/, user admin / password admin)"
     exec "$VENV/bin/python" manage.py runserver 127.0.0.1:8000
     ;;

@@ -220,7 +220,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False  # `manage.py apitoken create` or the user's own page: the token is shown once
 
-    @admin.action(description="Revoke selected tokens")
+    # Revoking is a change: staff who may only view tokens must not see (or post) the action.
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke_tokens(self, request, queryset):
         for token in queryset:
             revoke(token=token)

@@ -17,7 +17,7 @@ from django.http import HttpRequest, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from shop import errors, selectors
+from shop import errors, ratelimits, selectors
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, Product
 from shop.services import claim_coupon, place_order
@@ -51,6 +51,11 @@ def _csrf_failure(request: HttpRequest) -> JsonResponse | None:
 
 
 def api_view(methods: tuple[str, ...], *, login: bool = True) -> Callable:
+    """JSON view: method check (HEAD wherever GET is allowed), token or session auth, CSRF for
+    session writes, and every `ShopError` answered with its envelope."""
+    if "GET" in methods and "HEAD" not in methods:
+        methods = (*methods, "HEAD")
+
     def decorate(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:
         @csrf_exempt
         @wraps(view)
@@ -208,8 +213,9 @@ def product(request: HttpRequest, product_id: int) -> JsonResponse:
 
 @api_view(("GET", "POST"))
 def orders(request: HttpRequest) -> JsonResponse:
-    if request.method == "GET":
+    if request.method in ("GET", "HEAD"):
         return JsonResponse({"results": [order_json(o) for o in selectors.orders_for_user(user=request.user)[:50]]})
+    ratelimits.check(request, "checkout")
     try:
         data = read_json_object(request)
     except _Transport as exc:
@@ -222,7 +228,14 @@ def orders(request: HttpRequest) -> JsonResponse:
         except errors.InvalidInput as exc:
             exc.details = {"Idempotency-Key": exc.details.get("idempotency_key", "invalid")}
             raise
-    placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key)
+    try:
+        placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key)
+    except errors.InactiveProduct as exc:
+        # A hidden product must not be told apart from a missing one (409 vs 404 would let anyone
+        # enumerate unlisted products); staff, who see them in the admin anyway, get the real code.
+        if request.user.is_staff:
+            raise
+        raise errors.UnknownProduct(details=exc.details) from None
     # A combined order comes back complete (its receipt); otherwise read it back for the body.
     ready = getattr(placed, "receipt_ready", False)
     body = order_json(placed if ready else selectors.order_for_user(user=request.user, order_id=placed.pk))
@@ -236,6 +249,7 @@ def order(request: HttpRequest, order_id: int) -> JsonResponse:
 
 @api_view(("POST",))
 def claim(request: HttpRequest, code: str) -> JsonResponse:
+    ratelimits.check(request, "coupon_claim")
     made = claim_coupon(user=request.user, code=code)
     return JsonResponse(claim_json(made), status=201)
 

@@ -39,6 +39,19 @@ DEFAULTS: dict[str, Any] = {
     # API tokens: a verified token's user is cached this long (seconds; 0 = off). Revoking a
     # token drops it at once; deactivating a user takes effect within this time.
     "TOKEN_CACHE_TTL": 60,
+    # Rate limits (shop/ratelimits.py), "count/period" (s, m, h, d) per key; None lifts a limit.
+    # settings.SHOP["RATE_LIMITS"] (or the RATE_LIMITS environment variable) overrides them one by
+    # one; RATELIMIT_ENABLE=false switches them all off. Checkout is generous on purpose: a buyer
+    # places a few orders a minute, and `loadtest --url` (100 users by default) must not be
+    # throttled; it stops one account or token from hammering the hot product's lock.
+    "RATE_LIMITS": {
+        "login": "20/m",  # POST /login/, per client IP
+        "login_account": "10/m",  # POST /login/, per username tried
+        "signup": "10/h",  # POST /signup/, per client IP
+        "token_create": "20/h",  # new API tokens on /account/tokens/, per user
+        "coupon_claim": "30/m",  # coupon claims (web and API), per user
+        "checkout": "600/m",  # orders (web and API), per user
+    },
 }
 
 

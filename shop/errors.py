@@ -109,6 +109,22 @@ class IdempotencyConflict(ShopError):
     default_message = "This idempotency key was already used for a different order."
 
 
+# --- abuse ---------------------------------------------------------------------------------
+class RateLimited(ShopError):
+    """Too many requests of one kind from one client: details = {"limit", "rate", "retry_after"}."""
+
+    code = "rate_limited"
+    status = 429
+    retry_after = 60
+    default_message = "Too many requests; please wait a moment and retry."
+
+    def __init__(self, message: str | None = None, *, details: dict[str, Any] | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(message, details=details)
+        if retry_after is not None:
+            self.retry_after = retry_after
+
+
 # --- infrastructure (retryable) --------------------------------------------------------------
 class LockTimeout(ShopError):
     code = "lock_timeout"
@@ -153,7 +169,7 @@ ERRORS_BY_CODE: dict[str, type[ShopError]] = {
     for cls in (
         InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock,
         CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed, CouponNotClaimed,
-        OrderNotFound, OrderNotCancellable, IdempotencyConflict, LockTimeout, LockUnavailable,
+        OrderNotFound, OrderNotCancellable, IdempotencyConflict, RateLimited, LockTimeout, LockUnavailable,
         DatabaseUnavailable, Conflict,
     )
 }

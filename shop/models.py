@@ -5,6 +5,7 @@ the CHECK constraints below are the last line of defence, not the mechanism.
 """
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 
@@ -36,8 +37,17 @@ class Product(models.Model):
         return f"product:{self.pk}"
 
 
+# Codes travel in URLs (/coupons/<code>/claim/) and are typed by shoppers: letters, digits,
+# "-" and "_" only. A code with "/" once turned the coupon page into a 500.
+COUPON_CODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*\Z"
+validate_coupon_code = RegexValidator(
+    COUPON_CODE_PATTERN, "Use letters, digits, '-' and '_' only (e.g. SPRING-10).", code="invalid_coupon_code",
+)
+
+
 class Coupon(models.Model):
-    code = models.CharField(max_length=40, unique=True)
+    code = models.CharField(max_length=40, unique=True, validators=[validate_coupon_code],
+                            help_text="Letters, digits, '-' and '_'.")
     description = models.CharField(max_length=200, blank=True)
     discount = models.DecimalField(max_digits=10, decimal_places=2, help_text="Amount off the order")
     total = models.PositiveIntegerField(help_text="How many users may claim it")

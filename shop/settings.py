@@ -25,11 +25,16 @@ def _env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use true or false.")
 
 
-DEBUG = _env_bool("DEBUG", True)
+# Off unless asked for: a forgotten variable must never expose tracebacks and settings.
+# `./dev.sh run` turns it on for the laptop.
+DEBUG = _env_bool("DEBUG", False)
 SECRET_KEY = env.str("SECRET_KEY", default="")
 if not SECRET_KEY:
     if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is false.")
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set when DEBUG is false (e.g. python -c "
+            "'from django.core.management.utils import get_random_secret_key as k; print(k())')."
+        )
     SECRET_KEY = "dev-only-insecure-key-do-not-use-in-production"
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
@@ -41,6 +46,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django_ratelimit",
     "locks",
     "shop",
 ]
@@ -150,16 +156,62 @@ LOCKS = {
 }
 
 # The shop's own settings (defaults and meaning in shop/conf.py).
+def _rate_overrides(raw: str) -> dict[str, str | None]:
+    """RATE_LIMITS="login=20/m,checkout=off": per-limit rates; "off" lifts one limit."""
+    out: dict[str, str | None] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, sep, rate = item.partition("=")
+        name, rate = name.strip(), rate.strip()
+        if not sep or not name or not rate:
+            raise ImproperlyConfigured(f"RATE_LIMITS: {item!r} is not name=rate (e.g. login=10/m or login=off).")
+        out[name] = None if rate.lower() == "off" else rate
+    return out
+
+
 SHOP = {
     "COMBINING": _env_bool("SHOP_COMBINING", True),
 }
+if _rate_limit_env := _rate_overrides(env.str("RATE_LIMITS", default="")):
+    SHOP["RATE_LIMITS"] = _rate_limit_env
 
 SESSION_ENGINE = "django.contrib.sessions.backends.db"
+# Messages live in the session, not in a cookie the client can replay or forge.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
+# --- HTTPS and cookies (all off by default for the laptop; docs/production.env.example) -----
+SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_SECURE = _env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = _env_bool("CSRF_COOKIE_SECURE", False)
+# Behind a TLS-terminating proxy: "HTTP_X_FORWARDED_PROTO,https" (only if the proxy sets it).
+_proxy_header = env.list("SECURE_PROXY_SSL_HEADER", default=[])
+if _proxy_header and len(_proxy_header) != 2:
+    raise ImproperlyConfigured(
+        f"SECURE_PROXY_SSL_HEADER={','.join(_proxy_header)!r}: a header and a value, "
+        "e.g. HTTP_X_FORWARDED_PROTO,https."
+    )
+SECURE_PROXY_SSL_HEADER = tuple(_proxy_header) if _proxy_header else None
+
+# Tracebacks and error reports mask passwords inside URLs (DATABASE_URL, REDIS_URL...).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "shop.reporting.SafeUrlExceptionReporterFilter"
+
+# --- Rate limits (django-ratelimit, counted in the default Redis cache) ----------------------
+# Rates per limit are SHOP["RATE_LIMITS"] (shop/conf.py); RATE_LIMITS="checkout=600/m,login=off"
+# overrides some of them, RATELIMIT_ENABLE=false switches them all off (benchmark servers).
+RATELIMIT_ENABLE = _env_bool("RATELIMIT_ENABLE", True)
+RATELIMIT_USE_CACHE = "default"
+RATELIMIT_FAIL_OPEN = True  # a count Redis could not give lets the request through
+# Behind a proxy, REMOTE_ADDR is the proxy: name the header it sets (e.g. HTTP_X_REAL_IP).
+RATELIMIT_IP_META_KEY = env.str("RATELIMIT_IP_META_KEY", default="") or None
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+    {"NAME": "shop.passwords.NotBlankPasswordValidator"},
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "catalog"

@@ -1,15 +1,18 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path, re_path
+from django.urls import path, re_path, register_converter
 
 from shop import api, views
+from shop.converters import CouponCodeConverter
+
+register_converter(CouponCodeConverter, "couponcode")
 
 api_patterns = [
     path("api/products/", api.products, name="api_products"),
     path("api/products/<int:product_id>/", api.product, name="api_product"),
     path("api/orders/", api.orders, name="api_orders"),
     path("api/orders/<int:order_id>/", api.order, name="api_order"),
-    path("api/coupons/<str:code>/claim/", api.claim, name="api_coupon_claim"),
+    path("api/coupons/<couponcode:code>/claim/", api.claim, name="api_coupon_claim"),
     re_path(r"^api(?:/(?P<path>.*))?$", api.not_found),
 ]
 
@@ -23,9 +26,9 @@ urlpatterns = [
     path("orders/", views.my_orders, name="orders"),
     path("orders/<int:order_id>/", views.order_detail, name="order"),
     path("coupons/", views.coupons, name="coupons"),
-    path("coupons/<str:code>/claim/", views.coupon_claim, name="coupon_claim"),
+    path("coupons/<couponcode:code>/claim/", views.coupon_claim, name="coupon_claim"),
     path("signup/", views.signup, name="signup"),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", views.login_view, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/tokens/", views.api_tokens, name="api_tokens"),
 ]

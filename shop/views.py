@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from shop import cart, errors, selectors
+from shop import cart, errors, ratelimits, selectors
 from shop.conf import shop_settings
 from shop.forms import CheckoutForm, QuantityForm, SignUpForm, TokenForm
 from shop.models import ApiToken, Product
@@ -48,7 +50,7 @@ def catalog(request: HttpRequest) -> HttpResponse:
     return render(request, "shop/catalog.html", {"products": selectors.product_list()})
 
 
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
     try:
         product = selectors.product_detail(id=product_id)
@@ -76,7 +78,7 @@ def _cart_rows(request: HttpRequest) -> list[dict]:
     return rows
 
 
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 def cart_view(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         try:
@@ -99,7 +101,8 @@ def _coupon_choices(user) -> list[tuple[str, str]]:
 
 
 @login_required
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
+@ratelimits.limit_posts("checkout")
 def checkout(request: HttpRequest) -> HttpResponse:
     rows = _cart_rows(request)
     codes = _coupon_choices(request.user)
@@ -164,6 +167,7 @@ def coupons(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
+@ratelimits.limit_posts("coupon_claim")
 def coupon_claim(request: HttpRequest, code: str) -> HttpResponse:
     try:
         claim_coupon(user=request.user, code=code)
@@ -174,7 +178,8 @@ def coupon_claim(request: HttpRequest, code: str) -> HttpResponse:
     return redirect("coupons")
 
 
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
+@ratelimits.limit_posts("signup")
 def signup(request: HttpRequest) -> HttpResponse:
     form = SignUpForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -185,8 +190,13 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "registration/signup.html", {"form": form})
 
 
+# Login is Django's view; every POST counts per client IP and per username tried.
+login_view = ratelimits.limit_posts("login", "login_account")(auth_views.LoginView.as_view())
+
+
+@never_cache  # the page shows a new token once: no browser or proxy may keep a copy
 @login_required
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 def api_tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None)
     new_token = None
@@ -199,6 +209,10 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
                 revoke(token=token)
                 messages.success(request, f"Token {token.prefix}... revoked.")
             return redirect("api_tokens")
+        try:
+            ratelimits.check(request, "token_create")
+        except errors.RateLimited as exc:
+            return ratelimits.rate_limited_page(request, exc)
         if form.is_valid():
             new_token = ApiToken.issue(user_id=request.user.pk, name=form.cleaned_data["name"])
             form = TokenForm()

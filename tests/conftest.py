@@ -7,6 +7,7 @@ other's locks, and the prefix's keys are deleted at the end.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -25,6 +26,13 @@ def _lock_key_prefix():
     keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
     for i in range(0, len(keys), 500):
         client.delete(*keys[i : i + 500])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_limit_counters(settings, _lock_key_prefix):
+    """Every test counts its rate limits from zero: the counters live in Redis, and a test that
+    signs up or checks out must not be throttled by the tests that ran in the same minute."""
+    settings.RATELIMIT_CACHE_PREFIX = f"rl:{_lock_key_prefix}{uuid.uuid4().hex[:12]}:"
 
 
 @pytest.fixture

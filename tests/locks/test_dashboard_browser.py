@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
+from urllib.parse import unquote
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -114,3 +116,41 @@ def test_the_refresh_renders_queued_requests_and_the_combining_row(live_server, 
         queue.get(timeout=10)
         proc.join(5)
     assert row[1:6] == ["1", "3", "3", "≤ 4", "≤ 4"] and row[6] == "3-4: 1" and row[7].endswith("s ago")
+
+
+def test_force_release_links_encode_every_character_of_the_lock_name():
+    """A lock name is one URL path segment's worth of data: `#`, `?` and `%` must not cut it short
+    (encodeURI left them as they are, so "odd#1" linked to the release page of "odd")."""
+    from django.conf import settings
+    from django.urls import resolve
+    from playwright.sync_api import sync_playwright
+
+    script = (settings.BASE_DIR / "locks" / "static" / "locks" / "dashboard.js").read_text()
+    release_url = "/admin/locks/lockdashboard/release/NAME/"
+    page_html = f"""<!doctype html><div id="locks-dashboard" data-url="/data/" data-release-url="{release_url}"
+      data-can-release="1"><span id="held-count"></span><span id="stats-count"></span><span id="refresh-state"></span>
+      <table id="held-locks"><tbody></tbody></table><table id="lock-stats"><tbody></tbody></table></div>
+      <script src="/dashboard.js"></script>"""
+    names = ["odd#1", "what?2", "100%", "a/b c"]
+    data = {"held": [{"name": n, "url": None, "owner": "h:1", "fence": 1, "held_for": 0.5, "ttl_left": 1.0,
+                      "waiters": 0} for n in names],
+            "stats": [], "stats_families": 0, "totals": {"acquired": 0, "contention": 0, "timeouts": 0, "lost": 0,
+                                                        "force_released": 0},
+            "next_cursor": None, "at": 0}
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page()
+        page.route("http://dashboard.test/**", lambda route: route.fulfill(
+            status=200,
+            content_type={"/": "text/html", "/dashboard.js": "text/javascript"}.get(
+                route.request.url.removeprefix("http://dashboard.test"), "application/json"),
+            body={"/": page_html, "/dashboard.js": script}.get(
+                route.request.url.removeprefix("http://dashboard.test").split("?")[0], json.dumps(data))))
+        page.goto("http://dashboard.test/")
+        page.wait_for_function("() => document.querySelectorAll('#held-locks tbody a').length === 4")
+        hrefs = page.eval_on_selector_all("#held-locks tbody a", "links => links.map(a => a.getAttribute('href'))")
+        browser.close()
+    prefix = release_url.removesuffix("NAME/")
+    for name, href in zip(names, hrefs, strict=True):
+        assert href.startswith(prefix) and "#" not in href and "?" not in href, href
+        assert resolve(unquote(href)).kwargs == {"name": name}  # the server sees the whole name

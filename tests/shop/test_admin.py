@@ -91,3 +91,72 @@ def test_staff_without_permissions_cannot_restock(make_product):
     p.refresh_from_db()
     assert p.stock == 1
     assert Client().get(f"/admin/shop/product/{p.pk}/restock/").status_code == 302  # to the login
+
+
+# --- issue 12: every admin action declares the permission it needs ------------------------------
+def _staff_with(*codenames: str):
+    from django.contrib.auth.models import Permission
+
+    staff = get_user_model().objects.create_user(f"staff-{'-'.join(codenames) or 'none'}", password="pw",
+                                                 is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    return get_user_model().objects.get(pk=staff.pk)  # fresh: no cached permissions
+
+
+def test_a_view_only_staff_user_cannot_revoke_tokens(user, other_user):
+    from shop.models import ApiToken
+
+    tokens = [ApiToken.issue(user_id=u.pk, name="t") for u in (user, other_user)]
+    ids = [str(t.pk) for t in ApiToken.objects.all()]
+    viewer = Client()
+    viewer.force_login(_staff_with("view_apitoken"))
+    page = viewer.get("/admin/shop/apitoken/")
+    assert page.status_code == 200 and "revoke_tokens" not in page.content.decode()
+    response = viewer.post("/admin/shop/apitoken/", {"action": "revoke_tokens", "_selected_action": ids})
+    assert response.status_code in (200, 302)
+    assert not ApiToken.objects.filter(revoked_at__isnull=False).exists()
+    from shop.tokens import user_for_token
+
+    assert all(user_for_token(raw) for raw in tokens)  # still valid
+    editor = Client()
+    editor.force_login(_staff_with("view_apitoken", "change_apitoken"))
+    assert "revoke_tokens" in editor.get("/admin/shop/apitoken/").content.decode()
+    editor.post("/admin/shop/apitoken/", {"action": "revoke_tokens", "_selected_action": ids})
+    assert ApiToken.objects.filter(revoked_at__isnull=False).count() == 2
+
+
+def test_every_shop_and_locks_admin_action_declares_its_permission_and_view_only_staff_get_none(rf):
+    from django.contrib import admin
+
+    superuser = get_user_model().objects.create_superuser("su", "su@example.com", "pw")
+    checked = 0
+    for model, model_admin in admin.site._registry.items():
+        if model._meta.app_label not in ("shop", "locks"):
+            continue
+        request = rf.get("/admin/")
+        request.user = superuser
+        for name, (func, _, _) in model_admin.get_actions(request).items():
+            where = f"{type(model_admin).__name__}.{name}"
+            assert getattr(func, "allowed_permissions", ()), f"{where} declares no permission"
+            checked += 1
+        request.user = _staff_with(f"view_{model._meta.model_name}")
+        assert model_admin.get_actions(request) == {}, type(model_admin).__name__
+    assert checked >= 1  # revoke_tokens at least
+
+
+@pytest.mark.parametrize("code", ["A/B", "50%", "x#y", "with space", "-LEADING", "ünï"])
+def test_coupon_codes_must_be_slug_like(admin_client, code):
+    from django.core.exceptions import ValidationError
+
+    from shop.models import Coupon
+
+    with pytest.raises(ValidationError) as refused:
+        Coupon(code=code, discount="1.00", total=5, remaining=5).full_clean()
+    assert "code" in refused.value.message_dict
+    response = admin_client.post("/admin/shop/coupon/add/", {"code": code, "discount": "1.00", "total": 5,
+                                                             "active": "on"})
+    assert response.status_code == 200 and "letters, digits" in response.content.decode()
+    assert not Coupon.objects.exists()
+    ok = admin_client.post("/admin/shop/coupon/add/", {"code": "SPRING_10-B", "discount": "1.00", "total": 5,
+                                                       "active": "on"})
+    assert ok.status_code == 302 and Coupon.objects.get().code == "SPRING_10-B"

@@ -238,9 +238,47 @@ def test_bad_idempotency_key_header_is_400(client, token, make_product):
     assert Order.objects.count() == 0
 
 
-def test_unknown_and_inactive_products_in_an_order(client, token, make_product):
+def test_unknown_and_inactive_products_in_an_order(client, token, make_product, user):
+    # Issue 12: a hidden (inactive) product answers exactly like a missing one, so the API
+    # cannot be used to find unlisted products; staff still get the real reason.
     gone = make_product(stock=5, active=False)
     unknown = post(client, "/api/orders/", {"lines": [{"product_id": 987654321, "quantity": 1}]}, token)
     assert unknown.status_code == 404 and error_code(unknown) == "unknown_product"
     inactive = post(client, "/api/orders/", {"lines": [{"product_id": gone.pk, "quantity": 1}]}, token)
-    assert inactive.status_code == 409 and error_code(inactive) == "inactive_product"
+    assert inactive.status_code == 404 and error_code(inactive) == "unknown_product"
+    assert inactive.json()["error"]["message"] == unknown.json()["error"]["message"]
+    assert inactive.json()["error"]["details"] == {"product_ids": [gone.pk]}
+    assert client.get(f"/api/products/{gone.pk}/").status_code == 404
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    staff_token = ApiToken.issue(user_id=user.pk, name="staff")  # a token's user is cached: a fresh one
+    staff = post(client, "/api/orders/", {"lines": [{"product_id": gone.pk, "quantity": 1}]}, staff_token)
+    assert staff.status_code == 409 and error_code(staff) == "inactive_product"
+    assert Order.objects.count() == 0
+
+
+def test_head_is_allowed_wherever_get_is(client, token, make_product):
+    p = make_product(stock=3)
+    order_id = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token).json()["id"]
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    for url in ("/api/products/", f"/api/products/{p.pk}/", "/api/orders/", f"/api/orders/{order_id}/"):
+        response = client.head(url, **auth)
+        assert response.status_code == 200, url
+        assert response["Content-Type"] == "application/json" and response.content == b""
+    assert client.head("/api/orders/").status_code == 401  # HEAD is a read: still signed in only
+    refused = client.put("/api/orders/", **auth)
+    assert refused.status_code == 405 and refused["Allow"] == "GET, POST, HEAD"
+    claim = client.head("/api/coupons/X/claim/", **auth)
+    assert claim.status_code == 405 and claim["Allow"] == "POST"
+    assert Order.objects.count() == 1
+
+
+def test_coupon_codes_with_odd_characters_can_be_claimed_not_crash(client, token):
+    from shop.models import Coupon
+
+    coupon = Coupon.objects.create(code="A/B", discount="1.00", total=5, remaining=5)  # saved before validation
+    response = post(client, "/api/coupons/A/B/claim/", {}, token)
+    assert response.status_code == 201 and response.json()["coupon_code"] == "A/B"
+    assert CouponClaim.objects.filter(coupon=coupon).count() == 1
+    assert error_code(post(client, "/api/coupons/NO%2FSUCH/claim/", {}, token)) == "coupon_unknown"
+    assert error_code(post(client, f"/api/coupons/{'x' * 41}/claim/", {}, token)) == "not_found"

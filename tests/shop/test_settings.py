@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,24 +13,41 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(**env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY"}}
+SETTINGS_VARIABLES = {"DATABASE_URL", "REDIS_URL", "LOCKS_REDIS_URL", "DEBUG", "SECRET_KEY"}
+
+
+def start(print_: str = "settings.DATABASES['default']['NAME'], settings.CACHES['locks']['LOCATION']",
+          **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARIABLES}
     return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
-         "print(settings.DATABASES['default']['NAME'], settings.CACHES['locks']['LOCATION'])"],
+        [sys.executable, "-c", f"import django; django.setup(); from django.conf import settings; print({print_})"],
         cwd=ROOT, env={**clean, "DJANGO_SETTINGS_MODULE": "shop.settings", **env},
         capture_output=True, text=True, timeout=60,
     )
 
 
 def test_local_defaults_work():
-    result = start()
+    # DEBUG is off by default now (issue 12); the laptop turns it on, as `./dev.sh` does.
+    result = start(DEBUG="true")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["shop", "redis://127.0.0.1:6379/0"]
 
 
+def test_debug_is_off_unless_asked_for():
+    result = start("settings.DEBUG", SECRET_KEY="k" * 50)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False"]
+    assert start("settings.DEBUG", DEBUG="true").stdout.split() == ["True"]
+
+
+def test_no_secret_key_and_no_debug_refuses_to_start():
+    result = start()  # neither DEBUG nor SECRET_KEY: a server someone forgot to configure
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "SECRET_KEY" in result.stderr
+
+
 def test_urls_are_read_from_the_environment():
-    result = start(DATABASE_URL="mysql://root@127.0.0.1:3306/other", REDIS_URL="redis://127.0.0.1:6379/3")
+    result = start(DEBUG="true", DATABASE_URL="mysql://root@127.0.0.1:3306/other", REDIS_URL="redis://127.0.0.1:6379/3")
     assert result.stdout.split() == ["other", "redis://127.0.0.1:6379/3"]
 
 
@@ -39,9 +57,11 @@ def test_urls_are_read_from_the_environment():
     ({"REDIS_URL": "http://127.0.0.1:6379"}, "REDIS_URL"),
     ({"DEBUG": "maybe"}, "DEBUG"),
     ({"DEBUG": "false"}, "SECRET_KEY"),
+    ({"DEBUG": "true", "SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO"}, "SECURE_PROXY_SSL_HEADER"),
+    ({"DEBUG": "true", "RATE_LIMITS": "login"}, "RATE_LIMITS"),
 ])
 def test_a_settings_mistake_fails_at_start_naming_the_setting(env, named):
-    result = start(**env)
+    result = start(**{"DEBUG": "true", **env})
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and named in result.stderr
 
@@ -52,3 +72,71 @@ def test_atomic_requests_is_off_and_isolation_is_read_committed(settings):
     assert db["OPTIONS"]["isolation_level"] == "read committed"
     assert db["OPTIONS"]["charset"] == "utf8mb4"
     assert settings.CACHES["locks"]["BACKEND"] == "django_redis.cache.RedisCache"
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    values = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            values[name.strip()] = value.strip()
+    return values
+
+
+def test_check_deploy_is_clean_with_the_production_example_env():
+    from django.core.management.utils import get_random_secret_key
+
+    env = _env_file(ROOT / "docs" / "production.env.example")
+    assert env["SECRET_KEY"] == ""  # never a usable key in a file people copy
+    env["SECRET_KEY"] = get_random_secret_key()  # what its comment tells the operator to do
+    # A production environment: none of the developer's or the test run's settings variables
+    # (the browser tests set DJANGO_ALLOW_ASYNC_UNSAFE in this process, which --deploy flags).
+    clean = {k: v for k, v in os.environ.items()
+             if k not in SETTINGS_VARIABLES | {"DJANGO_ALLOW_ASYNC_UNSAFE"} and not k.startswith("SECURE_")}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT, env={**clean, "DJANGO_SETTINGS_MODULE": "shop.settings", **env},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout, result.stdout + result.stderr
+    assert "WARNING" not in result.stderr + result.stdout
+
+
+def test_secure_settings_are_read_from_the_environment():
+    result = start("settings.SECURE_SSL_REDIRECT, settings.SECURE_HSTS_SECONDS, settings.SESSION_COOKIE_SECURE, "
+                   "settings.CSRF_COOKIE_SECURE, settings.SECURE_PROXY_SSL_HEADER",
+                   SECRET_KEY="k" * 50, SECURE_SSL_REDIRECT="true", SECURE_HSTS_SECONDS="600",
+                   SESSION_COOKIE_SECURE="true", CSRF_COOKIE_SECURE="true",
+                   SECURE_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO,https")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True 600 True True ('HTTP_X_FORWARDED_PROTO', 'https')"
+
+
+def test_compose_requires_a_secret_key_and_has_no_default_one():
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "SECRET_KEY: ${SECRET_KEY:?" in compose
+    assert "SECRET_KEY:-" not in compose
+
+
+def _run_image_start(tmp_path: Path, **env: str) -> list[str]:
+    """Run the Dockerfile's CMD with `python` and `gunicorn` stubs that only log their arguments."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    cmd = json.loads(next(line for line in dockerfile.splitlines() if line.startswith("CMD "))[4:])
+    log = tmp_path / "calls.log"
+    for name in ("python", "gunicorn"):
+        stub = tmp_path / name
+        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\n')
+        stub.chmod(0o755)
+    subprocess.run(cmd, env={"PATH": f"{tmp_path}:/usr/bin:/bin", **env}, check=True, timeout=30)
+    return log.read_text().splitlines()
+
+
+def test_the_image_never_loads_demo_data_unless_asked(tmp_path):
+    calls = _run_image_start(tmp_path)
+    assert calls[0] == "python manage.py migrate --no-input"
+    assert not any("seed_demo" in call for call in calls), calls  # no admin/admin in any image
+    assert calls[-1].startswith("gunicorn shop.wsgi")
+    (tmp_path / "calls.log").unlink()
+    assert "python manage.py seed_demo" in _run_image_start(tmp_path, SEED_DEMO="1")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
 
 from locks import Lock
 from shop.models import ApiToken, CouponClaim, Order
@@ -139,3 +141,76 @@ def test_api_token_page_creates_and_revokes(shopper, user):
     stored.refresh_from_db()
     assert stored.revoked_at is not None
     assert shopper.post("/account/tokens/", {"revoke": "not-a-number"}).status_code == 302
+
+
+# --- issue 12: hardening -----------------------------------------------------------------------
+def test_a_forged_messages_cookie_is_ignored(client):
+    """Messages live in the session: a messages cookie (even one signed with our key, marked as
+    safe HTML) is never read, so nothing of it is rendered, raw or escaped."""
+    from django.contrib.messages import constants
+    from django.contrib.messages.storage.base import Message
+    from django.contrib.messages.storage.cookie import CookieStorage
+    from django.http import HttpRequest
+    from django.utils.safestring import mark_safe
+
+    forged = CookieStorage(HttpRequest())._encode(
+        [Message(constants.ERROR, mark_safe('<script id="forged">alert("pwned")</script>'))])
+    client.cookies["messages"] = forged
+    page = client.get("/").content.decode()
+    assert "pwned" not in page and "forged" not in page
+
+
+def test_messages_are_escaped_and_kept_in_the_session(client, user, make_coupon):
+    from shop.models import Coupon
+
+    legacy = Coupon.objects.create(code="<b>X</b>", discount="1.00", total=5, remaining=5)  # before validation
+    client.force_login(user)
+    response = client.post(reverse("coupon_claim", args=[legacy.code]))
+    assert response.status_code == 302 and "messages" not in response.cookies
+    page = client.get(response["Location"]).content.decode()
+    assert "Coupon &lt;b&gt;X&lt;/b&gt; is yours" in page and "<b>X</b>" not in page
+
+
+@pytest.mark.parametrize("password", ["        ", "48291735", "12345678", "password", "short1"])
+def test_signup_refuses_weak_passwords(client, password):
+    response = client.post("/signup/", {"username": "weakling", "password1": password, "password2": password})
+    assert response.status_code == 200
+    assert response.context["form"].errors["password2"]
+    assert not get_user_model().objects.filter(username="weakling").exists()
+
+
+def test_the_api_token_page_is_never_cached(client, user):
+    client.force_login(user)
+    for response in (client.get("/account/tokens/"), client.post("/account/tokens/", {"name": "x"})):
+        assert response.status_code == 200
+        cache_control = response["Cache-Control"]
+        assert "no-store" in cache_control and "no-cache" in cache_control and "private" in cache_control
+
+
+@pytest.mark.parametrize("code", ["A/B", "50%", "x#y?z", "dot.ted", "with space"])
+def test_coupon_page_and_claim_survive_any_stored_code(client, user, code):
+    """Codes saved before validation (or by SQL) never make a page 500; they can still be claimed."""
+    from shop.models import Coupon
+
+    coupon = Coupon.objects.create(code=code, discount="1.00", total=5, remaining=5)
+    page = client.get("/coupons/")
+    assert page.status_code == 200
+    client.force_login(user)
+    assert client.get("/coupons/").status_code == 200
+    url = reverse("coupon_claim", args=[code])
+    assert client.post(url).status_code == 302
+    assert CouponClaim.objects.filter(user=user, coupon=coupon).exists()
+
+
+def test_coupon_claim_urls_that_are_no_code_are_404(client, user):
+    client.force_login(user)
+    assert client.post(f"/coupons/{'x' * 41}/claim/").status_code == 404
+
+
+def test_head_is_answered_wherever_get_is(client, user, make_product):
+    p = make_product(stock=3)
+    for url in ("/", f"/products/{p.pk}/", "/cart/", "/coupons/", "/signup/", "/login/"):
+        assert client.head(url).status_code == 200, url
+    client.force_login(user)
+    for url in ("/checkout/", "/orders/", "/account/tokens/"):
+        assert client.head(url).status_code == 200, url

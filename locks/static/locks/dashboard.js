@@ -9,7 +9,7 @@
   function link(row) { return row.url ? '<a href="' + esc(row.url) + '">' + esc(row.name) + "</a>" : esc(row.name); }
   function render(data) {
     var held = data.held.map(function (h) {
-      var release = canRelease ? '<a href="' + esc(root.dataset.releaseUrl.replace("NAME", encodeURI(h.name))) + '">Force release…</a>' : "";
+      var release = canRelease ? '<a href="' + esc(root.dataset.releaseUrl.replace("NAME", encodeURIComponent(h.name))) + '">Force release…</a>' : "";
       return "<tr><td>" + link(h) + "</td><td>" + esc(h.owner) + '</td><td class="num">' + esc(h.fence) +
         '</td><td class="num">' + h.held_for.toFixed(2) + ' s</td><td class="num">' + h.ttl_left.toFixed(2) +
         ' s</td><td class="num">' + esc(h.waiters) + '</td><td class="num">' + esc(h.queued_requests) +

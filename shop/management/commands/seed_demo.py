@@ -2,13 +2,17 @@
 
 Idempotent: running it again changes nothing that exists (stock is never reset: it is only
 ever changed through the services).
+
+It creates the superuser admin/admin, so it runs only when asked for explicitly: SEED_DEMO=1
+in the environment (`./dev.sh run` and docker-compose on a laptop set it; images never do).
 """
 
+import os
 from datetime import timedelta
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
@@ -33,6 +37,9 @@ class Command(BaseCommand):
     help = "Create demo products, coupons, user demo/demo and superuser admin/admin (idempotent)."
 
     def handle(self, *args, **options) -> None:
+        if os.environ.get("SEED_DEMO", "").strip().lower() not in {"1", "true", "yes", "on"}:
+            raise CommandError("seed_demo creates the superuser admin/admin: set SEED_DEMO=1 to really do it "
+                               "(never on a server anyone else can reach).")
         User = get_user_model()
         created = 0
         with transaction.atomic():

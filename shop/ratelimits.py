@@ -1,0 +1,98 @@
+"""Rate limits for the endpoints worth hammering: login, signup, token creation, coupon claims
+and checkout, on the web and in the API.
+
+Counting is django-ratelimit's (fixed windows, one atomic INCR in the default Redis cache); the
+rates are SHOP["RATE_LIMITS"] (defaults in shop/conf.py), looked up by name on every request so
+tests and operators can change them without a restart of the code path. RATELIMIT_ENABLE=false
+switches every limit off. A refused request raises `errors.RateLimited` (429 with Retry-After):
+the API answers with its JSON error envelope, the web with templates/shop/rate_limited.html.
+
+A limiter that cannot reach Redis lets the request through: the request then meets the lock,
+which answers a Redis outage with its own fast 503, instead of a 500 from the limiter.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django_ratelimit.core import get_usage
+
+from shop import errors
+from shop.conf import DEFAULTS
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limit:
+    name: str
+    # django-ratelimit key: "ip", "user_or_ip", "post:username"...
+    key: str
+
+
+LIMITS: dict[str, Limit] = {
+    "login": Limit("login", "ip"),
+    "login_account": Limit("login_account", "post:username"),
+    "signup": Limit("signup", "ip"),
+    "token_create": Limit("token_create", "user_or_ip"),
+    "coupon_claim": Limit("coupon_claim", "user_or_ip"),
+    "checkout": Limit("checkout", "user_or_ip"),
+}
+
+
+def rate_for(name: str) -> str | None:
+    """The configured rate of one limit ("10/m"), or None when that limit is lifted."""
+    configured = getattr(settings, "SHOP", {}).get("RATE_LIMITS", {})
+    return {**DEFAULTS["RATE_LIMITS"], **configured}.get(name)
+
+
+def check(request: HttpRequest, name: str) -> None:
+    """Count this request against limit `name`; raise `errors.RateLimited` once it is over."""
+    limit = LIMITS[name]
+    rate = rate_for(name)
+    if rate is None:
+        return
+    try:
+        usage = get_usage(request, group=f"shop.{name}", key=limit.key, rate=rate, increment=True)
+    except Exception:  # Redis down or frozen: never a 500 from the limiter (see the module doc)
+        logger.warning("rate limit %s not checked: the cache is unavailable", name, exc_info=True)
+        return
+    if usage is None or not usage["should_limit"]:
+        return
+    retry_after = max(1, int(usage["time_left"]))
+    raise errors.RateLimited(
+        details={"limit": name, "rate": rate, "retry_after": retry_after}, retry_after=retry_after,
+    )
+
+
+def rate_limited_page(request: HttpRequest, exc: errors.RateLimited) -> HttpResponse:
+    """The web's friendly 429."""
+    response = render(request, "shop/rate_limited.html", {"retry_after": exc.retry_after}, status=429)
+    response["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+def limit_posts(*names: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """Web view decorator: every POST counts against each named limit; over one, the 429 page."""
+
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method == "POST":
+                try:
+                    for name in names:
+                        check(request, name)
+                except errors.RateLimited as exc:
+                    return rate_limited_page(request, exc)
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,45 @@
+"""Error reports (the DEBUG page, mails to ADMINS) that never show a password inside a URL.
+
+Django hides settings whose *name* looks secret (PASSWORD, SECRET, KEY...), but DATABASE_URL,
+REDIS_URL and LOCKS_REDIS_URL carry their password inside the value, and so do the cache
+LOCATIONs built from them and the environment a server passes in request.META.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.views.debug import SafeExceptionReporterFilter
+
+# scheme://user:password@host  or  scheme://:password@host
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<password>[^@\s]+)(?=@)")
+# ?password=... in a query string (redis://host/0?password=...)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<password>[^&\s]+)", re.IGNORECASE)
+
+
+def mask_url_credentials(value: str) -> str:
+    """'mysql://u:pw@h/db' -> 'mysql://u:********************@h/db'."""
+    mask = SafeExceptionReporterFilter.cleansed_substitute
+    value = _URL_PASSWORD.sub(lambda m: m["head"] + mask, value)
+    return _QUERY_PASSWORD.sub(lambda m: m["head"] + mask, value)
+
+
+def _mask(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_url_credentials(value)
+    if isinstance(value, dict):
+        return {k: _mask(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_mask(v) for v in value)
+    return value
+
+
+class SafeUrlExceptionReporterFilter(SafeExceptionReporterFilter):
+    """Django's filter, plus URL passwords masked in settings, request.META and frame variables."""
+
+    def cleanse_setting(self, key: Any, value: Any) -> Any:
+        return _mask(super().cleanse_setting(key, value))
+
+    def get_traceback_frame_variables(self, request: Any, tb_frame: Any) -> Any:
+        return [(name, _mask(value)) for name, value in super().get_traceback_frame_variables(request, tb_frame)]

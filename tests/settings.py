@@ -1,0 +1,12 @@
+"""Settings for the test suite: the project's own, plus a test-only SECRET_KEY.
+
+DEBUG is off unless the environment turns it on, and with DEBUG off the project refuses to start
+without a SECRET_KEY. Tests (and the management commands they start in subprocesses, which
+inherit this environment) get a throwaway key instead of the developer having to export one.
+"""
+
+import os
+
+os.environ.setdefault("SECRET_KEY", "tests-only-insecure-key-" + "x" * 40)
+
+from shop.settings import *  # noqa: F403

@@ -1,0 +1,154 @@
+"""Rate limits on the endpoints worth hammering, counted in the real Redis (issue 12)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from shop import errors
+from shop.models import ApiToken, CouponClaim, Order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def limits(settings):
+    """Set some limits low for one test (the others keep their defaults)."""
+
+    def set_limits(**rates: str | None) -> None:
+        settings.SHOP = {**getattr(settings, "SHOP", {}), "RATE_LIMITS": rates}
+
+    return set_limits
+
+
+def api_post(client: Client, url: str, body: dict, token: str):
+    return client.post(url, data=json.dumps(body), content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {token}")
+
+
+def assert_api_rate_limited(response, limit: str) -> None:
+    assert response.status_code == 429
+    error = response.json()["error"]
+    assert error["code"] == "rate_limited" == errors.RateLimited.code
+    assert error["message"]
+    assert error["details"]["limit"] == limit and error["details"]["rate"]
+    assert 1 <= int(response["Retry-After"]) <= 3600
+    assert error["details"]["retry_after"] == int(response["Retry-After"])
+
+
+def assert_web_rate_limited(response) -> None:
+    assert response.status_code == 429
+    assert "Too many tries, please slow down" in response.content.decode()
+    assert int(response["Retry-After"]) >= 1
+
+
+def test_api_checkout_is_limited_per_user_and_writes_nothing_once_limited(limits, client, user, other_user,
+                                                                          make_product):
+    limits(checkout="3/m")
+    p = make_product(stock=100)
+    token, other = ApiToken.issue(user_id=user.pk, name="t"), ApiToken.issue(user_id=other_user.pk, name="t")
+    body = {"lines": [{"product_id": p.pk, "quantity": 1}]}
+    assert [api_post(client, "/api/orders/", body, token).status_code for _ in range(3)] == [201, 201, 201]
+    assert_api_rate_limited(api_post(client, "/api/orders/", body, token), "checkout")
+    assert Order.objects.filter(user=user).count() == 3
+    # Another buyer has a budget of their own; reads are never counted.
+    assert api_post(client, "/api/orders/", body, other).status_code == 201
+    assert client.get("/api/orders/", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
+
+
+def test_api_coupon_claims_are_limited(limits, client, user, make_coupon):
+    limits(coupon_claim="2/m")
+    token = ApiToken.issue(user_id=user.pk, name="t")
+    a, b, c = make_coupon(), make_coupon(), make_coupon()
+    assert api_post(client, f"/api/coupons/{a.code}/claim/", {}, token).status_code == 201
+    assert api_post(client, "/api/coupons/NOPE/claim/", {}, token).status_code == 404  # counts too
+    assert_api_rate_limited(api_post(client, f"/api/coupons/{b.code}/claim/", {}, token), "coupon_claim")
+    assert not CouponClaim.objects.filter(coupon__in=[b, c]).exists()
+
+
+def test_web_checkout_and_coupon_claims_are_limited(limits, client, user, make_product, make_coupon):
+    limits(checkout="1/m", coupon_claim="1/m")
+    client.force_login(user)
+    p = make_product(stock=10)
+    client.post(f"/products/{p.pk}/", {"quantity": 1})
+    key = client.get("/checkout/").context["form"].initial["idempotency_key"]
+    assert client.post("/checkout/", {"idempotency_key": key}).status_code == 302
+    client.post(f"/products/{p.pk}/", {"quantity": 1})
+    assert_web_rate_limited(client.post("/checkout/", {"idempotency_key": "another-key"}))
+    assert Order.objects.count() == 1
+    assert client.get("/checkout/").status_code == 200  # looking is never limited
+    a, b = make_coupon(), make_coupon()
+    assert client.post(f"/coupons/{a.code}/claim/").status_code == 302
+    assert_web_rate_limited(client.post(f"/coupons/{b.code}/claim/"))
+    assert CouponClaim.objects.filter(user=user).count() == 1
+
+
+def test_login_is_limited_per_ip_and_per_username(limits, client):
+    limits(login="3/m", login_account="2/m")
+    get_user_model().objects.create_user("victim", password="a-long-pass-123")
+    for _ in range(2):
+        assert client.post("/login/", {"username": "victim", "password": "guess"}).status_code == 200
+    # The account's budget is spent: even the right password waits (no guessing in between).
+    assert_web_rate_limited(client.post("/login/", {"username": "victim", "password": "a-long-pass-123"}))
+    # Other names from the same address: the per-IP limit.
+    assert client.post("/login/", {"username": "someone", "password": "guess"}).status_code == 429
+    assert client.get("/login/").status_code == 200
+
+
+def test_signup_is_limited_per_ip(limits, client):
+    limits(signup="2/m")
+    for i in range(2):
+        response = client.post("/signup/", {"username": f"new{i}", "password1": "a-long-pass-123",
+                                            "password2": "a-long-pass-123"})
+        assert response.status_code == 302
+        client.logout()
+    assert_web_rate_limited(client.post("/signup/", {"username": "new9", "password1": "a-long-pass-123",
+                                                     "password2": "a-long-pass-123"}))
+    assert not get_user_model().objects.filter(username="new9").exists()
+
+
+def test_token_creation_is_limited_but_revoking_is_not(limits, client, user):
+    limits(token_create="1/m")
+    client.force_login(user)
+    assert "shp_" in client.post("/account/tokens/", {"name": "one"}).content.decode()
+    assert_web_rate_limited(client.post("/account/tokens/", {"name": "two"}))
+    assert ApiToken.objects.filter(user=user).count() == 1
+    token = ApiToken.objects.get(user=user)
+    assert client.post("/account/tokens/", {"revoke": str(token.pk)}).status_code == 302
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+
+
+def test_limits_can_be_lifted_one_by_one_or_all_at_once(limits, settings, client, user, make_product):
+    p = make_product(stock=100)
+    token = ApiToken.issue(user_id=user.pk, name="t")
+    body = {"lines": [{"product_id": p.pk, "quantity": 1}]}
+    limits(checkout=None)
+    assert all(api_post(client, "/api/orders/", body, token).status_code == 201 for _ in range(4))
+    limits(checkout="1/m")
+    settings.RATELIMIT_ENABLE = False
+    assert all(api_post(client, "/api/orders/", body, token).status_code == 201 for _ in range(3))
+    settings.RATELIMIT_ENABLE = True
+    assert api_post(client, "/api/orders/", body, token).status_code == 201
+    assert api_post(client, "/api/orders/", body, token).status_code == 429
+
+
+def test_default_checkout_limit_leaves_room_for_the_load_test():
+    """`loadtest --url` defaults: 2,000 requests over 100 users, i.e. 20 orders a user."""
+    from shop.ratelimits import rate_for
+
+    count, _, period = rate_for("checkout").partition("/")
+    assert int(count) >= 100 and period == "m"
+
+
+def test_a_redis_outage_never_turns_the_limiter_into_a_500(limits, client, user, private_redis, make_product):
+    limits(checkout="1/m")
+    token = ApiToken.issue(user_id=user.pk, name="t")
+    p = make_product(stock=5)
+    private_redis.stop()
+    response = api_post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token)
+    assert response.status_code == 503  # the lock's own answer, not a limiter crash
+    assert response.json()["error"]["code"] == "lock_unavailable"

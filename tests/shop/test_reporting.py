@@ -1,0 +1,40 @@
+"""Error reports never show a password that sits inside a URL setting (issue 12)."""
+
+from __future__ import annotations
+
+import sys
+
+from django.test import RequestFactory
+from django.views.debug import ExceptionReporter, get_default_exception_reporter_filter
+
+from shop.reporting import SafeUrlExceptionReporterFilter, mask_url_credentials
+
+PASSWORD = "-".join(("s3cr3t", "Pa55"))  # never literally in the source the report quotes
+
+
+def _report(request) -> tuple[str, str]:
+    database_url = f"mysql://shop:{PASSWORD}@db.internal:3306/shop"  # a local in the failing frame
+    try:
+        raise RuntimeError(f"cannot reach {database_url.split('@')[1]}")
+    except RuntimeError:
+        reporter = ExceptionReporter(request, *sys.exc_info())
+        return reporter.get_traceback_html(), reporter.get_traceback_text()
+
+
+def test_the_debug_page_and_the_text_report_hide_url_passwords(settings):
+    settings.DATABASE_URL = f"mysql://shop:{PASSWORD}@db.internal:3306/shop"
+    settings.REDIS_URL = f"redis://:{PASSWORD}@redis.internal:6379/0"
+    settings.LOCKS_REDIS_URL = f"rediss://locks:{PASSWORD}@redis.internal:6380/0?password={PASSWORD}"
+    settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": settings.REDIS_URL}}
+    request = RequestFactory().get("/boom/", HTTP_X_UPSTREAM=f"redis://u:{PASSWORD}@h:1/0")
+    html, text = _report(request)
+    assert "db.internal" in html and "redis.internal" in html  # the report is still useful...
+    assert PASSWORD not in html and PASSWORD not in text  # ...and shows no password
+    assert isinstance(get_default_exception_reporter_filter(), SafeUrlExceptionReporterFilter)
+
+
+def test_mask_url_credentials():
+    assert mask_url_credentials("mysql://root@127.0.0.1:3306/shop") == "mysql://root@127.0.0.1:3306/shop"
+    masked = mask_url_credentials(f"mysql://shop:{PASSWORD}@db:3306/shop and redis://:{PASSWORD}@r:6379/0")
+    assert PASSWORD not in masked and "mysql://shop:" in masked and "@db:3306/shop" in masked
+    assert PASSWORD not in mask_url_credentials(f"redis://r:6379/0?db=1&password={PASSWORD}")
