@@ -56,7 +56,7 @@ class RestockForm(forms.Form):
 
 @admin.register(Product)
 class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
-    list_display = ("name", "sku", "price", "stock", "active", "lock", "restock_link")
+    list_display = ("name", "sku", "price", "stock", "max_per_user", "active", "lock", "restock_link")
     list_filter = ("active",)
     search_fields = ("name", "sku")
     readonly_fields = ("stock", "fence", "created_at", "updated_at")

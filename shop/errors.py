@@ -59,6 +59,14 @@ class OutOfStock(ShopError):
     default_message = "Not enough stock."
 
 
+class PurchaseLimitExceeded(ShopError):
+    """details = {"product_id", "limit", "bought", "requested"}: `bought` counts placed orders."""
+
+    code = "purchase_limit"
+    status = 409
+    default_message = "This order would take you past the number of units one buyer may buy."
+
+
 # --- coupons ---------------------------------------------------------------------------------
 class CouponUnknown(ShopError):
     code = "coupon_unknown"
@@ -167,7 +175,7 @@ class Conflict(ShopError):
 ERRORS_BY_CODE: dict[str, type[ShopError]] = {
     cls.code: cls
     for cls in (
-        InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock,
+        InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock, PurchaseLimitExceeded,
         CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed, CouponNotClaimed,
         OrderNotFound, OrderNotCancellable, IdempotencyConflict, RateLimited, LockTimeout, LockUnavailable,
         DatabaseUnavailable, Conflict,

@@ -19,6 +19,11 @@ class Product(models.Model):
     # Highest lock fencing token that has written this row; a stale holder's write is refused.
     fence = models.BigIntegerField(default=0, editable=False)
     active = models.BooleanField(default=True)
+    # Units one buyer may hold in placed orders (cancelled ones give theirs back); empty: no cap.
+    # Checked under the product's lock, so bots with many requests cannot drain a drop.
+    max_per_user = models.PositiveIntegerField(
+        null=True, blank=True, verbose_name="max per buyer",
+        help_text="Units one buyer may buy of this product (placed orders). Empty: no limit.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

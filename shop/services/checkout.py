@@ -25,7 +25,7 @@ import locks
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import hooks, idempotency, soldout
+from shop.services import hooks, idempotency, limits, soldout
 from shop.services.combining import place_combined
 from shop.services.coupons import valid_coupon
 from shop.services.locking import (
@@ -103,7 +103,7 @@ def place_order(
         return place_combined(user=user, product_id=product_id, quantity=quantity, code=code, key=key,
                               digest=digest)
 
-    products = Product.objects.only("id", "price", "active").in_bulk([pid for pid, _ in lines])
+    products = Product.objects.only("id", "price", "active", "max_per_user").in_bulk([pid for pid, _ in lines])
     unknown = [pid for pid, _ in lines if pid not in products]
     if unknown:
         raise errors.UnknownProduct(details={"product_ids": unknown})
@@ -187,6 +187,10 @@ def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks)
             short.append({"product_id": pid, "requested": qty, "available": row["stock"]})
         if short:
             raise errors.OutOfStock(_short_message(short), details={"lines": short})
+        # Purchase caps, counted now that this order holds the capped products' rows (limits.py).
+        caps = {pid: products[pid].max_per_user for pid, _ in lines if products[pid].max_per_user is not None}
+        if caps:
+            limits.check(user_id=user.pk, lines=lines, limits=caps)
 
         subtotal = sum((products[pid].price * qty for pid, qty in lines), Decimal("0"))
         discount = Decimal("0")

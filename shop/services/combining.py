@@ -47,7 +47,7 @@ from locks import combining
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import hooks, idempotency, soldout
+from shop.services import hooks, idempotency, limits, soldout
 from shop.services.coupons import coupon_error
 from shop.services.locking import (
     RETRYABLE_MYSQL,
@@ -258,7 +258,7 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
         # The row lock first: every combiner of this product (and a paused one that wakes)
         # passes here, so what we read next is exact until we commit.
         row = Product.objects.select_for_update().filter(pk=product_id).values(
-            "price", "active", "stock", "fence", "sku", "name").first()
+            "price", "active", "stock", "fence", "sku", "name", "max_per_user").first()
         # A request served before, by a combiner that crashed or stalled before replying (its
         # buyer queued again), is answered from what was committed, never allocated again.
         live = _drop_settled(live, results, row)
@@ -274,11 +274,19 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
         live = [r for r in live if r.id not in results]
 
         left = row["stock"]
+        cap = row["max_per_user"]
+        # Purchase caps: counted under the row lock taken above, then kept up to date per buyer
+        # as the batch is allocated, so two requests of one buyer in a batch count together.
+        have = limits.bought(product_id=product_id, user_ids={r.user_id for r in live}) if cap is not None else {}
         placed: list[BatchRequest] = []
         for r in live:  # FIFO: ours first, then in queue order
-            if r.quantity <= left:
+            if cap is not None and have.get(r.user_id, 0) + r.quantity > cap:
+                results[r.id] = _failed(limits.exceeded(product_id=product_id, limit=cap,
+                                                        bought=have.get(r.user_id, 0), requested=r.quantity))
+            elif r.quantity <= left:
                 placed.append(r)
                 left -= r.quantity
+                have[r.user_id] = have.get(r.user_id, 0) + r.quantity
             else:
                 state = "sold out" if left == 0 else f"only {left} left"
                 results[r.id] = _failed(errors.OutOfStock(

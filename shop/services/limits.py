@@ -1,0 +1,41 @@
+"""Per-buyer purchase caps (`Product.max_per_user`): one buyer, or a bot with many requests,
+cannot drain a limited drop.
+
+Counted under the product's lock *and* its row lock: both checkout paths count after they hold
+the product's row in InnoDB (the guarded UPDATE, or the batch's SELECT ... FOR UPDATE), and every
+order of a product writes that row, so no other order of the product is in flight uncommitted
+and the count is exact, even if the Redis lock was lost meanwhile.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Sum
+
+from shop import errors
+from shop.models import Order, OrderLine
+
+
+def bought(*, product_id: int, user_ids: set[int] | list[int]) -> dict[int, int]:
+    """Units of the product each of these buyers holds in placed orders."""
+    rows = (OrderLine.objects.filter(product_id=product_id, order__user_id__in=user_ids,
+                                     order__status=Order.Status.PLACED)
+            .values_list("order__user_id").annotate(n=Sum("quantity")).values_list("order__user_id", "n"))
+    return {user_id: n or 0 for user_id, n in rows}
+
+
+def exceeded(*, product_id: int, limit: int, bought: int, requested: int) -> errors.PurchaseLimitExceeded:
+    left = max(limit - bought, 0)
+    return errors.PurchaseLimitExceeded(
+        f"Product {product_id}: at most {limit} per buyer; you can buy {left} more.",
+        details={"product_id": product_id, "limit": limit, "bought": bought, "requested": requested})
+
+
+def check(*, user_id: int, lines: list[tuple[int, int]], limits: dict[int, int]) -> None:
+    """Refuse the order if a capped line takes the buyer past its product's cap."""
+    for product_id, quantity in lines:
+        limit = limits.get(product_id)
+        if limit is None:
+            continue
+        have = bought(product_id=product_id, user_ids=[user_id]).get(user_id, 0)
+        if have + quantity > limit:
+            raise exceeded(product_id=product_id, limit=limit, bought=have, requested=quantity)
