@@ -9,7 +9,7 @@ from django.urls import path
 from django.views.decorators.http import require_http_methods
 
 from locks import views
-from locks.models import ForceRelease, LockDashboard
+from locks.models import ForceRelease, JobRun, LockDashboard
 
 
 class StaffReadOnlyAdmin(admin.ModelAdmin):
@@ -64,3 +64,13 @@ class ForceReleaseAdmin(StaffReadOnlyAdmin):
     list_filter = ("released_at",)
     search_fields = ("lock_name", "actor_name", "owner")
     readonly_fields = [f.name for f in ForceRelease._meta.fields]
+
+
+@admin.register(JobRun)
+class JobRunAdmin(StaffReadOnlyAdmin):
+    """Who ran each tick of each scheduled job, when, how long, and how it ended (manage.py run_jobs --list)."""
+
+    list_display = ("job", "tick", "due_at", "runner", "started_at", "duration", "outcome", "takeovers")
+    list_filter = ("job", "outcome")
+    search_fields = ("job", "runner")
+    readonly_fields = [f.name for f in JobRun._meta.fields]

@@ -7,4 +7,5 @@ class LocksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from locks import checks  # noqa: F401  (registers the system checks)
+        # Registers the system checks, and the locks app's own scheduled job.
+        from locks import checks, jobs  # noqa: F401

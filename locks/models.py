@@ -36,3 +36,44 @@ class ForceRelease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lock_name} (fence {self.fence}) by {self.actor_name}"
+
+
+class JobRun(models.Model):
+    """One tick of one scheduled job (locks/jobs.py). The unique (job, tick) key is what makes a
+    tick run once in the whole cluster: the Redis lock only keeps runners from racing for it."""
+
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"
+    TAKEN_OVER = "taken_over"
+    OUTCOMES = [
+        (RUNNING, "running"),
+        (OK, "ok"),
+        (ERROR, "error"),
+        (TAKEN_OVER, "taken over (running again)"),
+    ]
+    ACTIVE = (RUNNING, TAKEN_OVER)
+
+    job = models.CharField(max_length=200)
+    tick = models.BigIntegerField(help_text="floor(unix time / every)")
+    due_at = models.DateTimeField(help_text="when the tick began")
+    runner = models.CharField(max_length=200, help_text="host:pid of the runner that has (or had) the tick")
+    fence = models.BigIntegerField(help_text="the runner's fence (job lock); results are written only with it")
+    started_at = models.DateTimeField(help_text="when this runner started the tick")
+    lease_until = models.DateTimeField(help_text="after this, another runner may take an unfinished tick over")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration = models.FloatField(null=True, blank=True, help_text="seconds")
+    outcome = models.CharField(max_length=16, choices=OUTCOMES, default=RUNNING)
+    takeovers = models.PositiveIntegerField(default=0)
+    taken_over_from = models.CharField(max_length=200, blank=True, help_text="the runner (and fence) it was taken from")
+    detail = models.TextField(blank=True, help_text="what the job returned")
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-due_at", "job"]
+        constraints = [models.UniqueConstraint(fields=["job", "tick"], name="locks_jobrun_once_per_tick")]
+        indexes = [models.Index(fields=["due_at"], name="locks_jobrun_due_at")]
+        verbose_name = "job run"
+
+    def __str__(self) -> str:
+        return f"{self.job} tick {self.tick}: {self.outcome}"
