@@ -36,8 +36,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from locks.exceptions import LockNotOwned
-from locks.lock import Hold, Lock, Served, _clock_offsets, current_holder, text
+from locks.exceptions import LockNotOwned, LockUnavailable
+from locks.lock import _UNREACHABLE, Hold, Lock, Served, _clock_offsets, current_holder, text
 from locks.scripts import script
 from locks.stats import recorder
 
@@ -72,8 +72,11 @@ class Turn:
             return []
         keys = self.lock.keys
         sent = time.monotonic()
-        got = script("take")(keys=[keys.lock, keys.queue, keys.waiters, keys.taken], args=[self.hold.token, int(limit)],
-                             client=self.lock.client)
+        try:
+            got = script("take")(keys=[keys.lock, keys.queue, keys.waiters, keys.taken],
+                                 args=[self.hold.token, int(limit)], client=self.lock.client)
+        except _UNREACHABLE as exc:
+            raise LockUnavailable(f"take: Redis unreachable: {exc}", name=self.lock.name) from exc
         if int(got[0]) == -1:
             raise LockNotOwned("take: the lock is no longer ours", name=self.lock.name)
         now_ms = int(got[0])
@@ -100,7 +103,10 @@ class Turn:
             left = self._deadlines.get(token, now_ms) - now_ms
             pipe.pexpire(signal, max(int(left), 0) + REPLY_GRACE_MS)
         pipe.hdel(keys.taken, *replies)  # answered: no longer ours to orphan
-        pipe.execute()
+        try:
+            pipe.execute()
+        except _UNREACHABLE as exc:
+            raise LockUnavailable(f"reply: Redis unreachable: {exc}", name=self.lock.name) from exc
 
     def release(self) -> None:
         """Release, and count this turn as one batch of 1 + len(taken) requests in the family's

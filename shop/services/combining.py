@@ -192,7 +192,12 @@ def _take_turn(turn: combining.Turn, *, product_id: int, mine: BatchRequest) -> 
     try:
         taken: list[BatchRequest] = []
         try:
-            taken = [BatchRequest.from_taken(r) for r in turn.take(int(shop_settings.COMBINE_BATCH) - 1)]
+            try:
+                taken = [BatchRequest.from_taken(r) for r in turn.take(int(shop_settings.COMBINE_BATCH) - 1)]
+            except locks.LockUnavailable as exc:
+                # Redis went away under us: nothing committed. Requests the take may have moved
+                # are woken when our hold ends without replying, and queue again.
+                raise errors.LockUnavailable(details={"lock": turn.hold.name, "redis": "unreachable"}) from exc
             results = serve_batch(product_id=product_id, batch=[mine, *taken], turn=turn)
         except errors.ShopError as exc:  # the database went away: every request shares the outcome
             results = {r.id: _failed(exc) for r in [mine, *taken]}
@@ -210,7 +215,7 @@ def _take_turn(turn: combining.Turn, *, product_id: int, mine: BatchRequest) -> 
 def _reply(turn: combining.Turn, replies: dict[str, str]) -> None:
     try:
         turn.reply(replies)
-    except RedisError:
+    except (RedisError, locks.LockUnavailable):
         # They wait on; when our hold ends without their reply they queue again, and the next
         # combiner finds their request ids committed (or not) and answers them.
         log.warning("combining: replies to %d buyers failed (Redis); they will be answered again", len(replies))

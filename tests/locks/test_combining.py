@@ -212,3 +212,18 @@ def test_requests_told_of_a_long_lease_are_not_stranded_when_a_short_lease_combi
     assert time.monotonic() - released < 0.5 + 1.0
     for proc, _ in submitters:
         proc.join(5)
+
+
+@pytest.mark.parametrize("call", ["take", "reply"])
+def test_a_turn_whose_redis_is_gone_raises_lock_unavailable(name, redis_server, call):
+    # Seen in the restart-redis fault run: a combiner's take() during the outage raised redis-py's
+    # ConnectionError, which reached the buyer as an unexpected error instead of a retryable 503.
+    from locks import LockUnavailable
+
+    client = redis_server.client()
+    client.connection_pool.connection_kwargs.update(socket_timeout=0.5, socket_connect_timeout=0.5)
+    turn = submit(Lock(name, ttl=5.0, client=client), "mine")
+    assert isinstance(turn, Turn)
+    redis_server.stop()
+    with pytest.raises(LockUnavailable):
+        turn.take(limit=10) if call == "take" else turn.reply({"t0": "x"})
