@@ -166,12 +166,7 @@ class Recorder:
         family = lock.family
         with self._mutex:
             pending = self._slot(lock)
-            counters = pending.counters.get(family)
-            if counters is None:
-                counters = pending.counters[family] = Counter()
-            counters["batches"] += 1
-            counters["batched_requests"] += size
-            counters[bucket] += 1
+            self._count(pending, family, batches=1, batched_requests=size, **{bucket: 1})  # once a batch
             latest = pending.latest.setdefault(family, {})
             latest["last_batch_ms"] = max(latest.get("last_batch_ms", 0), now_ms)
             if self._thread is None or not self._exit_hooked:
