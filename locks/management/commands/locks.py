@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -29,17 +30,37 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
+def _quantile(name: str) -> Callable[[inspect.LockStats], float]:
+    return lambda s: s.quantiles()[name] or 0.0
+
+
+# `--sort`: what orders the stats table (largest first, except name).
+SORTS: dict[str, Callable[[inspect.LockStats], Any]] = {
+    "acquired": lambda s: s.counters.get("acquired", 0),
+    "contention": lambda s: s.contention,
+    "timeouts": lambda s: s.counters.get("timeouts", 0),
+    "lost": lambda s: s.counters.get("lost", 0),
+    "wait": _quantile("wait_p99"),
+    "hold": _quantile("hold_p99"),
+    "batches": lambda s: s.counters.get("batches", 0),
+    "name": lambda s: s.name,
+}
+
+
 class Command(BaseCommand):
     help = "Show held locks and lock statistics, or force-release a lock."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", nargs="?", default="show", choices=["show", "events", "release"])
+        parser.add_argument("action", nargs="?", default="show", choices=["show", "events", "release"],
+                            help="show held locks and stats (default), the event log, or release a lock")
         parser.add_argument("name", nargs="?", help="lock name, for release (e.g. product:42)")
         parser.add_argument("--prefix", default="", help="only locks whose name starts with this")
         parser.add_argument("--limit", type=int, default=50, help="rows per table (default 50)")
         parser.add_argument("--all", action="store_true",
                             help="find held locks by SCANning the whole keyspace (complete, but costly)")
         parser.add_argument("--top", type=int, default=3, help="busiest names shown per family (default 3)")
+        parser.add_argument("--sort", choices=sorted(SORTS), default="acquired",
+                            help="order of the stats table, largest first (name: A-Z); default acquired")
         parser.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
         parser.add_argument("--iterations", type=int, default=0, help="with --watch: stop after N refreshes")
         parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -75,7 +96,7 @@ class Command(BaseCommand):
 
     def _show(self, opts: dict[str, Any]) -> None:
         stats = inspect.lock_stats(prefix=opts["prefix"], top=max(opts["top"], 0))
-        stats.sort(key=lambda s: s.counters.get("acquired", 0), reverse=True)
+        stats.sort(key=SORTS[opts["sort"]], reverse=opts["sort"] != "name")
         if opts["all"]:
             held = inspect.held_locks(prefix=opts["prefix"], limit=opts["limit"])
         else:

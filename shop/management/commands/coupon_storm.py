@@ -25,7 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=int, default=8, help="worker processes (default 8)")
         parser.add_argument("--attempts", type=int, default=1, help="claims per user (default 1; 2+ tests duplicates)")
         parser.add_argument("--lock-wait", type=float, default=3.0, help="lock wait timeout, seconds (default 3)")
-        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--seed", type=int, default=0, help="random seed for the users' order (default 0)")
         parser.add_argument("--json", metavar="FILE", help="write the figures and checks as JSON")
         parser.add_argument("--keep", action="store_true", help="keep the run's users, coupon and claims")
         parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

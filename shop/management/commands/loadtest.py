@@ -155,6 +155,11 @@ class Command(BaseCommand):
             raise CommandError("--jitter and --lock-wait cannot be negative; --lock-ttl must be positive")
         if opts["plot"] and not opts["plot"].lower().endswith(".png"):
             raise CommandError("--plot writes a PNG: give a FILE.png")
+        if opts["plot"]:
+            try:
+                import matplotlib  # noqa: F401  (refuse now, not after a long run)
+            except ImportError:
+                raise CommandError("--plot needs matplotlib: pip install -r requirements-bench.txt") from None
         if opts["url"] and not opts["url"].startswith(("http://", "https://")):
             raise CommandError("--url must start with http:// or https://")
         default_stock = 1_000_000 if opts["compare"] else 1000

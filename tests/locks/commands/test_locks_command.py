@@ -155,3 +155,27 @@ def test_shows_queued_requests_and_the_combining_batches(name):
     family = json.loads(run("--prefix", name, "--json"))["stats"][0]
     assert (family["batches"], family["batched_requests"], family["batch_sizes"]) == (1, 3, {"3-4": 1})
     assert time.time() - family["last_batch_at"] < 5
+
+
+def test_sort_orders_the_stats_table_and_limit_cuts_it(db):
+    import uuid
+
+    tag = uuid.uuid4().hex[:8]
+    busy, quiet = f"t:xzz{tag}", f"t:xaa{tag}"  # the busier one sorts last by name
+    for _ in range(3):
+        with Lock(busy, ttl=5.0):
+            pass
+    with Lock(quiet, ttl=5.0):
+        pass
+    stats.flush()
+
+    def order(*args: str) -> list[str]:
+        return [line.split()[0] for line in run("--prefix", "t:x", "--limit", "500", *args).splitlines()
+                if line.split() and line.split()[0] in (busy, quiet)]
+
+    assert order() == [busy, quiet]  # default: most acquisitions first
+    assert order("--sort", "name") == [quiet, busy]
+    data = json.loads(run("--prefix", "t:x", "--sort", "name", "--limit", "1", "--json"))
+    assert len(data["stats"]) == 1
+    with pytest.raises(CommandError, match="invalid choice"):
+        run("--sort", "nope")

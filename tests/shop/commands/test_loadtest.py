@@ -153,3 +153,23 @@ def test_a_fault_run_prints_its_row_and_passes():
     out = run("--fault", "kill-holder", "--fault-duration", "5", "--fault-length", "1", "--fault-buyers", "3")
     row = next(line for line in out.splitlines() if line.startswith("kill-holder "))
     assert row.split()[1] == "1" and row.endswith("PASS")  # one fault injected
+
+
+@pytest.mark.django_db
+def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without it looks like
+    with pytest.raises(CommandError, match="pip install -r requirements-bench.txt"):
+        run(*SMALL, "--plot", str(tmp_path / "run.png"))
+    assert not Order.objects.exists() and not Product.objects.exists()  # refused before any run
+
+
+def test_every_option_of_the_load_test_commands_has_help():
+    from django.core.management import load_command_class
+
+    for command in ("loadtest", "coupon_storm"):
+        parser = load_command_class("shop", command).create_parser("manage.py", command)
+        own = [a for a in parser._actions if a.dest not in {"help", "version", "verbosity", "settings", "pythonpath",
+                                                               "traceback", "no_color", "force_color", "skip_checks"}]
+        assert own and all(a.help for a in own), [a.dest for a in own if not a.help]
