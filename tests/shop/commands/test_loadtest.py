@@ -160,7 +160,7 @@ def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, tmp_path
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without it looks like
-    with pytest.raises(CommandError, match="pip install -r requirements-bench.txt"):
+    with pytest.raises(CommandError, match=r"pip install -r requirements-bench\.txt"):
         run(*SMALL, "--plot", str(tmp_path / "run.png"))
     assert not Order.objects.exists() and not Product.objects.exists()  # refused before any run
 
