@@ -44,7 +44,7 @@ def test_place_order_201_then_replay_200_then_conflict_422(client, token, make_p
     first = post(client, "/api/orders/", body, token, HTTP_IDEMPOTENCY_KEY="abc-1")
     assert first.status_code == 201
     order = first.json()
-    assert order["lines"][0]["quantity"] == 2 and order["status"] == "placed"
+    assert order["lines"][0]["quantity"] == 2 and order["status"] == "pending_payment" and order["pay_by"]
     replay = post(client, "/api/orders/", body, token, HTTP_IDEMPOTENCY_KEY="abc-1")
     assert replay.status_code == 200 and replay.json()["id"] == order["id"]
     conflict = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token,
