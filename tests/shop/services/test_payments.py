@@ -200,3 +200,17 @@ def test_expiry_races_checkouts_and_payments_without_double_returns(make_product
     assert not Order.objects.filter(pk__in=placed, status=Order.Status.EXPIRED, paid_at__isnull=False).exists()
     assert not StockLedger.objects.filter(order_id__in=paid, reason=StockLedger.Reason.EXPIRE).exists()
     assert check_invariants(product_ids=[p.pk], initial_stock={p.pk: 60}, seen_order_ids=placed) == []
+
+
+def test_the_invariants_catch_a_double_return(user, make_product):
+    p = make_product(stock=5)
+    order = place_order(user=user, lines=[(p.pk, 2)])
+    make_late(order)
+    expire_unpaid()
+    assert check_invariants(product_ids=[p.pk], initial_stock={p.pk: 5}) == []
+    # A bug that gave the stock back twice (here: by hand) is named, with the order.
+    Product.objects.filter(pk=p.pk).update(stock=7)
+    StockLedger.objects.create(product=p, quantity=2, reason=StockLedger.Reason.CANCEL, order=order)
+    found = check_invariants(product_ids=[p.pk], initial_stock={p.pk: 5}, check_locks=False)
+    assert any(v.startswith("returns:") and f"order {order.pk}" in v and "returned 4" in v for v in found), found
+    assert any("wrong reason" in v for v in found), found
