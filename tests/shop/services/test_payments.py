@@ -214,3 +214,24 @@ def test_the_invariants_catch_a_double_return(user, make_product):
     found = check_invariants(product_ids=[p.pk], initial_stock={p.pk: 5}, check_locks=False)
     assert any(v.startswith("returns:") and f"order {order.pk}" in v and "returned 4" in v for v in found), found
     assert any("wrong reason" in v for v in found), found
+
+
+def test_expiry_stops_when_the_job_loses_its_lease(user, make_product):
+    from locks import LockLost
+
+    p = make_product(stock=5)
+    orders = [place_order(user=user, lines=[(p.pk, 1)]) for _ in range(3)]
+    for order in orders:
+        make_late(order)
+    calls = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) > 2:
+            raise LockLost("lease gone", name="job:shop.expire_unpaid")
+
+    with pytest.raises(LockLost):
+        expire_unpaid(check=check)
+    assert Order.objects.filter(status=Order.Status.EXPIRED).count() == 2
+    assert Product.objects.get(pk=p.pk).stock == 4
+    assert expire_unpaid(limit=10) == 1 and Product.objects.get(pk=p.pk).stock == 5
