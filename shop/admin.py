@@ -21,7 +21,7 @@ from locks import inspect
 from locks.exceptions import LockUnavailable
 from shop import errors
 from shop.conf import shop_settings
-from shop.models import ApiToken, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+from shop.models import RESERVING_STATUSES, ApiToken, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
 from shop.services import cancel_order, restock
 from shop.tokens import revoke
 
@@ -142,12 +142,12 @@ class OrderLineInline(admin.TabularInline):
 
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
-    list_display = ("id", "user", "status", "total", "coupon", "created_at", "cancel_link")
+    list_display = ("id", "user", "status", "total", "coupon", "created_at", "pay_by", "cancel_link")
     list_filter = ("status",)
     search_fields = ("id", "user__username", "idempotency_key")
     inlines = [OrderLineInline]
     readonly_fields = ("user", "status", "subtotal", "discount", "total", "coupon", "idempotency_key",
-                       "created_at", "cancelled_at")
+                       "created_at", "pay_by", "paid_at", "cancelled_at")
     exclude = ("request_digest",)
 
     def has_add_permission(self, request) -> bool:
@@ -158,7 +158,7 @@ class OrderAdmin(admin.ModelAdmin):
 
     @admin.display(description="")
     def cancel_link(self, obj: Order) -> str:
-        if obj.status != Order.Status.PLACED:
+        if obj.status not in RESERVING_STATUSES:
             return ""
         return format_html('<a href="{}">Cancel…</a>', reverse("admin:shop_order_cancel", args=[obj.pk]))
 

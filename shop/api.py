@@ -20,7 +20,7 @@ from django.views.decorators.csrf import csrf_exempt
 from shop import errors, ratelimits, selectors
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, Product
-from shop.services import claim_coupon, place_order
+from shop.services import cancel_order, claim_coupon, pay_order, place_order
 from shop.services.validation import MAX_CODE_LENGTH, validate_code, validate_idempotency_key
 from shop.tokens import BadToken, bearer_token, user_for_token
 
@@ -188,6 +188,8 @@ def order_json(order: Order) -> dict[str, Any]:
         "coupon_code": order.coupon.code if order.coupon_id else None,
         "idempotency_key": order.idempotency_key,
         "created_at": order.created_at.isoformat(),
+        "pay_by": order.pay_by.isoformat() if order.pay_by else None,
+        "paid_at": order.paid_at.isoformat() if order.paid_at else None,
         "lines": [
             {"product_id": line.product_id, "sku": line.product.sku, "name": line.product.name,
              "quantity": line.quantity, "unit_price": str(line.unit_price)}
@@ -244,6 +246,23 @@ def orders(request: HttpRequest) -> JsonResponse:
 
 @api_view(("GET",))
 def order(request: HttpRequest, order_id: int) -> JsonResponse:
+    return JsonResponse(order_json(selectors.order_for_user(user=request.user, order_id=order_id)))
+
+
+@api_view(("POST",))
+def pay(request: HttpRequest, order_id: int) -> JsonResponse:
+    """Pay an unpaid order of one's own (the simulated provider): 200 with the order; paying a
+    paid order again answers the same; too late or cancelled: 409 order_not_payable."""
+    mine = selectors.order_for_user(user=request.user, order_id=order_id)
+    pay_order(order=mine, actor=f"user:{request.user.pk}")
+    return JsonResponse(order_json(selectors.order_for_user(user=request.user, order_id=order_id)))
+
+
+@api_view(("POST",))
+def cancel(request: HttpRequest, order_id: int) -> JsonResponse:
+    """The buyer cancels an unpaid order of their own; stock and coupon go back (409 otherwise)."""
+    mine = selectors.order_for_user(user=request.user, order_id=order_id)
+    cancel_order(order=mine, actor=f"user:{request.user.pk}", unpaid_only=True)
     return JsonResponse(order_json(selectors.order_for_user(user=request.user, order_id=order_id)))
 
 

@@ -27,6 +27,10 @@ DEFAULTS: dict[str, Any] = {
     # always do). Env: SHOP_COMBINING=false.
     "COMBINING": True,
     "COMBINE_BATCH": 32,
+    # Payment (issue 13): a new order awaits payment this long (seconds) with its stock reserved;
+    # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
+    # and coupon go back. Checked when the order is paid, so a late payment is refused.
+    "PAYMENT_WINDOW": 15 * 60,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.
     "RETRIES": 5,
     # Sold-out markers live in this cache's Redis, with this TTL (seconds). Services keep them

@@ -111,6 +111,14 @@ class OrderNotCancellable(ShopError):
     default_message = "This order cannot be cancelled."
 
 
+class OrderNotPayable(ShopError):
+    """details = {"order_id", "status"}: the order is cancelled, expired, or past its pay_by."""
+
+    code = "order_not_payable"
+    status = 409
+    default_message = "This order can no longer be paid (cancelled, or its payment window has passed)."
+
+
 class IdempotencyConflict(ShopError):
     code = "idempotency_conflict"
     status = 422
@@ -177,7 +185,8 @@ ERRORS_BY_CODE: dict[str, type[ShopError]] = {
     for cls in (
         InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock, PurchaseLimitExceeded,
         CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed, CouponNotClaimed,
-        OrderNotFound, OrderNotCancellable, IdempotencyConflict, RateLimited, LockTimeout, LockUnavailable,
+        OrderNotFound, OrderNotCancellable, OrderNotPayable, IdempotencyConflict, RateLimited, LockTimeout,
+        LockUnavailable,
         DatabaseUnavailable, Conflict,
     )
 }

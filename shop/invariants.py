@@ -13,7 +13,7 @@ from django_redis import get_redis_connection
 
 from locks.conf import locks_settings
 from locks.keys import families_key, family_of, held_key, hot_key, stats_key
-from shop.models import Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+from shop.models import RESERVING_STATUSES, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
 
 
 def check_invariants(
@@ -31,7 +31,7 @@ def check_invariants(
     violations: list[str] = []
     stock = dict(Product.objects.filter(pk__in=product_ids).values_list("pk", "stock"))
     sold = dict(
-        OrderLine.objects.filter(product_id__in=product_ids, order__status=Order.Status.PLACED)
+        OrderLine.objects.filter(product_id__in=product_ids, order__status__in=RESERVING_STATUSES)
         .values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n")
     )
     ledger = dict(
@@ -55,7 +55,7 @@ def check_invariants(
         moved = -(ledger.get(pid) or 0) + (refills.get(pid) or 0)
         if taken != units:
             violations.append(
-                f"I2: product {pid}: stock fell by {taken} but placed orders hold {units} units"
+                f"I2: product {pid}: stock fell by {taken} but reserving orders hold {units} units"
                 + (f" (OVERSOLD by {units - taken})" if units > taken else "")
             )
         if moved != units:
@@ -76,7 +76,7 @@ def check_invariants(
                    .filter(n__gt=1).count())
         if doubles:
             violations.append(f"I3: coupon {coupon.code}: {doubles} users hold more than one claim")
-        reused = Order.objects.filter(coupon=coupon, status=Order.Status.PLACED).values("user_id").annotate(
+        reused = Order.objects.filter(coupon=coupon, status__in=RESERVING_STATUSES).values("user_id").annotate(
             n=Count("id")).filter(n__gt=1).count()
         if reused:
             violations.append(f"I3: coupon {coupon.code}: {reused} users used one claim on several orders")
@@ -89,16 +89,58 @@ def check_invariants(
 
     if seen_order_ids is not None:
         seen = set(seen_order_ids)
-        committed = set(orders.filter(status=Order.Status.PLACED).values_list("pk", flat=True))
+        # Committed whatever became of it since (paid, cancelled, expired).
+        committed = set(orders.values_list("pk", flat=True))
         if seen - committed:
             violations.append(f"I5: {len(seen - committed)} successes the clients saw have no committed order")
         if committed - seen:
             violations.append(f"I5: {len(committed - seen)} committed orders were never reported as successes")
 
+    violations.extend(release_violations(product_ids))
+
     if check_locks:
         violations.extend(lock_violations([f"product:{pid}" for pid in product_ids]
                                           + [f"coupon:{cid}" for cid in coupon_ids]))
     return violations
+
+
+RELEASED = (Order.Status.CANCELLED, Order.Status.EXPIRED)
+RETURN_REASONS = (StockLedger.Reason.CANCEL, StockLedger.Reason.EXPIRE)
+REASON_OF = {Order.Status.CANCELLED: StockLedger.Reason.CANCEL, Order.Status.EXPIRED: StockLedger.Reason.EXPIRE}
+
+
+def release_violations(product_ids: Iterable[int]) -> list[str]:
+    """Payment lifecycle (issue 13): every cancelled or expired order gave back exactly what it
+    reserved, once, and nothing else did; no order is both paid and expired."""
+    product_ids = list(product_ids)
+    out = []
+    reserved = {(oid, pid): n for oid, pid, n in OrderLine.objects.filter(
+        product_id__in=product_ids, order__status__in=RELEASED).values_list("order_id", "product_id", "quantity")}
+    returned = {(oid, pid): n for oid, pid, n in StockLedger.objects.filter(
+        product_id__in=product_ids, reason__in=RETURN_REASONS).values("order_id", "product_id")
+        .annotate(n=Sum("quantity")).values_list("order_id", "product_id", "n")}
+    wrong = sorted(k for k in reserved.keys() | returned.keys() if reserved.get(k) != returned.get(k))
+    if wrong:
+        shown = ", ".join(f"order {o} product {p}: reserved {reserved.get((o, p), 0)}, "
+                          f"returned {returned.get((o, p), 0)}" for o, p in wrong[:3])
+        out.append(f"returns: {len(wrong)} cancelled/expired order lines gave back other than they reserved ({shown})")
+    orders = Order.objects.filter(lines__product_id__in=product_ids).distinct()
+    mismatched = sum(
+        StockLedger.objects.filter(product_id__in=product_ids, order__status=status)
+        .exclude(reason__in=[StockLedger.Reason.ORDER, reason]).count()
+        for status, reason in REASON_OF.items()
+    )
+    if mismatched:
+        out.append(f"returns: {mismatched} ledger rows give stock back for the wrong reason")
+    paid_and_expired = orders.filter(paid_at__isnull=False).exclude(
+        status__in=[Order.Status.PAID, Order.Status.CANCELLED]).count()
+    if paid_and_expired:
+        out.append(f"payments: {paid_and_expired} orders carry a payment but are neither paid nor cancelled (expired?)")
+    unpaid_returns = StockLedger.objects.filter(product_id__in=product_ids, reason__in=RETURN_REASONS,
+                                                order__status__in=RESERVING_STATUSES).count()
+    if unpaid_returns:
+        out.append(f"returns: {unpaid_returns} ledger rows gave back stock of an order that still holds it")
+    return out
 
 
 def lock_violations(names: Iterable[str]) -> list[str]:

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
+from django.utils import timezone
 
 
 class Product(models.Model):
@@ -80,9 +81,23 @@ class Coupon(models.Model):
 
 
 class Order(models.Model):
+    """An order reserves its stock from checkout until it is cancelled or expires.
+
+    Lifecycle (issue 13): checkout -> pending_payment (with a `pay_by` deadline) -> paid, or
+    -> cancelled (buyer or staff) / expired (unpaid past `pay_by`; `shop.expire_unpaid`). Both
+    of the last two give the stock and the coupon back exactly once.
+
+    "placed" is the status of orders from before the payment step: they are kept as they are and
+    count as settled (paid-equivalent): they reserve stock, cannot be paid or expire, and staff
+    can still cancel them. New orders are never "placed".
+    """
+
     class Status(models.TextChoices):
-        PLACED = "placed", "Placed"
+        PLACED = "placed", "Placed"  # legacy: settled before the payment step existed
+        PENDING_PAYMENT = "pending_payment", "Awaiting payment"
+        PAID = "paid", "Paid"
         CANCELLED = "cancelled", "Cancelled"
+        EXPIRED = "expired", "Expired"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PLACED)
@@ -95,17 +110,37 @@ class Order(models.Model):
     # Digest of (lines, coupon) so a replayed key with a different body is detected.
     request_digest = models.CharField(max_length=64, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
-    cancelled_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)  # cancelled or expired
+    # Unpaid past this, the order expires and its stock goes back (SHOP["PAYMENT_WINDOW"]).
+    pay_by = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "pay_by"], name="order_status_pay_by")]
         constraints = [
             models.UniqueConstraint(fields=["user", "idempotency_key"], name="order_idempotency_key_per_user"),
             models.CheckConstraint(condition=Q(total__gte=0), name="order_total_not_negative"),
+            # No order is both paid and expired: paid_at belongs to paid orders (and to paid ones
+            # staff cancelled since: the payment stays on record, for the refund).
+            models.CheckConstraint(condition=Q(paid_at__isnull=True) | Q(status__in=["paid", "cancelled"]),
+                                   name="order_paid_at_only_when_paid"),
+            models.CheckConstraint(condition=~Q(status="pending_payment") | Q(pay_by__isnull=False),
+                                   name="order_pending_has_pay_by"),
         ]
 
     def __str__(self) -> str:
         return f"Order #{self.pk}"
+
+    @property
+    def payable(self) -> bool:
+        """Unpaid and inside its window (the service re-checks in its guarded UPDATE)."""
+        return (self.status == self.Status.PENDING_PAYMENT and self.pay_by is not None
+                and self.pay_by > timezone.now())
+
+
+# Orders that hold their stock: I2 counts their units as taken.
+RESERVING_STATUSES = (Order.Status.PENDING_PAYMENT, Order.Status.PAID, Order.Status.PLACED)
 
 
 class CheckoutRequest(models.Model):
@@ -166,6 +201,7 @@ class StockLedger(models.Model):
     class Reason(models.TextChoices):
         ORDER = "order", "Order"
         CANCEL = "cancel", "Cancel"
+        EXPIRE = "expire", "Expired unpaid"
         RESTOCK = "restock", "Restock"
         ADMIN = "admin", "Admin"
 

@@ -12,6 +12,8 @@ api_patterns = [
     path("api/products/<int:product_id>/", api.product, name="api_product"),
     path("api/orders/", api.orders, name="api_orders"),
     path("api/orders/<int:order_id>/", api.order, name="api_order"),
+    path("api/orders/<int:order_id>/pay/", api.pay, name="api_order_pay"),
+    path("api/orders/<int:order_id>/cancel/", api.cancel, name="api_order_cancel"),
     path("api/coupons/<couponcode:code>/claim/", api.claim, name="api_coupon_claim"),
     re_path(r"^api(?:/(?P<path>.*))?$", api.not_found),
 ]
@@ -25,6 +27,8 @@ urlpatterns = [
     path("checkout/", views.checkout, name="checkout"),
     path("orders/", views.my_orders, name="orders"),
     path("orders/<int:order_id>/", views.order_detail, name="order"),
+    path("orders/<int:order_id>/pay/", views.order_pay, name="order_pay"),
+    path("orders/<int:order_id>/cancel/", views.order_cancel, name="order_cancel"),
     path("coupons/", views.coupons, name="coupons"),
     path("coupons/<couponcode:code>/claim/", views.coupon_claim, name="coupon_claim"),
     path("signup/", views.signup, name="signup"),

@@ -15,7 +15,7 @@ from shop import cart, errors, ratelimits, selectors
 from shop.conf import shop_settings
 from shop.forms import CheckoutForm, QuantityForm, SignUpForm, TokenForm
 from shop.models import ApiToken, Product
-from shop.services import claim_coupon, place_order
+from shop.services import cancel_order, claim_coupon, pay_order, place_order
 from shop.tokens import revoke
 
 
@@ -43,6 +43,8 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None) -> s
         "inactive_product": "This product is no longer on sale.",
         "unknown_product": "This product no longer exists.",
         "idempotency_conflict": "This checkout was already submitted with a different cart.",
+        "order_not_payable": "This order can no longer be paid: it was cancelled or its payment time ran out.",
+        "order_not_cancellable": "This order can no longer be cancelled (it is paid, cancelled or expired).",
     }.get(exc.code, exc.message)
 
 
@@ -151,6 +153,39 @@ def order_detail(request: HttpRequest, order_id: int) -> HttpResponse:
     except errors.OrderNotFound:
         raise Http404("No such order") from None
     return render(request, "shop/order.html", {"order": order})
+
+
+def _own_order(request: HttpRequest, order_id: int):
+    try:
+        return selectors.order_for_user(user=request.user, order_id=order_id)
+    except errors.OrderNotFound:
+        raise Http404("No such order") from None
+
+
+@login_required
+@require_POST
+def order_pay(request: HttpRequest, order_id: int) -> HttpResponse:
+    """The "Pay" button (simulated provider): pay, then back to the order."""
+    order = _own_order(request, order_id)
+    try:
+        pay_order(order=order, actor=f"user:{request.user.pk}")
+        messages.success(request, f"Order #{order.pk} is paid. Thank you!")
+    except errors.ShopError as exc:
+        messages.error(request, plain_words(exc))
+    return redirect("order", order_id=order.pk)
+
+
+@login_required
+@require_POST
+def order_cancel(request: HttpRequest, order_id: int) -> HttpResponse:
+    """The "Cancel" button of an unpaid order: its stock and coupon go back."""
+    order = _own_order(request, order_id)
+    try:
+        cancel_order(order=order, actor=f"user:{request.user.pk}", unpaid_only=True)
+        messages.success(request, f"Order #{order.pk} cancelled.")
+    except errors.ShopError as exc:
+        messages.error(request, plain_words(exc))
+    return redirect("order", order_id=order.pk)
 
 
 @login_required

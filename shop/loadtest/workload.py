@@ -18,7 +18,17 @@ from django_redis import get_redis_connection
 
 from locks.conf import locks_settings
 from locks.keys import LockKeys
-from shop.models import CheckoutRequest, Coupon, CouponClaim, DbLock, Order, OrderLine, Product, StockLedger
+from shop.models import (
+    RESERVING_STATUSES,
+    CheckoutRequest,
+    Coupon,
+    CouponClaim,
+    DbLock,
+    Order,
+    OrderLine,
+    Product,
+    StockLedger,
+)
 
 PREFIX = "lt-"
 
@@ -140,7 +150,7 @@ class Books:
     product_id: int
     initial: int
     current: int
-    sold: int  # sum of the quantities in the run's placed order lines
+    sold: int  # sum of the quantities in the run's reserving (pending, paid, placed) order lines
     ledger: int  # minus the sum of the product's ledger rows
 
     @property
@@ -159,7 +169,7 @@ def batch_sizes(workload: Workload) -> list[int]:
 
 def books(workload: Workload) -> list[Books]:
     current = dict(Product.objects.filter(pk__in=workload.product_ids).values_list("pk", "stock"))
-    sold = dict(OrderLine.objects.filter(product_id__in=workload.product_ids, order__status=Order.Status.PLACED)
+    sold = dict(OrderLine.objects.filter(product_id__in=workload.product_ids, order__status__in=RESERVING_STATUSES)
                 .values_list("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n"))
     ledger = dict(StockLedger.objects.filter(product_id__in=workload.product_ids)
                   .values_list("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n"))

@@ -37,6 +37,7 @@ from shop.services.locking import (
     refuse_outer_transaction,
     with_retries,
 )
+from shop.services.orders import pay_by_from
 from shop.services.transactions import connection_errors, durable_transaction
 from shop.services.validation import validate_code, validate_idempotency_key, validate_lines
 
@@ -202,6 +203,7 @@ def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks)
         order = Order.objects.create(
             user=user, subtotal=subtotal, discount=discount, total=subtotal - discount,
             coupon=claim.coupon if claim is not None else None, idempotency_key=key, request_digest=digest,
+            status=Order.Status.PENDING_PAYMENT, pay_by=pay_by_from(),
         )
         OrderLine.objects.bulk_create([
             OrderLine(order=order, product_id=pid, quantity=qty, unit_price=products[pid].price) for pid, qty in lines

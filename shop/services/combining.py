@@ -57,6 +57,7 @@ from shop.services.locking import (
     release_safely,
     shop_lock,
 )
+from shop.services.orders import pay_by_from
 from shop.services.transactions import durable_transaction
 
 log = logging.getLogger("shop")
@@ -97,7 +98,9 @@ def _placed(order: Order, *, replayed: bool, request: BatchRequest, row: dict | 
     """The buyer's answer: the order and, with the product's row, its whole receipt (the one
     line, sku, name, coupon code, time), so the API answers without reading the order back."""
     placed = {"id": order.pk, "subtotal": str(order.subtotal), "discount": str(order.discount),
-              "total": str(order.total), "coupon": order.coupon_id, "replayed": replayed}
+              "total": str(order.total), "coupon": order.coupon_id, "replayed": replayed,
+              "status": order.status, "pay_by": order.pay_by.isoformat() if order.pay_by else None,
+              "paid_at": order.paid_at.isoformat() if order.paid_at else None}
     if row is not None:
         placed["receipt"] = {"created_at": order.created_at.isoformat(), "code": request.code,
                              "sku": row["sku"], "name": row["name"], "quantity": request.quantity,
@@ -155,7 +158,9 @@ def _order_from(data: dict, *, user, product_id: int, key: str | None, digest: s
     its coupon, line and product are filled in, so rendering it sends no query."""
     order = Order(pk=data["id"], user=user, subtotal=Decimal(data["subtotal"]), discount=Decimal(data["discount"]),
                   total=Decimal(data["total"]), coupon_id=data["coupon"], idempotency_key=key,
-                  request_digest=digest)
+                  request_digest=digest, status=data["status"],
+                  pay_by=datetime.fromisoformat(data["pay_by"]) if data["pay_by"] else None,
+                  paid_at=datetime.fromisoformat(data["paid_at"]) if data["paid_at"] else None)
     order._state.adding = False
     order.replayed = data["replayed"]
     receipt = data.get("receipt")
@@ -306,6 +311,7 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
         if not updated:
             raise StaleFence(product_id)  # the row changed behind our lock: read it again
         price = row["price"]
+        pay_by = pay_by_from()  # the batch commits together: one deadline for all of it
         orders = []
         for r in placed:
             subtotal = price * r.quantity
@@ -313,7 +319,8 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
             discount = min(claim.coupon.discount, subtotal) if claim is not None else CENTS * 0
             orders.append(Order(user_id=r.user_id, subtotal=subtotal, discount=discount, total=subtotal - discount,
                                 coupon_id=claim.coupon_id if claim is not None else None,
-                                idempotency_key=r.key, request_digest=r.digest))
+                                idempotency_key=r.key, request_digest=r.digest,
+                                status=Order.Status.PENDING_PAYMENT, pay_by=pay_by))
         Order.objects.bulk_create(orders)  # the ORM here: it reads back the new ids
         pairs = list(zip(placed, orders, strict=True))
         created = connection.ops.adapt_datetimefield_value(timezone.now())

@@ -12,13 +12,13 @@ from __future__ import annotations
 from django.db.models import Sum
 
 from shop import errors
-from shop.models import Order, OrderLine
+from shop.models import RESERVING_STATUSES, OrderLine
 
 
 def bought(*, product_id: int, user_ids: set[int] | list[int]) -> dict[int, int]:
-    """Units of the product each of these buyers holds in placed orders."""
+    """Units of the product each of these buyers holds in orders that reserve stock (unpaid too)."""
     rows = (OrderLine.objects.filter(product_id=product_id, order__user_id__in=user_ids,
-                                     order__status=Order.Status.PLACED)
+                                     order__status__in=RESERVING_STATUSES)
             .values_list("order__user_id").annotate(n=Sum("quantity")).values_list("order__user_id", "n"))
     return {user_id: n or 0 for user_id, n in rows}
 

@@ -147,11 +147,15 @@ def _start_victim(job: Job, started):
 
 @pytest.fixture
 def only_registered():
-    """Runner() runs every registered job: keep the built-in one out of the fault tests."""
-    builtin = registry.get("locks.prune")
-    registry.unregister("locks.prune")
+    """Runner() runs every registered job: keep the built-in ones (locks.prune, and the apps' own,
+    e.g. shop.expire_unpaid) out of the fault tests."""
+    builtins = registry.all()
+    for job in builtins:
+        registry.unregister(job.name)
     yield
-    jobs.register(builtin.name, builtin.func, every=builtin.every, lease=builtin.lease)
+    for job in builtins:
+        jobs.register(job.name, job.func, every=job.every, lease=job.lease, atomic=job.atomic,
+                      catch_up=job.catch_up)
 
 
 def test_a_killed_runner_is_taken_over_after_its_lease(make_job, effects, only_registered):

@@ -44,7 +44,7 @@ def test_place_order_201_then_replay_200_then_conflict_422(client, token, make_p
     first = post(client, "/api/orders/", body, token, HTTP_IDEMPOTENCY_KEY="abc-1")
     assert first.status_code == 201
     order = first.json()
-    assert order["lines"][0]["quantity"] == 2 and order["status"] == "placed"
+    assert order["lines"][0]["quantity"] == 2 and order["status"] == "pending_payment" and order["pay_by"]
     replay = post(client, "/api/orders/", body, token, HTTP_IDEMPOTENCY_KEY="abc-1")
     assert replay.status_code == 200 and replay.json()["id"] == order["id"]
     conflict = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token,
@@ -294,3 +294,38 @@ def test_an_order_past_the_purchase_cap_is_409_purchase_limit(client, token, mak
     assert refused.status_code == 409 and error_code(refused) == "purchase_limit"
     assert refused.json()["error"]["details"] == {"product_id": p.pk, "limit": 2, "bought": 2, "requested": 1}
     assert Order.objects.count() == 1
+
+
+def test_pay_route_200_owner_only_and_409_when_expired(client, token, other_user, make_product):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    p = make_product(stock=5)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    first = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token).json()
+    late = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token).json()
+    theirs = ApiToken.issue(user_id=other_user.pk)
+    assert post(client, f"/api/orders/{first['id']}/pay/", {}, theirs).status_code == 404  # not theirs
+    paid = post(client, f"/api/orders/{first['id']}/pay/", {}, token)
+    assert paid.status_code == 200 and paid.json()["status"] == "paid" and paid.json()["paid_at"]
+    again = post(client, f"/api/orders/{first['id']}/pay/", {}, token)
+    assert again.status_code == 200 and again.json()["paid_at"] == paid.json()["paid_at"]
+    Order.objects.filter(pk=late["id"]).update(pay_by=timezone.now() - timedelta(seconds=1))
+    refused = post(client, f"/api/orders/{late['id']}/pay/", {}, token)
+    assert refused.status_code == 409 and error_code(refused) == "order_not_payable"
+    assert client.get(f"/api/orders/{first['id']}/pay/", **auth).status_code == 405
+    assert post(client, "/api/orders/99999999/pay/", {}, token).status_code == 404
+    assert post(client, f"/api/orders/{first['id']}/pay/", {}).status_code == 401
+
+
+def test_cancel_route_unpaid_only(client, token, make_product):
+    p = make_product(stock=5)
+    unpaid = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 2}]}, token).json()
+    paid = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token).json()
+    post(client, f"/api/orders/{paid['id']}/pay/", {}, token)
+    cancelled = post(client, f"/api/orders/{unpaid['id']}/cancel/", {}, token)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    refused = post(client, f"/api/orders/{paid['id']}/cancel/", {}, token)
+    assert refused.status_code == 409 and error_code(refused) == "order_not_cancellable"
+    assert StockLedger.objects.filter(order_id=unpaid["id"], reason="cancel").count() == 1

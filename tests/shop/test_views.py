@@ -214,3 +214,30 @@ def test_head_is_answered_wherever_get_is(client, user, make_product):
     client.force_login(user)
     for url in ("/checkout/", "/orders/", "/account/tokens/"):
         assert client.head(url).status_code == 200, url
+
+
+def test_pay_and_cancel_buttons_on_the_order_pages(shopper, user, other_user, make_product):
+    from shop.services import place_order
+
+    p = make_product(stock=5)
+    to_pay, to_cancel = (place_order(user=user, lines=[(p.pk, 1)]) for _ in range(2))
+    page = shopper.get(reverse("order", args=[to_pay.pk])).content.decode()
+    assert reverse("order_pay", args=[to_pay.pk]) in page and "csrfmiddlewaretoken" in page
+    assert reverse("order_cancel", args=[to_cancel.pk]) in shopper.get(reverse("orders")).content.decode()
+    assert shopper.get(reverse("order_pay", args=[to_pay.pk])).status_code == 405  # POST only
+
+    response = shopper.post(reverse("order_pay", args=[to_pay.pk]), follow=True)
+    assert "is paid" in response.content.decode()
+    assert Order.objects.get(pk=to_pay.pk).status == Order.Status.PAID
+    page = shopper.get(reverse("order", args=[to_pay.pk])).content.decode()
+    assert reverse("order_pay", args=[to_pay.pk]) not in page and reverse("order_cancel", args=[to_pay.pk]) not in page
+
+    shopper.post(reverse("order_cancel", args=[to_cancel.pk]))
+    assert Order.objects.get(pk=to_cancel.pk).status == Order.Status.CANCELLED
+    response = shopper.post(reverse("order_pay", args=[to_cancel.pk]), follow=True)
+    assert "can no longer be paid" in response.content.decode()
+
+    theirs = place_order(user=other_user, lines=[(p.pk, 1)])
+    assert shopper.post(reverse("order_pay", args=[theirs.pk])).status_code == 404
+    assert shopper.post(reverse("order_cancel", args=[theirs.pk])).status_code == 404
+    assert Order.objects.get(pk=theirs.pk).status == Order.Status.PENDING_PAYMENT

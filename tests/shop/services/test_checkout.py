@@ -26,7 +26,8 @@ def test_an_order_decrements_stock_and_writes_order_lines_and_ledger(user, make_
     a.refresh_from_db()
     b.refresh_from_db()
     assert (a.stock, b.stock) == (4, 1)
-    assert order.total == Decimal("15.00") and order.status == Order.Status.PLACED
+    assert order.total == Decimal("15.00") and order.status == Order.Status.PENDING_PAYMENT
+    assert order.pay_by > order.created_at
     assert sorted(order.lines.values_list("product_id", "quantity")) == [(a.pk, 1), (b.pk, 2)]
     ledger = StockLedger.objects.filter(order=order)
     assert sorted(ledger.values_list("product_id", "quantity")) == [(a.pk, -1), (b.pk, -2)]
