@@ -285,12 +285,35 @@ class StormOutcome:
     claims: int  # claim rows in the database
     distinct_users: int
     remaining: int
-    checks: list[tuple[str, bool]]  # (what was checked, held)
+    checks: list[tuple[str, bool | None]]  # (what was checked, held; None: not applicable to this run)
     violations: list[str]
 
     @property
     def passed(self) -> bool:
-        return all(ok for _, ok in self.checks) and not self.violations
+        return all(ok is not False for _, ok in self.checks) and not self.violations
+
+
+def storm_checks(config: StormConfig, counts: dict[str, int], *, claims: int, distinct_users: int,
+                 remaining: int) -> list[tuple[str, bool | None]]:
+    """Compare the real figures: claim rows in the database, successes the clients saw, the coupon's
+    total and remaining, distinct holders. None marks a check this run cannot make (never "ok")."""
+    seen = counts[strategies.PLACED]
+    clean = not (counts[strategies.BUSY] or counts[strategies.ERROR])
+    expected = min(config.total, config.users)
+    too_late = config.users - expected
+    return [
+        (f"claims in the database ({claims}) == successes the clients saw ({seen})", claims == seen),
+        (f"claims ({claims}) <= coupon total ({config.total})", claims <= config.total),
+        (f"one claim per user ({distinct_users} users hold {claims} claims)", distinct_users == claims),
+        (f"remaining ({remaining}) == total - claims ({config.total} - {claims} = {config.total - claims})",
+         remaining == config.total - claims),
+        (f"nobody wrongly refused: claims ({claims}) == min(total, users) ({expected})"
+         + ("" if clean else ": not checked, some claims were busy or failed"),
+         claims == expected if clean else None),
+        (f"sold-out refusals ({counts[strategies.OUT_OF_STOCK]}) == users who came too late ({too_late})"
+         + ("" if config.attempts == 1 and clean else ": not checked, only for one clean attempt per user"),
+         counts[strategies.OUT_OF_STOCK] == too_late if config.attempts == 1 and clean else None),
+    ]
 
 
 def coupon_storm(config: StormConfig, progress: Callable[[Progress], None] | None = None) -> StormOutcome:
@@ -309,23 +332,7 @@ def coupon_storm(config: StormConfig, progress: Callable[[Progress], None] | Non
         rows = CouponClaim.objects.filter(coupon_id=w.coupon_id)
         claims, distinct = rows.count(), rows.values("user_id").distinct().count()
         remaining = Coupon.objects.get(pk=w.coupon_id).remaining
-        seen = summary.counts[strategies.PLACED]
-        clean = not (summary.counts[strategies.BUSY] or summary.counts[strategies.ERROR])
-        expected = min(config.total, config.users)
-        checks = [
-            (f"claims in the database ({claims}) == successes the clients saw ({seen})", claims == seen),
-            (f"claims ({claims}) <= coupon total ({config.total})", claims <= config.total),
-            (f"one claim per user ({distinct} users hold {claims} claims)", distinct == claims),
-            (f"remaining ({remaining}) == total - claims ({config.total - claims})",
-             remaining == config.total - claims),
-            (f"nobody wrongly refused: claims == min(total, users) = {expected}"
-             + ("" if clean else " (not required: some claims were busy or failed)"),
-             claims == expected or not clean),
-            (f"sold-out refusals ({summary.counts[strategies.OUT_OF_STOCK]}) == users who came too late "
-             f"({config.users - expected})" + ("" if config.attempts == 1 and clean else " (single attempt only)"),
-             summary.counts[strategies.OUT_OF_STOCK] == config.users - expected
-             or config.attempts > 1 or not clean),
-        ]
+        checks = storm_checks(config, summary.counts, claims=claims, distinct_users=distinct, remaining=remaining)
         return StormOutcome(config=config, workload=w, result=result, summary=summary, claims=claims,
                             distinct_users=distinct, remaining=remaining, checks=checks,
                             violations=check(w, None))

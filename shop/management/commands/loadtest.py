@@ -274,8 +274,10 @@ class Command(BaseCommand):
             if progress:
                 progress.done()
             s = outcome.summaries[-1]
+            rate = (f"{s.rejections_per_s:,.0f} rejections/s" if s.phase == report.STORM_PHASE
+                    else f"{s.orders_per_s:,.0f} orders/s")
             self.stderr.write(f"[{done}/{total}] {scenario} #{repeat + 1} {outcome.config.strategy}: "
-                              f"{s.orders_per_s:,.0f} orders/s, p99 {s.latency_ms['p99']:,.1f} ms, "
+                              f"{rate}, p99 {s.latency_ms['p99']:,.1f} ms, "
                               f"{'PASS' if outcome.passed else 'FAIL'}")
 
         scenarios.compare(comparison, spread=opts["spread_products"], sellout_stock=opts["sellout_stock"],
