@@ -4,6 +4,7 @@
     manage.py loadtest --strategy naive --jitter 2       watch the naive way oversell (exit status 1)
     manage.py loadtest --processes 16 --duration 10 --products 8 --quantity 1-3 --plot run.png
     manage.py loadtest --url http://127.0.0.1:8000       the same through the JSON API
+    manage.py loadtest --pay 0.7                         70% of buyers pay; the rest expire, stock must come back
     manage.py loadtest --compare --duration 5 --repeat 3 --json compare.json --plot compare.png
     manage.py loadtest --fault all                       inject each fault, check the books and liveness
 """
