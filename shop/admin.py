@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -74,6 +75,19 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
     def restock_link(self, obj: Product) -> str:
         return format_html('<a href="{}">Restock…</a>', reverse("admin:shop_product_restock", args=[obj.pk]))
 
+    def get_list_display(self, request):
+        """No restock column for staff who may only view products."""
+        shown = super().get_list_display(request)
+        return shown if self.has_change_permission(request) else [f for f in shown if f != "restock_link"]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The change page offers Restock among its object tools (staff who may change products)."""
+        product = self.get_object(request, unquote(object_id))
+        extra = dict(extra_context or {})
+        if product is not None and self.has_change_permission(request, product):
+            extra["restock_url"] = reverse("admin:shop_product_restock", args=[product.pk])
+        return super().change_view(request, object_id, form_url, extra)
+
     def get_urls(self):
         return [
             path("<int:product_id>/restock/", self.admin_site.admin_view(self.restock_view),
@@ -135,6 +149,10 @@ class OrderLineInline(admin.TabularInline):
     extra = 0
     can_delete = False
     readonly_fields = ("product", "quantity", "unit_price")
+    template = "admin/shop/order/lines_inline.html"  # labels each line "2 x Name @ 129.00"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("product")
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -156,6 +174,28 @@ class OrderAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
+    def has_change_permission(self, request, obj=None) -> bool:
+        """An order is never edited in a form: its change page is read-only (no Save buttons).
+        Changes go through the services (cancel); `may_operate` is the permission for those."""
+        return False if obj is not None else self.may_operate(request)
+
+    def may_operate(self, request, obj=None) -> bool:
+        """Whether the user holds the change permission on orders (needed to cancel one)."""
+        return super().has_change_permission(request, obj)
+
+    def get_list_display(self, request):
+        """No cancel column for staff who may only view orders."""
+        shown = super().get_list_display(request)
+        return shown if self.may_operate(request) else [f for f in shown if f != "cancel_link"]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The read-only change page offers Cancel among its object tools while the order holds stock."""
+        order = self.get_object(request, unquote(object_id))
+        extra = dict(extra_context or {})
+        if order is not None and order.status in RESERVING_STATUSES and self.may_operate(request, order):
+            extra["cancel_url"] = reverse("admin:shop_order_cancel", args=[order.pk])
+        return super().change_view(request, object_id, form_url, extra)
+
     @admin.display(description="")
     def cancel_link(self, obj: Order) -> str:
         if obj.status not in RESERVING_STATUSES:
@@ -168,7 +208,7 @@ class OrderAdmin(admin.ModelAdmin):
 
     def cancel_view(self, request, order_id: int):
         order = get_object_or_404(Order, pk=order_id)
-        if not self.has_change_permission(request, order):
+        if not self.may_operate(request, order):
             raise PermissionDenied
         if request.method == "POST":
             try:

@@ -140,14 +140,24 @@ RUN_HEADERS = ("strategy", "phase", "attempted", "placed", "out_of_stock", "busy
                "p50 ms", "p95 ms", "p99 ms", "max ms", "fairness")
 
 
+STORM_PHASE = "storm"  # after a sell-out nothing can be placed: orders/s and fairness mean nothing there
+
+
 def run_rows(summaries: Iterable[Summary]) -> list[list[Any]]:
-    return [[s.strategy, s.phase, s.attempted, s.counts[PLACED], s.counts[OUT_OF_STOCK], s.counts[BUSY],
-             s.counts[ERROR] + s.counts[REJECTED], s.orders_per_s, s.latency_ms["p50"], s.latency_ms["p95"],
-             s.latency_ms["p99"], s.latency_ms["max"], s.fairness] for s in summaries]
+    """One row per phase; the storm phase shows "-" for orders/s and fairness (the JSON keeps them)."""
+    rows = []
+    for s in summaries:
+        storm = s.phase == STORM_PHASE
+        rows.append([s.strategy, s.phase, s.attempted, s.counts[PLACED], s.counts[OUT_OF_STOCK], s.counts[BUSY],
+                     s.counts[ERROR] + s.counts[REJECTED], None if storm else s.orders_per_s, s.latency_ms["p50"],
+                     s.latency_ms["p95"], s.latency_ms["p99"], s.latency_ms["max"], None if storm else s.fairness])
+    return rows
 
 
 def run_table(summaries: Sequence[Summary]) -> str:
     text = table(RUN_HEADERS, run_rows(summaries))
+    if any(s.phase == STORM_PHASE for s in summaries):
+        text += "\n(storm: requests after the sell-out, all refused; its rate is the rejections/s line below)"
     if any(s.counts[REJECTED] for s in summaries):
         text += "\n(errors include refusals other than out of stock, e.g. coupon sold out)"
     return text

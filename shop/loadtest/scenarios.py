@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from shop.loadtest import report, runner, strategies, workload
@@ -38,6 +39,7 @@ class LoadConfig:
     lock_ttl: float = 10.0
     lock: bool = True
     url: str | None = None
+    pay: float | None = None  # each placed order is paid at once with this probability (None: never)
     sellout: bool = False  # sell the stock out first, then measure a storm of `requests`/`duration`
     keep: bool = False
     seed: int = 0
@@ -57,10 +59,11 @@ class Outcome:
     violations: list[str]
     books: list[workload.Books]
     batches: list[int] = field(default_factory=list)  # orders per lock hold (workload.batch_sizes)
+    payments: Payments | None = None  # with `pay`: the books before and after the expiry
 
     @property
     def passed(self) -> bool:
-        return not self.violations
+        return not self.violations and (self.payments is None or self.payments.passed)
 
     @property
     def oversold(self) -> int:
@@ -73,6 +76,7 @@ class Outcome:
             "violations": self.violations,
             "books": [{**dataclasses.asdict(b), "oversold": b.oversold} for b in self.books],
             "batches": report.batch_summary(self.batches),
+            **({"payments": self.payments.as_dict()} if self.payments is not None else {}),
         })
 
 
@@ -90,6 +94,83 @@ def check(w: workload.Workload, result: RunResult | None) -> list[str]:
     )]
 
 
+@dataclass
+class Payments:
+    """Units by state after a `pay` run, then after the expiry job ran (totals over the run's products)."""
+
+    initial: int
+    stock: int
+    paid: int
+    pending: int
+    expired_orders: int = 0
+    expiry: str = "not needed"  # "ran", "not needed" (nothing pending) or "skipped: <why>"
+    stock_after: int = 0
+    paid_after: int = 0
+    pending_after: int = 0
+    checks: list[tuple[str, bool]] = field(default_factory=list)  # (what was checked, held)
+
+    @property
+    def passed(self) -> bool:
+        return all(ok for _, ok in self.checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "checks": [{"check": t, "ok": ok} for t, ok in self.checks],
+                "passed": self.passed}
+
+
+def _units(w: workload.Workload) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+    """(stock, paid units, pending units) per product."""
+    from shop.models import Order, Product
+
+    stock = dict(Product.objects.filter(pk__in=w.product_ids).values_list("pk", "stock"))
+    units = workload.units_by_status(w)
+    paid = {pk: units[pk].get(Order.Status.PAID, 0) for pk in w.product_ids}
+    pending = {pk: units[pk].get(Order.Status.PENDING_PAYMENT, 0) for pk in w.product_ids}
+    return stock, paid, pending
+
+
+def settle_payments(w: workload.Workload) -> Payments:
+    """Check stock + paid + pending == initial, run the expiry as the job would once every pay_by
+    has passed, then check stock + paid == initial with nothing pending (per product).
+
+    The expiry (`expire_unpaid`) is not limited to this run's orders, so it is skipped, and the
+    second check not made, if other unpaid orders would be expired early by it.
+    """
+    from shop.models import Order
+    from shop.services import expire_unpaid
+
+    initial = w.initial_stock
+    stock, paid, pending = _units(w)
+    result = Payments(initial=sum(initial.values()), stock=sum(stock.values()), paid=sum(paid.values()),
+                      pending=sum(pending.values()))
+    balanced = all(stock[pk] + paid[pk] + pending[pk] == initial[pk] for pk in w.product_ids)
+    result.checks.append((f"stock ({result.stock:,}) + paid units ({result.paid:,}) + pending units "
+                          f"({result.pending:,}) == initial stock ({result.initial:,})", balanced))
+    mine = Order.objects.filter(user__username__startswith=w.tag, status=Order.Status.PENDING_PAYMENT)
+    last = max(mine.values_list("pay_by", flat=True), default=None)
+    if last is not None:
+        now = last + timedelta(seconds=1)
+        others = (Order.objects.filter(status=Order.Status.PENDING_PAYMENT, pay_by__lte=now)
+                  .exclude(user__username__startswith=w.tag).count())
+        if others:
+            result.expiry = f"skipped: {others} unpaid order(s) outside this run would expire early"
+        else:
+            while (n := expire_unpaid(now=now)):
+                result.expired_orders += n
+            result.expiry = "ran"
+    stock, paid, pending = _units(w)
+    result.stock_after, result.paid_after = sum(stock.values()), sum(paid.values())
+    result.pending_after = sum(pending.values())
+    if not result.expiry.startswith("skipped"):
+        back = all(stock[pk] + paid[pk] == initial[pk] and not pending[pk] for pk in w.product_ids)
+        result.checks.append((f"after expiry: stock ({result.stock_after:,}) + paid units ({result.paid_after:,}) "
+                              f"== initial stock ({result.initial:,}), pending units {result.pending_after:,} == 0",
+                              back))
+        result.checks.append((f"paid units unchanged by the expiry ({result.paid} -> {result.paid_after})",
+                              result.paid == result.paid_after))
+    return result
+
+
 def _tokens(user_ids: list[int]) -> dict[int, str]:
     """An API token per load user, for HTTP mode (the web layer's ApiToken)."""
     from shop.models import ApiToken  # the web layer's model; HTTP mode needs it
@@ -103,7 +184,7 @@ def run_once(config: LoadConfig, progress: Callable[[Progress], None] | None = N
     try:
         options = Options(run_id=w.run_id, prices=w.prices, lock_wait=config.lock_wait, lock_ttl=config.lock_ttl,
                           jitter=config.jitter, coupon_code=w.coupon_code, url=config.url, lock=config.lock,
-                          user_ids=w.user_ids,
+                          user_ids=w.user_ids, pay=config.pay,
                           tokens=_tokens(w.user_ids) if config.url else {})
         plan = Plan(strategy="http" if config.url else config.strategy, options=options,
                     processes=config.processes, product_ids=w.product_ids, user_ids=w.user_ids,
@@ -111,8 +192,13 @@ def run_once(config: LoadConfig, progress: Callable[[Progress], None] | None = N
                     lock_names=workload.lock_names(w), seed=config.seed)
         result = runner.run(plan, progress)
         summaries = [report.summarize(plan.strategy, ph) for ph in result.phases]
-        return Outcome(config=config, workload=w, result=result, summaries=summaries,
-                       violations=check(w, result), books=workload.books(w), batches=workload.batch_sizes(w))
+        violations, books = check(w, result), workload.books(w)
+        payments = None
+        if config.pay is not None:
+            payments = settle_payments(w)
+            violations += [f"after expiry: {v}" for v in check(w, result) if v not in violations]
+        return Outcome(config=config, workload=w, result=result, summaries=summaries, violations=violations,
+                       books=books, batches=workload.batch_sizes(w), payments=payments)
     finally:
         if not config.keep:
             workload.cleanup(w)
@@ -199,12 +285,35 @@ class StormOutcome:
     claims: int  # claim rows in the database
     distinct_users: int
     remaining: int
-    checks: list[tuple[str, bool]]  # (what was checked, held)
+    checks: list[tuple[str, bool | None]]  # (what was checked, held; None: not applicable to this run)
     violations: list[str]
 
     @property
     def passed(self) -> bool:
-        return all(ok for _, ok in self.checks) and not self.violations
+        return all(ok is not False for _, ok in self.checks) and not self.violations
+
+
+def storm_checks(config: StormConfig, counts: dict[str, int], *, claims: int, distinct_users: int,
+                 remaining: int) -> list[tuple[str, bool | None]]:
+    """Compare the real figures: claim rows in the database, successes the clients saw, the coupon's
+    total and remaining, distinct holders. None marks a check this run cannot make (never "ok")."""
+    seen = counts[strategies.PLACED]
+    clean = not (counts[strategies.BUSY] or counts[strategies.ERROR])
+    expected = min(config.total, config.users)
+    too_late = config.users - expected
+    return [
+        (f"claims in the database ({claims}) == successes the clients saw ({seen})", claims == seen),
+        (f"claims ({claims}) <= coupon total ({config.total})", claims <= config.total),
+        (f"one claim per user ({distinct_users} users hold {claims} claims)", distinct_users == claims),
+        (f"remaining ({remaining}) == total - claims ({config.total} - {claims} = {config.total - claims})",
+         remaining == config.total - claims),
+        (f"nobody wrongly refused: claims ({claims}) == min(total, users) ({expected})"
+         + ("" if clean else ": not checked, some claims were busy or failed"),
+         claims == expected if clean else None),
+        (f"sold-out refusals ({counts[strategies.OUT_OF_STOCK]}) == users who came too late ({too_late})"
+         + ("" if config.attempts == 1 and clean else ": not checked, only for one clean attempt per user"),
+         counts[strategies.OUT_OF_STOCK] == too_late if config.attempts == 1 and clean else None),
+    ]
 
 
 def coupon_storm(config: StormConfig, progress: Callable[[Progress], None] | None = None) -> StormOutcome:
@@ -223,23 +332,7 @@ def coupon_storm(config: StormConfig, progress: Callable[[Progress], None] | Non
         rows = CouponClaim.objects.filter(coupon_id=w.coupon_id)
         claims, distinct = rows.count(), rows.values("user_id").distinct().count()
         remaining = Coupon.objects.get(pk=w.coupon_id).remaining
-        seen = summary.counts[strategies.PLACED]
-        clean = not (summary.counts[strategies.BUSY] or summary.counts[strategies.ERROR])
-        expected = min(config.total, config.users)
-        checks = [
-            (f"claims in the database ({claims}) == successes the clients saw ({seen})", claims == seen),
-            (f"claims ({claims}) <= coupon total ({config.total})", claims <= config.total),
-            (f"one claim per user ({distinct} users hold {claims} claims)", distinct == claims),
-            (f"remaining ({remaining}) == total - claims ({config.total - claims})",
-             remaining == config.total - claims),
-            (f"nobody wrongly refused: claims == min(total, users) = {expected}"
-             + ("" if clean else " (not required: some claims were busy or failed)"),
-             claims == expected or not clean),
-            (f"sold-out refusals ({summary.counts[strategies.OUT_OF_STOCK]}) == users who came too late "
-             f"({config.users - expected})" + ("" if config.attempts == 1 and clean else " (single attempt only)"),
-             summary.counts[strategies.OUT_OF_STOCK] == config.users - expected
-             or config.attempts > 1 or not clean),
-        ]
+        checks = storm_checks(config, summary.counts, claims=claims, distinct_users=distinct, remaining=remaining)
         return StormOutcome(config=config, workload=w, result=result, summary=summary, claims=claims,
                             distinct_users=distinct, remaining=remaining, checks=checks,
                             violations=check(w, None))

@@ -63,6 +63,12 @@ class Options:
     tokens: dict[int, str] = field(default_factory=dict)  # http: API token per user id
     user_ids: list[int] = field(default_factory=list)  # ours: users loaded before the start line
     lock: bool = True  # ours: take the Redis lock (False only if the service supports it)
+    pay: float | None = None  # ours, http: pay each placed order at once with this probability (None: never)
+
+
+def wants_to_pay(rng: random.Random, options: Options) -> bool:
+    """Whether this buyer pays the order just placed (`--pay`)."""
+    return options.pay is not None and rng.random() < options.pay
 
 
 class OutOfStockSignal(Exception):
@@ -372,6 +378,7 @@ class Ours(Strategy):
         self.user_model = get_user_model()
         # Loaded before the start: a request's SQL count must be the service's alone.
         self.users: dict[int, object] = self.user_model.objects.in_bulk(options.user_ids)
+        self.rng = random.Random(f"{options.run_id}-{os.getpid()}")
 
     def user(self, user_id: int) -> object:
         user = self.users.get(user_id)
@@ -396,6 +403,9 @@ class Ours(Strategy):
                 order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
         except ShopError as exc:
             return outcome_of_code(exc.code), None
+        if wants_to_pay(self.rng, self.options):
+            with contextlib.suppress(ShopError):  # too late to pay: the order stays unpaid (the books show it)
+                self.services.pay_order(order=order, actor=f"loadtest:{user_id}")
         return PLACED, order.pk
 
     def _claim(self, user) -> str | None:
@@ -461,7 +471,7 @@ class Http(Strategy):
         )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
-                return PLACED, int(json.load(response)["id"])
+                order_id = int(json.load(response)["id"])
         except urllib.error.HTTPError as exc:
             try:
                 error = json.load(exc).get("error") or {}  # {"error": {"code", "message", "details"}}
@@ -471,6 +481,24 @@ class Http(Strategy):
             if exc.code == 503:
                 return BUSY, None
             return outcome_of_code(code), None
+        if wants_to_pay(self.rng, self.options):
+            self._pay(user_id, order_id)
+        return PLACED, order_id
+
+    @property
+    def rng(self) -> random.Random:
+        if not hasattr(self, "_rng"):
+            self._rng = random.Random(f"{self.options.run_id}-{os.getpid()}")
+        return self._rng
+
+    def _pay(self, user_id: int, order_id: int) -> None:
+        """POST {url}/api/orders/<id>/pay/; a refusal leaves the order unpaid (the books show it)."""
+        request = urllib.request.Request(
+            f"{self.options.url.rstrip('/')}/api/orders/{order_id}/pay/", data=b"{}", method="POST",
+            headers={"Content-Type": "application/json", "Accept": "application/json",
+                     "Authorization": f"Bearer {self.options.tokens[user_id]}"})
+        with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(request, timeout=30):
+            pass
 
 
 class OursPerOrder(Ours):

@@ -175,3 +175,14 @@ def books(workload: Workload) -> list[Books]:
                   .values_list("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n"))
     return [Books(product_id=pk, initial=workload.initial_stock[pk], current=current.get(pk, 0),
                   sold=sold.get(pk) or 0, ledger=-(ledger.get(pk) or 0)) for pk in workload.product_ids]
+
+
+def units_by_status(workload: Workload) -> dict[int, dict[str, int]]:
+    """Per product, the units in the run's order lines by order status ({"paid": 3, "pending_payment": 2})."""
+    out: dict[int, dict[str, int]] = {pk: {} for pk in workload.product_ids}
+    rows = (OrderLine.objects.filter(product_id__in=workload.product_ids).order_by()
+            .values("product_id", "order__status").annotate(n=Sum("quantity"))
+            .values_list("product_id", "order__status", "n"))
+    for pk, status, n in rows:
+        out[pk][status] = out[pk].get(status, 0) + (n or 0)
+    return out

@@ -160,3 +160,61 @@ def test_coupon_codes_must_be_slug_like(admin_client, code):
     ok = admin_client.post("/admin/shop/coupon/add/", {"code": "SPRING_10-B", "discount": "1.00", "total": 5,
                                                        "active": "on"})
     assert ok.status_code == 302 and Coupon.objects.get().code == "SPRING_10-B"
+
+
+# --- issue 13: the order page is read-only; Restock and Cancel on the object pages ---------------
+def test_the_order_page_is_read_only_labels_its_lines_and_offers_cancel(admin_client, make_product, user):
+    p = make_product(stock=5, price="129.00")
+    p.name = "Limited sneaker drop"
+    p.save(update_fields=["name"])
+    order = place_order(user=user, lines=[(p.pk, 2)])
+    page = admin_client.get(f"/admin/shop/order/{order.pk}/change/").content.decode()
+    assert "2 x Limited sneaker drop @ 129.00" in page
+    assert 'name="_save"' not in page and 'name="_continue"' not in page  # no Save buttons
+    cancel = f"/admin/shop/order/{order.pk}/cancel/"
+    assert f'href="{cancel}"' in page and "Cancel order…" in page
+    posted = admin_client.post(f"/admin/shop/order/{order.pk}/change/", {"status": "paid"})
+    assert posted.status_code == 403
+    order.refresh_from_db()
+    assert order.status == Order.Status.PENDING_PAYMENT
+    assert admin_client.post(cancel).status_code == 302  # the object tool's view still works
+    order.refresh_from_db()
+    assert order.status == Order.Status.CANCELLED
+    assert cancel not in admin_client.get(f"/admin/shop/order/{order.pk}/change/").content.decode()  # nothing to cancel
+
+
+def test_the_product_page_offers_restock(admin_client, make_product):
+    p = make_product(stock=1)
+    page = admin_client.get(f"/admin/shop/product/{p.pk}/change/").content.decode()
+    assert f'href="/admin/shop/product/{p.pk}/restock/"' in page and "Restock…" in page
+    assert 'name="_save"' in page  # products stay editable (name, price, ...)
+
+
+def test_view_only_staff_see_no_restock_or_cancel_and_cannot_trigger_them(make_product, user):
+    p = make_product(stock=5)
+    order = place_order(user=user, lines=[(p.pk, 2)])
+    viewer = Client()
+    viewer.force_login(_staff_with("view_product", "view_order"))
+    for url in (f"/admin/shop/product/{p.pk}/change/", "/admin/shop/product/"):
+        page = viewer.get(url)
+        assert page.status_code == 200 and "/restock/" not in page.content.decode(), url
+    for url in (f"/admin/shop/order/{order.pk}/change/", "/admin/shop/order/"):
+        page = viewer.get(url)
+        assert page.status_code == 200 and "/cancel/" not in page.content.decode(), url
+    assert viewer.post(f"/admin/shop/product/{p.pk}/restock/", {"quantity": 5}).status_code == 403
+    assert viewer.post(f"/admin/shop/order/{order.pk}/cancel/").status_code == 403
+    p.refresh_from_db()
+    order.refresh_from_db()
+    assert p.stock == 3 and order.status == Order.Status.PENDING_PAYMENT
+
+
+def test_staff_who_may_change_orders_get_the_cancel_tool_but_no_save(make_product, user):
+    order = place_order(user=user, lines=[(make_product(stock=5).pk, 1)])
+    editor = Client()
+    editor.force_login(_staff_with("view_order", "change_order"))
+    page = editor.get(f"/admin/shop/order/{order.pk}/change/").content.decode()
+    assert f"/admin/shop/order/{order.pk}/cancel/" in page and 'name="_save"' not in page
+    assert f"/admin/shop/order/{order.pk}/cancel/" in editor.get("/admin/shop/order/").content.decode()
+    assert editor.post(f"/admin/shop/order/{order.pk}/cancel/").status_code == 302
+    order.refresh_from_db()
+    assert order.status == Order.Status.CANCELLED

@@ -173,3 +173,51 @@ def test_every_option_of_the_load_test_commands_has_help():
         own = [a for a in parser._actions if a.dest not in {"help", "version", "verbosity", "settings", "pythonpath",
                                                                "traceback", "no_color", "force_color", "skip_checks"}]
         assert own and all(a.help for a in own), [a.dest for a in own if not a.help]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pay_mode_balances_paid_and_pending_then_the_expiry_returns_every_unpaid_unit(tmp_path):
+    out = run("--pay", "0.5", "--requests", "40", "--stock", "30", "--products", "2", "--quantity", "1-2",
+              "--keep", "--json", str(tmp_path / "p.json"), *SMALL)
+    data = json.loads((tmp_path / "p.json").read_text())
+    p = data["payments"]
+    assert p["passed"] and data["invariants"] == "PASS", out
+    assert p["paid"] > 0 and p["pending"] > 0  # 0.5 over ~40 orders: both kinds (seeded per process)
+    assert p["stock"] + p["paid"] + p["pending"] == p["initial"] == 60
+    assert p["expiry"] == "ran" and p["pending_after"] == 0
+    assert p["stock_after"] + p["paid_after"] == 60 and p["paid_after"] == p["paid"]
+    orders = Order.objects.filter(user__username__startswith=f"lt-{data['run_id']}-")
+    assert set(orders.values_list("status", flat=True)) == {"paid", "expired"}
+    assert orders.filter(status="expired").count() == p["expired_orders"]
+    assert "ok    stock (" in out and "ok    after expiry: stock (" in out
+    assert "phases" in data and data["phases"][0]["attempted"] == 40  # the existing shape is kept
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pay_mode_skips_the_expiry_when_it_would_expire_someone_elses_order(user, make_product):
+    from shop.services import place_order
+
+    other = place_order(user=user, lines=[(make_product(stock=3).pk, 1)])
+    out = run("--pay", "0", "--requests", "5", "--stock", "10", *SMALL)
+    assert "expiry skipped: 1 unpaid order(s) outside this run" in out
+    other.refresh_from_db()
+    assert other.status == "pending_payment"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "message"), [
+    (["--pay", "1.5"], "between 0 and 1"),
+    (["--pay", "0.5", "--strategy", "guarded"], "--pay works with a single run"),
+    (["--pay", "0.5", "--compare"], "--pay works with a single run"),
+])
+def test_pay_arguments_are_checked(args, message):
+    with pytest.raises(CommandError, match=message):
+        run(*SMALL, *args)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pay_mode_over_http_pays_through_the_api(live_server, tmp_path):
+    run("--url", live_server.url, "--pay", "1", "--processes", "2", "--requests", "10", "--stock", "6",
+        "--users", "3", "--no-progress", "--json", str(tmp_path / "h.json"))
+    p = json.loads((tmp_path / "h.json").read_text())["payments"]
+    assert (p["paid"], p["pending"], p["stock"], p["expiry"], p["passed"]) == (6, 0, 0, "not needed", True)

@@ -118,3 +118,29 @@ def test_json_and_plot_files(tmp_path):
     report.plot(tmp_path / "r.png", {"ours": report.timeline(records)}, "test")
     png = (tmp_path / "r.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) < 150_000
+
+
+def test_throughput_is_over_the_measured_window_not_the_nominal_duration():
+    # A 10 s --duration phase whose requests ran from t=100.5 to t=102.5: 2 s measured.
+    records = [[(100.5, 101.0, P, 0, 0), (101.0, 102.5, P, 0, 0)], [(100.6, 101.5, OOS, 0, 0)]]
+    s = report.summarize("x", PhaseRun(phase=Phase("main", duration=10.0), records=records,
+                                       server_before={}, server_after={}))
+    assert s.window == pytest.approx(2.0)
+    assert s.orders_per_s == pytest.approx(1.0)  # 2 orders / 2 s, not 2 / 10
+    assert s.rejections_per_s == pytest.approx(0.5)
+
+
+def test_the_storm_row_shows_no_orders_per_s_or_fairness():
+    sold = report.summarize("x", PhaseRun(phase=Phase("sell-out", until_sold_out=True),
+                                          records=[[(0, 1, P, 0, 0)], [(0, 1, P, 0, 0)]],
+                                          server_before={}, server_after={}))
+    storm = report.summarize("x", PhaseRun(phase=Phase("storm", requests=2), records=[[(1, 2, OOS, 0, 0)]] * 2,
+                                           server_before={}, server_after={}))
+    rows = report.run_rows([sold, storm])
+    orders, fairness = report.RUN_HEADERS.index("orders/s"), report.RUN_HEADERS.index("fairness")
+    assert rows[0][orders] == 2.0 and rows[0][fairness] == 1.0
+    assert rows[1][orders] is None and rows[1][fairness] is None
+    text = report.run_table([sold, storm]).splitlines()
+    storm_line = next(line.split() for line in text if line.startswith("x") and " storm " in line)
+    assert storm_line[7] == "-" and storm_line[-1] == "-"
+    assert "orders_per_s" in storm.as_dict() and "fairness" in storm.as_dict()  # the JSON keeps the fields
