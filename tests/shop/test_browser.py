@@ -61,7 +61,7 @@ def test_shopper_journey(live_server, make_product, make_coupon, settings):
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "checkout-failed.png"), full_page=True)
             raise AssertionError(f"no order page; at {page.url}: {page.inner_text('main')[:500]!r}") from None
-        assert page.inner_text("#order-total") == "105.00"
+        assert page.inner_text("#order-total") == "$105.00"
         page.screenshot(path=str(ARTIFACTS / "confirmation.png"), full_page=True)
         page.go_back()
         page.wait_for_load_state()
