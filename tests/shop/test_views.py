@@ -342,3 +342,33 @@ def test_claiming_after_the_login_redirect_lands_on_the_coupon_page(client, user
     response = client.get(url)  # where the login sends the shopper back: a GET
     assert response.status_code == 302 and response["Location"] == reverse("coupons")
     assert not CouponClaim.objects.filter(user=user).exists()
+
+
+def test_friendly_404_and_500_pages(client, settings):
+    from django.test import RequestFactory
+    from django.views.defaults import server_error
+
+    settings.DEBUG = False
+    missing = client.get("/no-such-page/")
+    assert missing.status_code == 404
+    page = missing.content.decode()
+    assert "We can't find that page" in page and "Back to the sale" in page and "favicon.svg" in page
+    broken = server_error(RequestFactory().get("/"))
+    assert broken.status_code == 500
+    assert "something went wrong on our side" in broken.content.decode()
+
+
+def test_signup_form_has_labels_help_and_errors(client):
+    page = client.get("/signup/").content.decode()
+    for field in ("username", "password1", "password2"):
+        assert f'<label for="id_{field}">' in page
+    assert 'class="helptext"' in page and "Log in" in page
+    response = client.post("/signup/", {"username": "x", "password1": "a-long-pass-123", "password2": "nope"})
+    assert response.status_code == 200 and 'class="errorlist"' in response.content.decode()
+
+
+def test_favicon_is_linked_and_served(client):
+    from django.contrib.staticfiles import finders
+
+    assert 'rel="icon"' in client.get("/").content.decode()
+    assert finders.find("shop/favicon.svg")
