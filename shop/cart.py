@@ -1,10 +1,38 @@
-"""The cart, kept in the session: {product_id: quantity}. Stock is checked at checkout only."""
+"""The cart, kept in the session: {product_id: quantity}.
+
+Quantities are checked against stock and the active flag when a product is added and whenever
+the cart is shown (cart and checkout pages); checkout itself re-checks under the locks.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from decimal import Decimal
+
 from django.contrib.sessions.backends.base import SessionBase
 
+from shop.models import Product
+
 KEY = "cart"
+
+
+@dataclass
+class Line:
+    """One cart line as shown: `problem` in plain words, `fix_quantity` what is left (0: remove)."""
+
+    product_id: int
+    quantity: int
+    product: Product | None = None
+    problem: str = ""
+    fix_quantity: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.product.name if self.product is not None else "A product that no longer exists"
+
+    @property
+    def total(self) -> Decimal:
+        return self.product.price * self.quantity if self.product is not None else Decimal("0")
 
 
 def lines(session: SessionBase) -> list[tuple[int, int]]:
@@ -20,11 +48,56 @@ def set_quantity(session: SessionBase, product_id: int, quantity: int) -> None:
     session[KEY] = cart
 
 
+def quantity_of(session: SessionBase, product_id: int) -> int:
+    return int(dict(session.get(KEY, {})).get(str(product_id), 0))
+
+
+def add_problem(session: SessionBase, product: Product, quantity: int) -> str:
+    """Why `quantity` more of `product` cannot go in the cart ("" when it can)."""
+    if not product.active:
+        return "This product is no longer on sale."
+    have = quantity_of(session, product.pk)
+    if product.stock == 0:
+        return "Sold out."
+    if have + quantity > product.stock:
+        already = f" (you already have {have} in your cart)" if have else ""
+        return f"Only {product.stock} left{already}."
+    return ""
+
+
 def add(session: SessionBase, product_id: int, quantity: int, *, maximum: int) -> int:
-    current = dict(session.get(KEY, {})).get(str(product_id), 0)
+    current = quantity_of(session, product_id)
     new = min(maximum, current + quantity)
     set_quantity(session, product_id, new)
     return new
+
+
+def review(session: SessionBase, products: dict[int, Product]) -> list[Line]:
+    """The cart's lines, each flagged if its product is gone, inactive, sold out or short."""
+    rows = []
+    for pid, qty in lines(session):
+        product = products.get(pid)
+        row = Line(product_id=pid, quantity=qty, product=product)
+        if product is None:
+            row.problem, row.fix_quantity = "This product no longer exists.", 0
+        elif not product.active:
+            row.problem, row.fix_quantity = f"{product.name} is no longer on sale.", 0
+        elif product.stock == 0:
+            row.problem, row.fix_quantity = f"{product.name}: Sold out.", 0
+        elif product.stock < qty:
+            row.problem, row.fix_quantity = f"{product.name}: Only {product.stock} left.", product.stock
+        rows.append(row)
+    return rows
+
+
+def subtotal(rows: list[Line]) -> Decimal:
+    return sum((r.total for r in rows), Decimal("0"))
+
+
+def with_coupon(amount: Decimal, discount: Decimal | None) -> tuple[Decimal, Decimal]:
+    """(discount, total) as checkout computes them: the discount never exceeds the subtotal."""
+    off = min(discount, amount) if discount is not None else Decimal("0")
+    return off, amount - off
 
 
 def clear(session: SessionBase) -> None:

@@ -21,6 +21,16 @@ class QuantityForm(forms.Form):
         return qty
 
 
+class AddToCartForm(QuantityForm):
+    """The product page's form: at least one (0 on the cart page means remove; here, a mistake)."""
+
+    def clean_quantity(self) -> int:
+        qty = super().clean_quantity()
+        if qty < 1:
+            raise forms.ValidationError("Pick at least 1.")
+        return qty
+
+
 class CheckoutForm(forms.Form):
     coupon_code = forms.ChoiceField(required=False, label="Coupon")
     # Generated when the page renders: a double click or a resubmit posts the same key.

@@ -49,3 +49,8 @@ def claims_for_user(*, user) -> QuerySet[CouponClaim]:
 
 def usable_claims_for_user(*, user) -> QuerySet[CouponClaim]:
     return claims_for_user(user=user).filter(used_at__isnull=True)
+
+
+def products_by_id(ids: list[int]) -> dict[int, Product]:
+    """Products by id, inactive ones included (a cart flags them rather than dropping them)."""
+    return Product.objects.in_bulk(ids)

@@ -4,6 +4,7 @@ Every value can be set as an environment variable (or in a `.env` file beside ma
 A mistake fails at start with a message that names the variable, not deep inside a request.
 """
 
+import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -77,6 +78,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "shop.context_processors.cart_count",
             ],
         },
     },
@@ -167,6 +169,9 @@ def _rate_overrides(raw: str) -> dict[str, str | None]:
         out[name] = None if rate.lower() == "off" else rate
     return out
 
+
+# Shown before every price on the web pages (the `money` template filter).
+SHOP_CURRENCY = os.environ.get("SHOP_CURRENCY", "$")  # not env.str: django-environ reads "$X" as a reference
 
 SHOP = {
     "COMBINING": _env_bool("SHOP_COMBINING", True),

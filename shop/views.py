@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
@@ -13,9 +15,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from shop import cart, errors, ratelimits, selectors
 from shop.conf import shop_settings
-from shop.forms import CheckoutForm, QuantityForm, SignUpForm, TokenForm
-from shop.models import ApiToken, Product
+from shop.forms import AddToCartForm, CheckoutForm, QuantityForm, SignUpForm, TokenForm
+from shop.models import ApiToken
 from shop.services import cancel_order, claim_coupon, pay_order, place_order
+from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 
 
@@ -58,30 +61,27 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
         product = selectors.product_detail(id=product_id)
     except errors.UnknownProduct:
         raise Http404("No such product") from None
-    form = QuantityForm(request.POST or None)
-    if request.method == "POST" and form.is_valid() and form.cleaned_data["quantity"] > 0:
-        qty = cart.add(request.session, product.pk, form.cleaned_data["quantity"],
-                       maximum=int(shop_settings.MAX_QUANTITY_PER_LINE))
-        messages.success(request, f"{product.name}: {qty} in your cart.")
-        return redirect("cart")
+    form = AddToCartForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        problem = cart.add_problem(request.session, product, form.cleaned_data["quantity"])
+        if not problem:
+            qty = cart.add(request.session, product.pk, form.cleaned_data["quantity"],
+                           maximum=int(shop_settings.MAX_QUANTITY_PER_LINE))
+            messages.success(request, f"{product.name}: {qty} in your cart.")
+            return redirect("cart")
+        form.add_error("quantity", problem)  # re-rendered with the message
     return render(request, "shop/product.html", {"product": product, "form": form})
 
 
-def _cart_rows(request: HttpRequest) -> list[dict]:
-    wanted = cart.lines(request.session)
-    products = Product.objects.in_bulk([pid for pid, _ in wanted])
-    rows = []
-    for pid, qty in wanted:
-        product = products.get(pid)
-        if product is None or not product.active:
-            cart.set_quantity(request.session, pid, 0)
-            continue
-        rows.append({"product": product, "quantity": qty, "total": product.price * qty})
-    return rows
+def _cart_rows(request: HttpRequest) -> list[cart.Line]:
+    """The cart's lines, flagged (never silently dropped) when they can no longer be bought."""
+    ids = [pid for pid, _ in cart.lines(request.session)]
+    return cart.review(request.session, selectors.products_by_id(ids))
 
 
 @require_http_methods(["GET", "HEAD", "POST"])
 def cart_view(request: HttpRequest) -> HttpResponse:
+    """The cart; a POST sets one line's quantity (0 or a Remove button: removes it)."""
     if request.method == "POST":
         try:
             pid = int(request.POST.get("product_id", ""))
@@ -92,58 +92,80 @@ def cart_view(request: HttpRequest) -> HttpResponse:
             cart.set_quantity(request.session, pid, form.cleaned_data["quantity"])
         else:
             messages.error(request, f"Pick a quantity from 0 to {shop_settings.MAX_QUANTITY_PER_LINE}.")
-        return redirect("cart")
+        return redirect("checkout" if request.POST.get("next") == "checkout" else "cart")
     rows = _cart_rows(request)
-    return render(request, "shop/cart.html", {"rows": rows, "total": sum(r["total"] for r in rows)})
+    return render(request, "shop/cart.html", {
+        "rows": rows, "total": cart.subtotal(rows), "problems": any(r.problem for r in rows),
+    })
 
 
-def _coupon_choices(user) -> list[tuple[str, str]]:
-    return [(c.coupon.code, f"{c.coupon.code}: {c.coupon.discount} off")
-            for c in selectors.usable_claims_for_user(user=user)]
+def _coupon_choices(user, subtotal: Decimal) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
+    """The select's choices (each label says what the coupon does to this cart) and the same as data."""
+    choices, effects = [], {}
+    for claim in selectors.usable_claims_for_user(user=user):
+        code = claim.coupon.code
+        off, total = cart.with_coupon(subtotal, claim.coupon.discount)
+        effects[code] = {"discount": money(off), "total": money(total)}
+        choices.append((code, f"{code}: {money(claim.coupon.discount)} off, total {money(total)}"))
+    return choices, effects
+
+
+def _checkout_page(request: HttpRequest, rows: list[cart.Line], form: CheckoutForm,
+                   effects: dict[str, dict[str, str]], status: int = 200) -> HttpResponse:
+    subtotal = cart.subtotal(rows)
+    code = form["coupon_code"].value() or ""
+    chosen = effects.get(code, {"discount": money(0), "total": money(subtotal)})
+    return render(request, "shop/checkout.html", {
+        "rows": rows, "total": subtotal, "form": form, "problems": any(r.problem for r in rows),
+        "coupon_effects": effects, "chosen": chosen, "coupon_chosen": code in effects,
+    }, status=status)
 
 
 @login_required
 @require_http_methods(["GET", "HEAD", "POST"])
 @ratelimits.limit_posts("checkout")
 def checkout(request: HttpRequest) -> HttpResponse:
+    """Review the cart (flagged lines must be fixed first), pick a coupon, place the order."""
     rows = _cart_rows(request)
-    codes = _coupon_choices(request.user)
-    form = CheckoutForm(request.POST or None, codes=codes)
-    if request.method == "POST":
-        # The same form posted again (double click, resubmit): show the order it already made.
-        key = request.POST.get("idempotency_key", "")[:128]
-        existing = request.user.orders.filter(idempotency_key=key).first() if key else None
-        if existing is not None:
-            return redirect("order", order_id=existing.pk)
-        if not form.is_valid():
-            messages.error(request, "Please check the form and try again.")
-        elif not rows:
-            messages.error(request, "Your cart is empty.")
+    codes, effects = _coupon_choices(request.user, cart.subtotal(rows))
+    if request.method != "POST":
+        wanted = request.GET.get("coupon_code", "")
+        return _checkout_page(request, rows, CheckoutForm(codes=codes, initial={"coupon_code": wanted}), effects)
+    form = CheckoutForm(request.POST, codes=codes)
+    # The same form posted again (double click, resubmit): show the order it already made.
+    key = request.POST.get("idempotency_key", "")[:128]
+    existing = request.user.orders.filter(idempotency_key=key).first() if key else None
+    if existing is not None:
+        return redirect("order", order_id=existing.pk)
+    if not form.is_valid():
+        messages.error(request, "Please check the form and try again.")
+    elif not rows:
+        messages.error(request, "Your cart is empty.")
+    elif any(r.problem for r in rows):
+        messages.error(request, "Some lines of your cart can't be bought as they are: fix them first.")
+    else:
+        try:
+            order = place_order(
+                user=request.user,
+                lines=[(r.product_id, r.quantity) for r in rows],
+                coupon_code=form.cleaned_data["coupon_code"] or None,
+                idempotency_key=form.cleaned_data["idempotency_key"],
+            )
+        except errors.ShopError as exc:
+            messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows}))
+            if exc.status == 503:  # retryable: the same key, so a resubmit never orders twice
+                form = CheckoutForm(codes=codes, initial={"idempotency_key": key,
+                                                          "coupon_code": form.cleaned_data["coupon_code"]})
+                return _checkout_page(request, rows, form, effects, status=503)
+            rows = _cart_rows(request)
         else:
-            try:
-                order = place_order(
-                    user=request.user,
-                    lines=[(r["product"].pk, r["quantity"]) for r in rows],
-                    coupon_code=form.cleaned_data["coupon_code"] or None,
-                    idempotency_key=form.cleaned_data["idempotency_key"],
-                )
-            except errors.ShopError as exc:
-                messages.error(request, plain_words(exc, {r["product"].pk: r["product"].name for r in rows}))
-                if exc.status == 503:  # retryable: the same key, so a resubmit never orders twice
-                    form = CheckoutForm(codes=codes, initial={"idempotency_key": key,
-                                                              "coupon_code": form.cleaned_data["coupon_code"]})
-                    return render(request, "shop/checkout.html", {
-                        "rows": rows, "total": sum(r["total"] for r in rows), "form": form,
-                    }, status=503)
-            else:
-                cart.clear(request.session)
-                if not order.replayed:
-                    messages.success(request, "Thank you! Your order is placed.")
-                return redirect("order", order_id=order.pk)
-        form = CheckoutForm(codes=codes)  # a fresh key for a fresh attempt
-    return render(request, "shop/checkout.html", {
-        "rows": rows, "total": sum(r["total"] for r in rows), "form": form,
-    })
+            cart.clear(request.session)
+            if not order.replayed:
+                messages.success(request, "Thank you! Your order is placed.")
+            return redirect("order", order_id=order.pk)
+    # A fresh key for a fresh attempt; the coupon stays picked.
+    chosen = form.cleaned_data.get("coupon_code", "") if form.is_valid() else ""
+    return _checkout_page(request, rows, CheckoutForm(codes=codes, initial={"coupon_code": chosen}), effects)
 
 
 @login_required
@@ -201,9 +223,12 @@ def coupons(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "HEAD", "POST"])
 @ratelimits.limit_posts("coupon_claim")
 def coupon_claim(request: HttpRequest, code: str) -> HttpResponse:
+    """Claim a coupon (POST). A GET (the login redirect after an anonymous claim) goes to the coupons."""
+    if request.method != "POST":
+        return redirect("coupons")
     try:
         claim_coupon(user=request.user, code=code)
     except errors.ShopError as exc:

@@ -61,7 +61,7 @@ def test_shopper_journey(live_server, make_product, make_coupon, settings):
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "checkout-failed.png"), full_page=True)
             raise AssertionError(f"no order page; at {page.url}: {page.inner_text('main')[:500]!r}") from None
-        assert page.inner_text("#order-total") == "105.00"
+        assert page.inner_text("#order-total") == "$105.00"
         page.screenshot(path=str(ARTIFACTS / "confirmation.png"), full_page=True)
         page.go_back()
         page.wait_for_load_state()
@@ -74,3 +74,114 @@ def test_shopper_journey(live_server, make_product, make_coupon, settings):
     mug.refresh_from_db()
     assert (sneaker.stock, mug.stock) == (4, 7)
     assert (ARTIFACTS / "catalog.png").stat().st_size > 5000
+
+
+LONG_NAME = "Limited-edition-ultra-lightweight-carbon-plated-marathon-racing-sneaker-" + "X" * 60
+
+
+def _fits(page, name: str, viewport: str) -> None:
+    """No horizontal overflow on this page at this viewport; a screenshot either way."""
+    page.screenshot(path=str(ARTIFACTS / f"journey-{viewport}-{name}.png"), full_page=True)
+    scroll, inner = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+    assert scroll <= inner, f"{name} at {viewport}: {scroll}px wide in a {inner}px window"
+
+
+@pytest.mark.parametrize("width,height", [(1100, 800), (375, 740)], ids=["desktop", "phone"])
+def test_cart_fix_coupon_pay_and_expiry_on_desktop_and_phone(live_server, make_product, make_coupon, width, height):
+    """Issue 13: a short cart line is flagged and fixed, the coupon's total shows before placing,
+    the order is paid; a second order left unpaid expires and its stock comes back. Every page
+    fits the window (no horizontal scrolling), a 375 px phone included."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from playwright.sync_api import sync_playwright
+
+    from shop.models import Product
+    from shop.services.orders import expire_unpaid
+
+    sneaker = make_product(stock=5, price="100.00")
+    Product.objects.filter(pk=sneaker.pk).update(name=LONG_NAME)
+    mug = make_product(stock=9, price="10.00")
+    coupon = make_coupon(total=3, discount="15.00")
+    url, vp = live_server.url, f"{width}x{height}"
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": width, "height": height})
+        page.goto(f"{url}/signup/")
+        _fits(page, "signup", vp)
+        page.fill("#id_username", f"bob{width}")
+        page.fill("#id_password1", "a-long-pass-123")
+        page.fill("#id_password2", "a-long-pass-123")
+        page.click("#signup-form button[type=submit]")
+        page.wait_for_url(f"{url}/")
+        _fits(page, "catalog", vp)
+
+        page.goto(f"{url}/coupons/")
+        page.click(f"[data-coupon='{coupon.code}'] button")
+        assert "is yours" in page.inner_text(".messages")
+        _fits(page, "coupons", vp)
+
+        for product, qty in ((sneaker, "3"), (mug, "2")):
+            page.goto(f"{url}/products/{product.pk}/")
+            _fits(page, f"product-{product.pk}", vp)
+            page.fill("#id_quantity", qty)
+            page.click("#add-to-cart")
+            page.wait_for_url(f"{url}/cart/")
+        assert page.inner_text("#cart-count") == "5"
+
+        # Someone else bought most of the sneakers meanwhile: the line is flagged, and fixed.
+        Product.objects.filter(pk=sneaker.pk).update(stock=1)
+        page.goto(f"{url}/checkout/")
+        assert "Only 1 left" in page.inner_text(f"tr.flagged[data-product='{sneaker.pk}']")
+        assert page.locator("#place-order").count() == 0
+        _fits(page, "checkout-flagged", vp)
+        page.goto(f"{url}/cart/")
+        assert "Only 1 left" in page.inner_text(f"tr.flagged[data-product='{sneaker.pk}']")
+        _fits(page, "cart-flagged", vp)
+        page.click(f"tr[data-product='{sneaker.pk}'] .fix-line")
+        page.wait_for_load_state()
+        assert page.locator("tr.flagged").count() == 0
+        assert page.inner_text("#cart-total") == "$120.00"
+
+        page.goto(f"{url}/checkout/")
+        assert page.inner_text("#checkout-total") == "$120.00"
+        page.select_option("#id_coupon_code", coupon.code)
+        assert page.inner_text("#checkout-discount") == "\u2212$15.00"
+        assert page.inner_text("#checkout-total") == "$105.00"
+        _fits(page, "checkout", vp)
+        page.click("#place-order")
+        page.wait_for_url(f"{url}/orders/*/")
+        assert page.inner_text("#order-total") == "$105.00"
+        _fits(page, "order", vp)
+        page.click("button.pay")
+        page.wait_for_load_state()
+        assert "is paid" in page.inner_text(".messages")
+        _fits(page, "order-paid", vp)
+
+        # A second order, left unpaid past its deadline, expires: the mug's stock comes back.
+        page.goto(f"{url}/products/{mug.pk}/")
+        assert "7 in stock" in page.inner_text("main")
+        page.fill("#id_quantity", "1")
+        page.click("#add-to-cart")
+        page.wait_for_url(f"{url}/cart/")
+        page.goto(f"{url}/checkout/")
+        page.click("#place-order")
+        page.wait_for_url(f"{url}/orders/*/")
+        assert page.locator("button.pay").count() == 1
+        page.goto(f"{url}/products/{mug.pk}/")
+        assert "6 in stock" in page.inner_text("main")
+        assert expire_unpaid(now=timezone.now() + timedelta(days=1)) == 1
+        page.reload()
+        assert "7 in stock" in page.inner_text("main")
+        page.goto(f"{url}/orders/")
+        assert "Expired" in page.inner_text("main") and "Paid" in page.inner_text("main")
+        _fits(page, "orders", vp)
+
+        page.goto(f"{url}/account/tokens/")
+        page.fill("#id_name", "a-very-long-token-name-" + "y" * 80)
+        page.click("main form.panel button[type=submit]")
+        page.wait_for_selector("#new-token")
+        _fits(page, "tokens", vp)
+        page.goto(f"{url}/no-such-page/")
+        _fits(page, "not-found", vp)
+        browser.close()

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from locks import Lock
-from shop.models import ApiToken, CouponClaim, Order
+from shop.models import ApiToken, CouponClaim, Order, Product
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,10 +74,18 @@ def test_resubmitting_the_same_key_with_the_cart_refilled_still_orders_once(shop
     assert again.status_code == 302
 
 
-def test_out_of_stock_in_plain_words(shopper, make_product):
-    p = make_product(stock=3)
+def test_out_of_stock_in_plain_words(shopper, make_product, monkeypatch):
+    """Stock that shrinks between the page and the locks: the service's refusal, in plain words."""
+    from shop import cart
+
+    p = make_product(stock=5)
     shopper.post(f"/products/{p.pk}/", {"quantity": 5})
-    _, response = _checkout(shopper)
+    key = shopper.get("/checkout/").context["form"].initial["idempotency_key"]
+    Product.objects.filter(pk=p.pk).update(stock=3)
+    real_review = cart.review
+    monkeypatch.setattr(cart, "review", lambda s, products: [  # the page saw 5 in stock
+        cart.Line(product_id=r.product_id, quantity=r.quantity, product=r.product) for r in real_review(s, products)])
+    response = shopper.post("/checkout/", {"idempotency_key": key})
     assert response.status_code == 200
     assert f"{p.name}: Only 3 left" in response.content.decode()
     assert Order.objects.count() == 0
@@ -241,3 +249,126 @@ def test_pay_and_cancel_buttons_on_the_order_pages(shopper, user, other_user, ma
     assert shopper.post(reverse("order_pay", args=[theirs.pk])).status_code == 404
     assert shopper.post(reverse("order_cancel", args=[theirs.pk])).status_code == 404
     assert Order.objects.get(pk=theirs.pk).status == Order.Status.PENDING_PAYMENT
+
+
+# --- issue 13: the shop's rough edges (web) ------------------------------------------------------
+def test_adding_more_than_the_stock_is_refused_with_a_message(client, make_product):
+    p = make_product(stock=3)
+    response = client.post(f"/products/{p.pk}/", {"quantity": 5})
+    assert response.status_code == 200 and "Only 3 left." in response.content.decode()
+    client.post(f"/products/{p.pk}/", {"quantity": 2})
+    response = client.post(f"/products/{p.pk}/", {"quantity": 2})
+    assert "Only 3 left (you already have 2 in your cart)." in response.content.decode()
+    sold_out = make_product(stock=0)
+    assert "Sold out." in client.post(f"/products/{sold_out.pk}/", {"quantity": 1}).content.decode()
+    assert client.session["cart"] == {str(p.pk): 2}
+
+
+def test_quantity_zero_on_the_product_page_rerenders_with_a_message(client, make_product):
+    p = make_product(stock=3)
+    response = client.post(f"/products/{p.pk}/", {"quantity": 0})
+    assert response.status_code == 200 and "Pick at least 1." in response.content.decode()
+    assert not client.session.get("cart")
+
+
+def test_cart_lines_that_cannot_be_bought_are_flagged_and_fixable(shopper, user, make_product):
+    short, gone, off, fine = (make_product(stock=5, price="2.00") for _ in range(4))
+    for p in (short, gone, off, fine):
+        shopper.post(f"/products/{p.pk}/", {"quantity": 3})
+    Product.objects.filter(pk=short.pk).update(stock=1)
+    Product.objects.filter(pk=gone.pk).update(stock=0)
+    Product.objects.filter(pk=off.pk).update(active=False)
+    page = shopper.get("/cart/").content.decode()
+    assert f"{short.name}: Only 1 left." in page and "Reduce to 1" in page
+    assert f"{gone.name}: Sold out." in page
+    assert f"{off.name} is no longer on sale." in page  # flagged, not silently dropped
+    assert page.count('class="cart-line flagged"') == 3
+    checkout = shopper.get("/checkout/")
+    assert checkout.context["problems"] and 'id="place-order"' not in checkout.content.decode()
+    key = checkout.context["form"].initial["idempotency_key"]
+    refused = shopper.post("/checkout/", {"idempotency_key": key})
+    assert "fix them first" in refused.content.decode() and not Order.objects.exists()
+
+    # The fixes: reduce to what is left (back to checkout when asked), remove.
+    response = shopper.post("/cart/", {"product_id": short.pk, "quantity": 1, "next": "checkout"})
+    assert response["Location"] == "/checkout/"
+    for p in (gone, off):
+        assert shopper.post("/cart/", {"product_id": p.pk, "quantity": 0})["Location"] == "/cart/"
+    assert shopper.session["cart"] == {str(short.pk): 1, str(fine.pk): 3}
+    _, placed = _checkout(shopper)
+    assert placed.status_code == 302 and Order.objects.get(user=user).total == 8
+
+
+def test_cart_has_remove_buttons_prices_with_currency_and_a_count_in_the_header(client, make_product, settings):
+    settings.SHOP_CURRENCY = "€"
+    p = make_product(stock=9, price="2.50")
+    assert 'id="cart-count"' not in client.get("/").content.decode()
+    client.post(f"/products/{p.pk}/", {"quantity": 3})
+    page = client.get("/cart/").content.decode()
+    assert 'class="secondary remove-line"' in page and 'name="quantity" value="0"' in page
+    assert "€2.50" in page and "€7.50" in page
+    assert '<span class="count" id="cart-count">3</span>' in client.get("/").content.decode()
+    assert "€2.50" in client.get(f"/products/{p.pk}/").content.decode()
+
+
+def test_an_empty_cart_offers_no_place_order(shopper):
+    page = shopper.get("/checkout/").content.decode()
+    assert "Your cart is empty" in page and 'id="place-order"' not in page
+
+
+def test_a_claimed_coupon_shows_its_effect_before_placing(shopper, user, make_product, make_coupon):
+    small, big = make_coupon(discount="3.00"), make_coupon(discount="50.00")
+    for c in (small, big):
+        shopper.post(f"/coupons/{c.code}/claim/")
+    p = make_product(stock=5, price="10.00")
+    shopper.post(f"/products/{p.pk}/", {"quantity": 2})
+    page = shopper.get("/checkout/")
+    assert page.context["coupon_effects"] == {small.code: {"discount": "$3.00", "total": "$17.00"},
+                                              big.code: {"discount": "$20.00", "total": "$0.00"}}  # min(disc, subtotal)
+    html = page.content.decode()
+    assert f"{small.code}: $3.00 off, total $17.00" in html and 'id="checkout-total">$20.00<' in html
+    chosen = shopper.get(f"/checkout/?coupon_code={small.code}").content.decode()
+    assert 'id="checkout-discount">\u2212$3.00<' in chosen and 'id="checkout-total">$17.00<' in chosen
+    _checkout(shopper, coupon_code=small.code)
+    assert Order.objects.get(user=user).total == 17
+
+
+def test_claiming_after_the_login_redirect_lands_on_the_coupon_page(client, user, make_coupon):
+    coupon = make_coupon()
+    url = reverse("coupon_claim", args=[coupon.code])
+    to_login = client.post(url)
+    assert to_login.status_code == 302 and "/login/" in to_login["Location"]
+    client.force_login(user)
+    response = client.get(url)  # where the login sends the shopper back: a GET
+    assert response.status_code == 302 and response["Location"] == reverse("coupons")
+    assert not CouponClaim.objects.filter(user=user).exists()
+
+
+def test_friendly_404_and_500_pages(client, settings):
+    from django.test import RequestFactory
+    from django.views.defaults import server_error
+
+    settings.DEBUG = False
+    missing = client.get("/no-such-page/")
+    assert missing.status_code == 404
+    page = missing.content.decode()
+    assert "We can't find that page" in page and "Back to the sale" in page and "favicon.svg" in page
+    broken = server_error(RequestFactory().get("/"))
+    assert broken.status_code == 500
+    assert "something went wrong on our side" in broken.content.decode()
+
+
+def test_signup_form_has_labels_help_and_errors(client):
+    page = client.get("/signup/").content.decode()
+    for field in ("username", "password1", "password2"):
+        assert f'<label for="id_{field}">' in page
+    assert 'class="helptext"' in page and "Log in" in page
+    response = client.post("/signup/", {"username": "x", "password1": "a-long-pass-123", "password2": "nope"})
+    assert response.status_code == 200 and 'class="errorlist"' in response.content.decode()
+
+
+def test_favicon_is_linked_and_served(client):
+    from django.contrib.staticfiles import finders
+
+    assert 'rel="icon"' in client.get("/").content.decode()
+    assert finders.find("shop/favicon.svg")
