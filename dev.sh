@@ -90,6 +90,9 @@ setup() {
   if [ "$mode" = test ]; then ensure_venv requirements-dev.txt; else ensure_venv requirements.txt; fi
   "$VENV/bin/python" manage.py createdb
   "$VENV/bin/python" manage.py migrate --no-input -v 0
+  # Static files the standard way: WhiteNoise serves STATIC_ROOT, so the stylesheet also loads
+  # with DEBUG off.
+  "$VENV/bin/python" manage.py collectstatic --no-input -v 0
 }
 
 case "${1:-}" in

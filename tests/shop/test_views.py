@@ -372,3 +372,19 @@ def test_favicon_is_linked_and_served(client):
 
     assert 'rel="icon"' in client.get("/").content.decode()
     assert finders.find("shop/favicon.svg")
+
+
+def test_the_stylesheet_loads_with_debug_off(settings, tmp_path, db):
+    """WhiteNoise serves the collected files (dev.sh and the image run collectstatic), so a
+    server with DEBUG off is styled, not a bare page."""
+    from django.core.management import call_command
+    from django.test import Client
+
+    settings.DEBUG = False
+    settings.STATIC_ROOT = tmp_path / "static"
+    call_command("collectstatic", "--no-input", verbosity=0)
+    client = Client()  # a fresh handler: WhiteNoise indexes STATIC_ROOT when it starts
+    page = client.get("/")
+    assert page.status_code == 200 and "/static/shop/site.css" in page.content.decode()
+    css = client.get("/static/shop/site.css")
+    assert css.status_code == 200 and b"{" in b"".join(css.streaming_content)
