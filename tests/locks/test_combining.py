@@ -206,9 +206,10 @@ def test_requests_told_of_a_long_lease_are_not_stranded_when_a_short_lease_combi
     combiner.join(5)
     assert combiner.exitcode == -signal.SIGKILL
     got = sorted(q.get(timeout=15) for _, q in submitters)
-    # One of them got the lock after the dead combiner's lease (0.5 s) and served the others.
-    kinds = sorted(kind for _, kind, _, _ in got)
-    assert kinds == ["served", "served", "turn"]
+    # Each was answered soon after the dead combiner's lease (0.5 s): one got the lock and served
+    # whoever had queued again by its take; a slower one queued after it and had its own turn.
+    kinds = [kind for _, kind, _, _ in got]
+    assert "timeout" not in kinds and "turn" in kinds, kinds
     assert time.monotonic() - released < 0.5 + 1.0
     for proc, _ in submitters:
         proc.join(5)
