@@ -16,7 +16,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def limits(settings):
-    """Set some limits low for one test (the others keep their defaults)."""
+    """Set some limits low for one test (the others keep their defaults). Per hour, not per
+    minute: django-ratelimit counts in fixed windows (offset per key), and a test whose requests
+    straddle a window's end sees a fresh budget; with a minute window that happened in CI."""
 
     def set_limits(**rates: str | None) -> None:
         settings.SHOP = {**getattr(settings, "SHOP", {}), "RATE_LIMITS": rates}
@@ -47,7 +49,7 @@ def assert_web_rate_limited(response) -> None:
 
 def test_api_checkout_is_limited_per_user_and_writes_nothing_once_limited(limits, client, user, other_user,
                                                                           make_product):
-    limits(checkout="3/m")
+    limits(checkout="3/h")
     p = make_product(stock=100)
     token, other = ApiToken.issue(user_id=user.pk, name="t"), ApiToken.issue(user_id=other_user.pk, name="t")
     body = {"lines": [{"product_id": p.pk, "quantity": 1}]}
@@ -60,7 +62,7 @@ def test_api_checkout_is_limited_per_user_and_writes_nothing_once_limited(limits
 
 
 def test_api_coupon_claims_are_limited(limits, client, user, make_coupon):
-    limits(coupon_claim="2/m")
+    limits(coupon_claim="2/h")
     token = ApiToken.issue(user_id=user.pk, name="t")
     a, b, c = make_coupon(), make_coupon(), make_coupon()
     assert api_post(client, f"/api/coupons/{a.code}/claim/", {}, token).status_code == 201
@@ -70,7 +72,7 @@ def test_api_coupon_claims_are_limited(limits, client, user, make_coupon):
 
 
 def test_web_checkout_and_coupon_claims_are_limited(limits, client, user, make_product, make_coupon):
-    limits(checkout="1/m", coupon_claim="1/m")
+    limits(checkout="1/h", coupon_claim="1/h")
     client.force_login(user)
     p = make_product(stock=10)
     client.post(f"/products/{p.pk}/", {"quantity": 1})
@@ -87,7 +89,7 @@ def test_web_checkout_and_coupon_claims_are_limited(limits, client, user, make_p
 
 
 def test_login_is_limited_per_ip_and_per_username(limits, client):
-    limits(login="3/m", login_account="2/m")
+    limits(login="3/h", login_account="2/h")
     get_user_model().objects.create_user("victim", password="a-long-pass-123")
     for _ in range(2):
         assert client.post("/login/", {"username": "victim", "password": "guess"}).status_code == 200
@@ -99,7 +101,7 @@ def test_login_is_limited_per_ip_and_per_username(limits, client):
 
 
 def test_signup_is_limited_per_ip(limits, client):
-    limits(signup="2/m")
+    limits(signup="2/h")
     for i in range(2):
         response = client.post("/signup/", {"username": f"new{i}", "password1": "a-long-pass-123",
                                             "password2": "a-long-pass-123"})
@@ -111,7 +113,7 @@ def test_signup_is_limited_per_ip(limits, client):
 
 
 def test_token_creation_is_limited_but_revoking_is_not(limits, client, user):
-    limits(token_create="1/m")
+    limits(token_create="1/h")
     client.force_login(user)
     assert "shp_" in client.post("/account/tokens/", {"name": "one"}).content.decode()
     assert_web_rate_limited(client.post("/account/tokens/", {"name": "two"}))
@@ -128,7 +130,7 @@ def test_limits_can_be_lifted_one_by_one_or_all_at_once(limits, settings, client
     body = {"lines": [{"product_id": p.pk, "quantity": 1}]}
     limits(checkout=None)
     assert all(api_post(client, "/api/orders/", body, token).status_code == 201 for _ in range(4))
-    limits(checkout="1/m")
+    limits(checkout="1/h")
     settings.RATELIMIT_ENABLE = False
     assert all(api_post(client, "/api/orders/", body, token).status_code == 201 for _ in range(3))
     settings.RATELIMIT_ENABLE = True
@@ -145,7 +147,7 @@ def test_default_checkout_limit_leaves_room_for_the_load_test():
 
 
 def test_a_redis_outage_never_turns_the_limiter_into_a_500(limits, client, user, private_redis, make_product):
-    limits(checkout="1/m")
+    limits(checkout="1/h")
     token = ApiToken.issue(user_id=user.pk, name="t")
     p = make_product(stock=5)
     private_redis.stop()
