@@ -273,6 +273,7 @@ def _buyer(index: int, product_id: int, user_ids: list[int], stop_at: float, arm
     users = list(get_user_model().objects.filter(pk__in=user_ids))
     rng = random.Random(index)
     reported = None
+    sent = 0
     try:
         while time.monotonic() < stop_at:
             connection.ensure_connection()
@@ -282,8 +283,14 @@ def _buyer(index: int, product_id: int, user_ids: list[int], stop_at: float, arm
                 reported = thread_id
             start = time.monotonic()
             order_id = None
+            # Every request carries an Idempotency-Key, journaled before it is sent: if this
+            # buyer dies with the request in flight (its order may have been committed by a
+            # combiner meanwhile), the verdict settles it as a retrying client would.
+            sent += 1
+            key = f"fault-{index}-{sent}"
+            out.send(("begin", key))
             try:
-                order_id = place_order(user=rng.choice(users), lines=[(product_id, 1)]).pk
+                order_id = place_order(user=rng.choice(users), lines=[(product_id, 1)], idempotency_key=key).pk
                 outcome = PLACED
             except errors.ShopError as exc:
                 outcome = outcome_of_code(exc.code)
@@ -309,6 +316,7 @@ class _Journal:
         self.errors: list[str] = []
         self.connection_ids: dict[int, int] = {}
         self.victims: set[int] = set()  # buyers that stopped or killed themselves for the fault
+        self.in_flight: dict[int, str] = {}  # buyer -> Idempotency-Key of the request it has sent
         self.changed = threading.Condition()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -326,6 +334,9 @@ class _Journal:
                     kind = message[0]
                     if kind == "request":
                         self.requests.append(Request(*message[1:], buyer=by_conn[conn]))
+                        self.in_flight.pop(by_conn[conn], None)
+                    elif kind == "begin":
+                        self.in_flight[by_conn[conn]] = message[1]
                     elif kind == "fault":
                         self.events.append((message[1], message[2], message[3]))
                         self.victims.add(by_conn[conn])
@@ -365,6 +376,7 @@ def run_scenario(name: str, config: FaultConfig | None = None, *, keep: bool = F
 def _run(scenario: Scenario, config: FaultConfig, redis: PrivateRedis | None, *, keep: bool,
          say: Callable[[str], None]) -> FaultOutcome:
     from shop.invariants import check_invariants
+    from shop.models import Order
     from shop.services import restock
 
     length = scenario.length or config.fault_length
@@ -421,9 +433,14 @@ def _run(scenario: Scenario, config: FaultConfig, redis: PrivateRedis | None, *,
     time.sleep(shop_settings.LOCK_TTL + 0.2)  # a killed holder's lease runs out: no lock left over
     book = workloads.books(work)[0]
     oversold = book.sold - (book.initial + restocked - book.current)
+    # A buyer killed with a request in flight never heard its answer; its client would retry
+    # with the same key and get the order if one was committed (combining may have committed it
+    # for the buyer before it died). Settle those keys the same way, from the database.
+    unanswered = [key for buyer, key in journal.in_flight.items() if procs[buyer].exitcode == -signal.SIGKILL]
+    settled = list(Order.objects.filter(idempotency_key__in=unanswered).values_list("pk", flat=True))
     violations = check_invariants(
         product_ids=work.product_ids, initial_stock=work.initial_stock,
-        seen_order_ids=[r.order_id for r in requests if r.order_id is not None],
+        seen_order_ids=[r.order_id for r in requests if r.order_id is not None] + settled,
     )
     violations += [f"buyer error: {e}" for e in journal.errors[:5]]
     figures = liveness(requests, in_stock=in_stock, healed_at=healed_at, grace=grace,
