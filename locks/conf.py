@@ -11,6 +11,22 @@ from typing import Any
 from django.conf import settings
 
 DEFAULTS: dict[str, Any] = {
+    # Which coordination service holds the locks (locks/backends/): "redis" (one Redis, Sentinel
+    # or Cluster, through CACHE_ALIAS), "redlock", "zookeeper" or "mysql".
+    "BACKEND": "redis",
+    # redlock: the independent Redis masters (redis:// URLs; 3, 5 or 7 of them), the clock drift
+    # allowed for (a fraction of the ttl) and the per-master timeout (seconds).
+    "REDLOCK_URLS": [],
+    "REDLOCK_CLOCK_DRIFT": 0.01,
+    "REDLOCK_TIMEOUT": 0.2,
+    # zookeeper: the ensemble ("host:port,host:port"), the session timeout (seconds: a crashed
+    # or frozen holder loses its lock after this long) and the root znode of the locks.
+    "ZOOKEEPER_HOSTS": "127.0.0.1:2181",
+    "ZOOKEEPER_SESSION_TIMEOUT": 4.0,
+    "ZOOKEEPER_ROOT": "/locks",
+    # mysql: the DATABASES alias whose server keeps the lock table (its own connections, in
+    # autocommit: a lock is never part of the caller's transaction).
+    "MYSQL_DATABASE": "default",
     # django-redis cache alias whose connection pool the locks use.
     "CACHE_ALIAS": "default",
     # Prepended to every key, e.g. "shop:" -> "shop:lock:{product:42}".

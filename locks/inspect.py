@@ -22,13 +22,14 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis import Redis
 from redis.exceptions import RedisError
 
 from locks import events, histogram
+from locks.backends import HeldLock, LockBackend, get_backend
 from locks.conf import locks_settings
 from locks.exceptions import HolderChanged, LockUnavailable
 from locks.keys import (
@@ -53,27 +54,6 @@ COUNTERS = ("acquired", "contended", "handoffs", "released", "timeouts", "lost",
 # beyond, a lower bound (`queued_requests_more`, shown as "N+"), so a 10 000-waiter queue costs
 # one bounded read per refresh, not a walk of the whole hash.
 REQUESTS_SCAN = 1000
-
-
-@dataclass
-class HeldLock:
-    name: str
-    owner: str
-    fence: int
-    held_since: float  # unix seconds (Redis clock)
-    held_for: float
-    ttl_left: float
-    waiters: int
-    queued_requests: int = 0  # waiters that carry a combining request (the holder may serve them)
-    queued_requests_more: bool = False  # the count is a lower bound (see REQUESTS_SCAN)
-
-    @property
-    def plain_waiters(self) -> int:
-        """Waiters that want the lock itself (a batch stops at the first of them)."""
-        return max(self.waiters - self.queued_requests, 0)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "plain_waiters": self.plain_waiters}
 
 
 @dataclass
@@ -147,6 +127,12 @@ def _prefix() -> str:
     return locks_settings.KEY_PREFIX
 
 
+def _other_backend() -> LockBackend | None:
+    """The configured backend if it is not the built-in Redis one (whose state is read here)."""
+    backend = get_backend()
+    return None if backend.native else backend
+
+
 def _decode(d: dict[bytes, bytes] | dict[str, str]) -> dict[str, str]:
     return {text(k): text(v) for k, v in d.items()}
 
@@ -188,6 +174,8 @@ def _read_held(client: Redis, keys: list[str]) -> list[HeldLock]:
 def held_locks_page(*, prefix: str = "", cursor: int = 0, count: int = 500,
                     client: Redis | None = None) -> tuple[int, list[HeldLock]]:
     """One SCAN page of held locks whose name starts with `prefix`: (next_cursor, locks)."""
+    if client is None and (backend := _other_backend()) is not None:
+        return 0, backend.held(prefix=prefix)
     c = _client(client)
     match = f"{_prefix()}lock:{{{prefix}*}}"
     try:
@@ -218,6 +206,8 @@ def held_locks(*, prefix: str = "", limit: int | None = None, client: Redis | No
 
 
 def lock_info(name: str, *, client: Redis | None = None) -> HeldLock | None:
+    if client is None and (backend := _other_backend()) is not None:
+        return backend.describe(name)
     c = _client(client)
     try:
         found = _read_held(c, [LockKeys.for_name(name).lock])
@@ -331,8 +321,11 @@ def held_index_page(*, prefix: str = "", cursor: int = 0, count: int = 200, also
 
     The index knows a hold from the first stats flush after it began (<= STATS_FLUSH_INTERVAL);
     `also` (e.g. the busiest names) catches the short holds of hot locks in between. Entries
-    whose lock is gone are skipped: every row is read from the lock itself.
+    whose lock is gone are skipped: every row is read from the lock itself. Another backend
+    than Redis lists its held locks itself (one page).
     """
+    if client is None and (backend := _other_backend()) is not None:
+        return 0, backend.held(prefix=prefix, limit=count)
     c = _client(client)
     try:
         cursor, members = c.zscan(held_key(), cursor=cursor, match=f"{prefix}*", count=count)
@@ -382,6 +375,19 @@ def force_release(name: str, *, actor: str = "", expected_fence: int | None = No
     The old holder's fence is now stale, so its late writes are refused at the database. The
     release is counted in the stats of `family` (default `family_of(name)`).
     """
+    if client is None and (backend := _other_backend()) is not None:
+        before = backend.describe(name)
+        released = backend.force_release(name, expected_fence=expected_fence)
+        if released is None:
+            return None
+        recorder().force_released(Lock(name, family=family), since_us=released.since_us,
+                                  now_us=int(time.time() * 1e6))
+        events.record_event(default_client(), events.FORCE_RELEASE, name, owner=released.owner,
+                            fence=released.fence, actor=actor or f"{socket.gethostname()}:{os.getpid()}")
+        if before is not None and before.fence == released.fence:
+            return before
+        return HeldLock(name=name, owner=released.owner, fence=released.fence, held_since=released.since_us / 1e6,
+                        held_for=max(0.0, time.time() - released.since_us / 1e6), ttl_left=0.0, waiters=0)
     c = _client(client)
     keys = LockKeys.for_name(name)
     before = lock_info(name, client=c)

@@ -57,6 +57,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from locks import events
+from locks.backends import LockBackend, get_backend
 from locks.conf import locks_settings
 from locks.exceptions import LockLost, LockNotOwned, LockTimeout, LockUnavailable
 from locks.keys import LockKeys, family_of
@@ -398,6 +399,9 @@ class Lock:
             raise ValueError("max_hold must be at least ttl")
         self.reentrant = reentrant
         self._client = client
+        # None: the built-in Redis backend, driven here (an explicit `client` is always Redis).
+        backend = None if client is not None else get_backend()
+        self._backend: LockBackend | None = None if backend is None or backend.native else backend
         self._holds: dict[HolderKey, Hold] = {}
         self._guard = threading.Lock()
 
@@ -453,8 +457,14 @@ class Lock:
             raise LockNotOwned("extend of a lock this holder does not hold", name=self.name)
         return self._extend_hold(hold, seconds, replace=replace)
 
+    @property
+    def backend(self) -> LockBackend:
+        return self._backend if self._backend is not None else get_backend()
+
     def locked(self) -> bool:
         """Is anyone holding this lock right now?"""
+        if self._backend is not None:
+            return self._backend.locked(self)
         try:
             return bool(self.client.exists(self.keys.lock))
         except _UNREACHABLE as exc:
@@ -544,6 +554,10 @@ class Lock:
                 )
             self._reenter(existing)
             return existing
+        if self._backend is not None:
+            if payload:
+                raise RuntimeError(f"the {self._backend.name} backend does not combine requests")
+            return self._acquire_from_backend(self._backend, holder, blocking=blocking, wait=wait, cancel=cancel)
 
         started = time.monotonic()
         deadline = started + (wait if blocking else 0.0)
@@ -621,6 +635,23 @@ class Lock:
             events.record_event(client, events.TIMEOUT, self.name, waited=round(waited, 4), owner=owner)
         raise LockTimeout(f"not acquired within {wait:g}s", name=self.name)
 
+    def _acquire_from_backend(self, backend: LockBackend, holder: HolderKey, *, blocking: bool, wait: float,
+                              cancel: CancelToken | None) -> Hold:
+        started = time.monotonic()
+        token = os.urandom(16).hex()
+        owner = f"{_HOST}:{os.getpid()}"
+        grant = backend.acquire(self, token=token, owner=owner, blocking=blocking,
+                                deadline=started + (wait if blocking else 0.0), cancel=cancel)
+        if grant is not None:
+            return self._new_hold(holder, token, grant.fence, grant.lease_start, grant.lease, started,
+                                  contended=grant.contended)
+        if blocking:
+            recorder().count(self, timeouts=1)
+            with contextlib.suppress(Exception):  # the event log is on Redis, which this backend may not need
+                events.record_event(self.client, events.TIMEOUT, self.name,
+                                    waited=round(time.monotonic() - started, 4), owner=owner)
+        raise LockTimeout(f"not acquired within {wait:g}s", name=self.name)
+
     def _handoff_s(self) -> float:
         return min(self.ttl, _seconds(locks_settings.HANDOFF_LEASE, "LOCKS['HANDOFF_LEASE']", positive=True))
 
@@ -670,7 +701,9 @@ class Lock:
             return Served(text(got[1]), waited=0.0)
         return (int(got[1]), int(got[2]), int(got[3])) if got[0] else None
 
-    def _release_token(self, client: Redis, token: str) -> bool:
+    def _release_token(self, client: Redis | None, token: str) -> bool:
+        if self._backend is not None:
+            return self._backend.release(self, token=token)
         keys = self.keys
         return bool(script("release")(
             keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken],
@@ -732,7 +765,7 @@ class Lock:
             return
         self._forget(hold)
         try:
-            released = self._release_token(self.client, hold.token)
+            released = self._release_token(self._client if self._backend is not None else self.client, hold.token)
         except _UNREACHABLE as exc:
             recorder().ended(self, hold, released=None)
             raise LockUnavailable(f"Redis unreachable during release: {exc}", name=self.name) from exc
@@ -749,11 +782,15 @@ class Lock:
         seconds = _seconds(seconds, "extend", positive=True)
         sent = time.monotonic()
         try:
-            left_ms = script("extend")(
-                keys=[self.keys.lock],
-                args=[hold.token, max(1, int(seconds * 1000)), "1" if replace else "0"],
-                client=self.client,
-            )
+            if self._backend is not None:
+                left_ms = self._backend.extend(self, token=hold.token, ms=max(1, int(seconds * 1000)),
+                                               replace=replace)
+            else:
+                left_ms = script("extend")(
+                    keys=[self.keys.lock],
+                    args=[hold.token, max(1, int(seconds * 1000)), "1" if replace else "0"],
+                    client=self.client,
+                )
         except _UNREACHABLE as exc:
             raise LockUnavailable(f"Redis unreachable during extend: {exc}", name=self.name) from exc
         if not left_ms:
@@ -768,7 +805,10 @@ class Lock:
             raise LockLost("this hold was released or belongs to another process", name=self.name)
         sent = time.monotonic()
         try:
-            left_ms = int(script("check")(keys=[self.keys.lock], args=[hold.token], client=self.client))
+            if self._backend is not None:
+                left_ms = int(self._backend.check(self, token=hold.token))
+            else:
+                left_ms = int(script("check")(keys=[self.keys.lock], args=[hold.token], client=self.client))
         except _UNREACHABLE as exc:
             raise LockUnavailable(f"Redis unreachable during check: {exc}", name=self.name) from exc
         if left_ms <= 0:

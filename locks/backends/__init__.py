@@ -1,0 +1,73 @@
+"""Lock backends, chosen by LOCKS["BACKEND"] (env LOCKS_BACKEND): redis, redlock, zookeeper, mysql.
+
+`get_backend()` returns this process's instance for the current settings: one per (settings,
+pid), so a forked child never shares its parent's sockets or sessions, and a test that changes
+LOCKS gets a backend for the new values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from importlib import import_module
+
+from django.core.exceptions import ImproperlyConfigured
+
+from locks.backends.base import Grant, HeldLock, LockBackend, Released
+from locks.conf import locks_settings
+
+__all__ = ["BACKENDS", "Grant", "HeldLock", "LockBackend", "Released", "get_backend"]
+
+BACKENDS = {
+    "redis": "locks.backends.redis.RedisBackend",
+    "redlock": "locks.backends.redlock.RedlockBackend",
+    "zookeeper": "locks.backends.zookeeper.ZooKeeperBackend",
+    "mysql": "locks.backends.mysql.MySQLBackend",
+}
+# The LOCKS settings each backend is built from: a change to one of them builds a new instance.
+OPTIONS = {
+    "redis": (),
+    "redlock": ("REDLOCK_URLS", "REDLOCK_CLOCK_DRIFT", "REDLOCK_TIMEOUT"),
+    "zookeeper": ("ZOOKEEPER_HOSTS", "ZOOKEEPER_SESSION_TIMEOUT", "ZOOKEEPER_ROOT"),
+    "mysql": ("MYSQL_DATABASE",),
+}
+
+_instances: dict[tuple, LockBackend] = {}
+_guard = threading.Lock()
+
+
+def backend_class(name: str) -> type[LockBackend]:
+    path = BACKENDS.get(name)
+    if path is None:
+        raise ImproperlyConfigured(
+            f"LOCKS['BACKEND'] (LOCKS_BACKEND) is {name!r}; use one of: {', '.join(BACKENDS)}."
+        )
+    module, _, cls = path.rpartition(".")
+    return getattr(import_module(module), cls)
+
+
+def _freeze(value: object) -> object:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def get_backend() -> LockBackend:
+    name = locks_settings.BACKEND
+    key = (name, os.getpid(), *(_freeze(getattr(locks_settings, o)) for o in OPTIONS.get(name, ())))
+    backend = _instances.get(key)
+    if backend is None:
+        with _guard:
+            backend = _instances.get(key)
+            if backend is None:
+                options = {o.lower(): getattr(locks_settings, o) for o in OPTIONS.get(name, ())}
+                backend = _instances[key] = backend_class(name)(**options)
+    return backend
+
+
+def reset() -> None:
+    """Close and forget every backend of this process (tests)."""
+    with _guard:
+        for backend in _instances.values():
+            with contextlib.suppress(Exception):  # a dead connection must not fail a teardown
+                backend.close()
+        _instances.clear()

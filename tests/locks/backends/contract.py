@@ -1,0 +1,282 @@
+"""The contract every lock backend keeps, run against each one on real servers.
+
+A backend's test module does `from tests.locks.backends.contract import *` and defines the
+fixture `backend`: the LOCKS settings switched to that backend, its servers running (private
+ports, stopped by pid). pytest then collects these tests once per backend module.
+
+What is checked is what the shop relies on: exclusion between OS processes, fences that
+strictly increase (on the microseconds-since-epoch scale shared by every backend), a waiter
+woken by a release without polling out its wait, a crashed holder's lock passing on after its
+lease, a stale holder unable to release or extend a newer holder's lock, inspection and force
+release for the dashboard, asyncio cancellation that leaves nothing behind, and the checkout
+never overselling with the backend under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import time
+
+import pytest
+
+from locks import HolderChanged, Lock, LockLost, LockNotOwned, inspect
+from locks.backends import get_backend
+from tests.locks.conftest import FORK
+
+__all__ = [
+    "test_contract_a_blocked_acquire_times_out",
+    "test_contract_a_sigkilled_holder_passes_the_lock_on_after_its_lease",
+    "test_contract_a_stale_holder_cannot_release_or_extend_the_new_holders_lock",
+    "test_contract_a_waiter_is_woken_by_the_release",
+    "test_contract_acquire_release_and_a_second_holder_is_refused",
+    "test_contract_asyncio_cancellation_leaves_nothing_behind",
+    "test_contract_describe_held_and_force_release",
+    "test_contract_extend_and_check",
+    "test_contract_fences_strictly_increase_on_the_shared_scale",
+    "test_contract_processes_exclude_each_other_and_fences_follow_the_order",
+    "test_contract_reentrant_holds_nest",
+    "test_contract_the_checkout_never_oversells_on_this_backend",
+]
+
+# How long a SIGKILLed holder may keep a lock on any backend: its lease (ttl below) or, on
+# ZooKeeper, the session timeout the backend fixture sets; plus slack for a loaded machine.
+CRASH_LEASE = 1.0
+CRASH_SLACK = 10.0
+
+
+def _now_us() -> int:
+    return int(time.time() * 1e6)
+
+
+def test_contract_acquire_release_and_a_second_holder_is_refused(backend, name):
+    lock = Lock(name, ttl=5.0)
+    with lock as held:
+        assert held.fence > 0
+        assert lock.locked()
+        assert Lock(name, ttl=5.0).acquire(blocking=False) is False
+    assert not lock.locked()
+    other = Lock(name, ttl=5.0)
+    assert other.acquire(blocking=False)
+    other.release()
+
+
+def test_contract_fences_strictly_increase_on_the_shared_scale(backend, name):
+    before = _now_us()
+    fences = []
+    for _ in range(5):
+        with Lock(name, ttl=5.0) as held:
+            fences.append(held.fence)
+    assert fences == sorted(set(fences)), fences
+    # One scale for every backend (microseconds since the epoch, or above): a switch of backend
+    # never leaves the database's fence columns ahead of the new backend's fences.
+    assert fences[0] >= before - 60_000_000, (fences[0], before)
+
+
+def _take_turns(name: str, rounds: int, start, queue) -> None:
+    start.wait(30)
+    spans = []
+    for _ in range(rounds):
+        with Lock(name, ttl=10.0, wait=30.0) as held:
+            entered = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of this machine
+            time.sleep(0.002)
+            spans.append((entered, time.monotonic(), held.fence))
+    queue.put(spans)
+
+
+def test_contract_processes_exclude_each_other_and_fences_follow_the_order(backend, name):
+    start, queue = FORK.Event(), FORK.Queue()
+    procs = [FORK.Process(target=_take_turns, args=(name, 15, start, queue)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    start.set()
+    spans = sorted(span for _ in procs for span in queue.get(timeout=120))
+    for p in procs:
+        p.join(10)
+        assert p.exitcode == 0
+    assert len(spans) == 60
+    for (_, left_end, left_fence), (right_start, _, right_fence) in itertools.pairwise(spans):
+        assert right_start >= left_end, "two processes held the lock at once"
+        assert right_fence > left_fence, "a later holder got a smaller fence"
+
+
+def _hold_for(name: str, seconds: float, ready) -> None:
+    with Lock(name, ttl=30.0):
+        ready.set()
+        time.sleep(seconds)
+
+
+def test_contract_a_waiter_is_woken_by_the_release(backend, name):
+    ready = FORK.Event()
+    proc = FORK.Process(target=_hold_for, args=(name, 0.3, ready))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        started = time.monotonic()
+        with Lock(name, ttl=5.0, wait=20.0) as held:
+            waited = time.monotonic() - started
+            assert held.waited > 0
+        # Woken by the release (after ~0.3 s), not by its own 20 s deadline or the holder's 30 s lease.
+        assert waited < 5.0, waited
+    finally:
+        proc.join(10)
+
+
+def test_contract_a_blocked_acquire_times_out(backend, name):
+    holder = Lock(name, ttl=10.0)
+    holder.acquire()
+    try:
+        started = time.monotonic()
+        assert Lock(name, ttl=5.0, wait=0.3).acquire() is False
+        elapsed = time.monotonic() - started
+        assert 0.25 <= elapsed < 5.0, elapsed
+        assert Lock(name, ttl=5.0).acquire(blocking=False) is False
+    finally:
+        holder.release()
+    # Nothing of the timed-out waiter is left behind: the lock is free at once.
+    lock = Lock(name, ttl=5.0)
+    assert lock.acquire(blocking=False)
+    lock.release()
+
+
+def _hold_and_report(name: str, ttl: float, ready, queue) -> None:
+    lock = Lock(name, ttl=ttl)
+    lock.acquire()
+    queue.put(lock.held.fence)
+    ready.set()
+    time.sleep(600)
+
+
+def test_contract_a_sigkilled_holder_passes_the_lock_on_after_its_lease(backend, name):
+    ready, queue = FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_hold_and_report, args=(name, CRASH_LEASE, ready, queue))
+    proc.start()
+    assert ready.wait(30)
+    dead_fence = queue.get(timeout=5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    killed = time.monotonic()
+    with Lock(name, ttl=5.0, wait=CRASH_LEASE + CRASH_SLACK) as held:
+        assert held.fence > dead_fence
+    assert time.monotonic() - killed < CRASH_LEASE + CRASH_SLACK
+
+
+def test_contract_a_stale_holder_cannot_release_or_extend_the_new_holders_lock(backend, name):
+    stale = Lock(name, ttl=5.0)
+    stale.acquire()
+    old = stale.held
+    # The operator (or the lease) ends the stale hold; a new holder takes the lock.
+    inspect.force_release(name)
+    new = Lock(name, ttl=5.0)
+    assert new.acquire(wait=5.0)
+    assert new.held.fence > old.fence
+    with pytest.raises(LockLost):
+        old.check()
+    with pytest.raises(LockNotOwned):
+        old.extend(5.0)
+    with pytest.raises(LockNotOwned):
+        stale.release()
+    assert new.locked()
+    assert new.held.remaining() > 0
+    new.release()
+
+
+def test_contract_extend_and_check(backend, name):
+    with Lock(name, ttl=2.0) as held:
+        left = held.extend(10.0, replace=True)
+        assert 8.0 < left <= 10.0
+        held.check()
+        assert held.remaining() > 8.0
+
+
+def test_contract_reentrant_holds_nest(backend, name):
+    lock = Lock(name, ttl=5.0, reentrant=True)
+    with lock as outer, lock as inner:
+        assert outer is inner
+        assert inner.count == 2
+    assert not lock.locked()
+
+
+def test_contract_describe_held_and_force_release(backend, name):
+    lock = Lock(name, ttl=10.0)
+    lock.acquire()
+    fence = lock.held.fence
+    info = inspect.lock_info(name)
+    assert info is not None
+    assert info.fence == fence
+    assert info.owner.endswith(f":{os.getpid()}")
+    assert 0 < info.ttl_left <= 10.0
+    assert name in [h.name for h in inspect.held_locks(prefix=name)]
+    with pytest.raises(HolderChanged):
+        inspect.force_release(name, expected_fence=fence - 1)
+    assert lock.locked()
+    released = inspect.force_release(name, expected_fence=fence)
+    assert released is not None and released.fence == fence
+    assert not lock.locked()
+    assert inspect.lock_info(name) is None
+    assert inspect.force_release(name) is None
+    with Lock(name, ttl=5.0) as again:
+        assert again.fence > fence
+
+
+def test_contract_asyncio_cancellation_leaves_nothing_behind(backend, name):
+    async def scenario() -> int:
+        holder = Lock(name, ttl=10.0)
+        await holder.aacquire()
+        waiter = asyncio.create_task(Lock(name, ttl=5.0, wait=30.0).aacquire())
+        await asyncio.sleep(0.3)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await holder.arelease()
+        # The cancelled waiter leaves (its thread may still be on its way out, and give back a
+        # hand-off that raced in): the lock is free for anyone soon, not after a lease of its own.
+        started = time.monotonic()
+        async with Lock(name, ttl=5.0, wait=5.0) as again:
+            assert time.monotonic() - started < 2.0
+            return again.fence
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) > 0
+
+
+def _buy(user_id: int, product_id: int) -> list[int]:
+    from django.contrib.auth import get_user_model
+
+    from shop import errors
+    from shop.services import place_order
+
+    user = get_user_model().objects.get(pk=user_id)
+    placed, refused = [], 0
+    for _ in range(200):
+        try:
+            placed.append(place_order(user=user, lines=[(product_id, 1)]).pk)
+        except errors.OutOfStock:
+            refused += 1
+            if refused >= 2:
+                break
+        except (errors.LockTimeout, errors.Conflict):
+            continue
+    return placed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_contract_the_checkout_never_oversells_on_this_backend(backend, settings):
+    from decimal import Decimal
+
+    from shop.invariants import check_invariants
+    from shop.models import Product
+    from tests.helpers import make_users, run_processes
+
+    combining = get_backend().supports_combining
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": combining}
+    product = Product.objects.create(sku=f"BK-{os.getpid()}-{time.monotonic_ns()}", name="Backend test",
+                                     price=Decimal("5.00"), stock=40)
+    users = make_users(6, prefix=f"bk{time.monotonic_ns()}")
+    results = run_processes(_buy, [(u.pk, product.pk) for u in users])
+    seen = [pk for placed in results for pk in placed]
+    assert len(seen) == 40
+    product.refresh_from_db()
+    assert product.stock == 0
+    assert check_invariants(product_ids=[product.pk], initial_stock={product.pk: 40}, seen_order_ids=seen) == []
