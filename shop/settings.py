@@ -150,7 +150,37 @@ CACHES = {
     "locks": _redis_cache(LOCKS_REDIS_URL),
 }
 
+# --- which coordination service holds the locks (locks/backends/) --------------------------
+LOCKS_BACKEND = env.str("LOCKS_BACKEND", default="redis")
+if LOCKS_BACKEND not in {"redis", "redlock", "zookeeper", "mysql"}:
+    raise ImproperlyConfigured(
+        f"LOCKS_BACKEND={LOCKS_BACKEND!r}: use redis, redlock, zookeeper or mysql (e.g. LOCKS_BACKEND=redis)."
+    )
+LOCKS_REDLOCK_URLS = env.list("LOCKS_REDLOCK_URLS", default=[])
+_REDLOCK_EXAMPLE = "LOCKS_REDLOCK_URLS=redis://10.0.0.1:6379/0,redis://10.0.0.2:6379/0,redis://10.0.0.3:6379/0"
+for _url in LOCKS_REDLOCK_URLS:
+    _parts = urlsplit(_url)
+    if _parts.scheme not in {"redis", "rediss"} or not _parts.hostname:
+        raise ImproperlyConfigured(f"LOCKS_REDLOCK_URLS has {_url!r}, not a redis:// URL (e.g. {_REDLOCK_EXAMPLE}).")
+if LOCKS_BACKEND == "redlock" and len(LOCKS_REDLOCK_URLS) < 3:
+    raise ImproperlyConfigured(
+        f"LOCKS_BACKEND=redlock needs at least 3 independent Redis masters in LOCKS_REDLOCK_URLS "
+        f"(5 is usual), e.g. {_REDLOCK_EXAMPLE}."
+    )
+LOCKS_ZOOKEEPER_HOSTS = env.str("LOCKS_ZOOKEEPER_HOSTS", default="127.0.0.1:2181")
+for _host in LOCKS_ZOOKEEPER_HOSTS.split("/", 1)[0].split(","):
+    _h, _, _p = _host.strip().rpartition(":")
+    if not _h or not _p.isdigit():
+        raise ImproperlyConfigured(
+            f"LOCKS_ZOOKEEPER_HOSTS={LOCKS_ZOOKEEPER_HOSTS!r}: use host:port[,host:port...] "
+            "(e.g. LOCKS_ZOOKEEPER_HOSTS=127.0.0.1:2181)."
+        )
+
 LOCKS = {
+    "BACKEND": LOCKS_BACKEND,
+    "REDLOCK_URLS": LOCKS_REDLOCK_URLS,
+    "ZOOKEEPER_HOSTS": LOCKS_ZOOKEEPER_HOSTS,
+    "ZOOKEEPER_SESSION_TIMEOUT": env.float("LOCKS_ZOOKEEPER_SESSION_TIMEOUT", default=4.0),
     "CACHE_ALIAS": "locks",
     "KEY_PREFIX": env.str("LOCKS_KEY_PREFIX", default=""),
     "DEFAULT_TTL": env.float("LOCKS_DEFAULT_TTL", default=10.0),
