@@ -22,6 +22,7 @@ from django.db.models import F
 from django.utils import timezone
 
 import locks
+from locks.backends import get_backend
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, OrderLine, Product, StockLedger
@@ -98,8 +99,9 @@ def place_order(
         ]})
 
     use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
-    if use_locks and shop_settings.COMBINING and len(lines) == 1:
-        # One product: queue on its lock; whoever holds it commits everyone queued at once.
+    if use_locks and shop_settings.COMBINING and len(lines) == 1 and get_backend().supports_combining:
+        # One product: queue on its lock; whoever holds it commits everyone queued at once. (The
+        # queue is a Redis one: on Redlock, ZooKeeper or MySQL every order takes the lock itself.)
         [(product_id, quantity)] = lines
         return place_combined(user=user, product_id=product_id, quantity=quantity, code=code, key=key,
                               digest=digest)
