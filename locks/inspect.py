@@ -127,6 +127,20 @@ def _prefix() -> str:
     return locks_settings.KEY_PREFIX
 
 
+def backend_info() -> dict[str, str]:
+    """Which backend holds the locks, and what it cannot show (the dashboard and `manage.py locks` say it)."""
+    backend = get_backend()
+    label = backend.name
+    if backend.native:
+        client = default_client()
+        kind = type(client).__name__
+        if "Cluster" in kind:
+            label = "redis (cluster)"
+        elif "sentinel" in type(client.connection_pool).__name__.lower():
+            label = "redis (sentinel)"
+    return {"name": backend.name, "label": label, "limitations": backend.limitations}
+
+
 def _other_backend() -> LockBackend | None:
     """The configured backend if it is not the built-in Redis one (whose state is read here)."""
     backend = get_backend()

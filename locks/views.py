@@ -79,6 +79,7 @@ def snapshot(*, prefix: str, cursor: int) -> dict[str, Any]:
         "stats_families": len(stats),
         "combining": [_stats_row(s, now) for s in combining[:STATS_ROWS]],
         "totals": _with_ago(total.as_dict(), now),
+        "backend": inspect.backend_info(),
     }
 
 
@@ -115,9 +116,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         data = snapshot(prefix=prefix, cursor=cursor)
         error = None
     except LockUnavailable as exc:
-        data, error = None, f"Redis is unreachable: {exc}"
+        data, error = None, f"The lock backend is unreachable: {exc}"
     return TemplateResponse(request, "admin/locks/dashboard.html", _context(
-        request, title="Locks", data=data, error=error, prefix=prefix,
+        request, title="Locks", data=data, error=error, prefix=prefix, backend=inspect.backend_info(),
         audits=ForceRelease.objects.select_related("actor")[:10],
     ))
 

@@ -90,7 +90,7 @@ class Command(BaseCommand):
             else:
                 self._show(opts)
         except LockUnavailable as exc:
-            raise CommandError(f"Redis is unreachable: {exc}") from exc
+            raise CommandError(f"the lock backend is unreachable: {exc}") from exc
         except KeyboardInterrupt:
             pass
 
@@ -109,8 +109,12 @@ class Command(BaseCommand):
                 "held": [h.as_dict() for h in held],
                 "stats": [s.as_dict() for s in stats[: opts["limit"]]],
                 "totals": total.as_dict(),
+                "backend": inspect.backend_info(),
             }, indent=2))
             return
+        backend = inspect.backend_info()
+        self.stdout.write(f"Lock backend: {backend['label']}" + (f" ({backend['limitations']})"
+                                                                 if backend["limitations"] else ""))
         self.stdout.write(self.style.MIGRATE_HEADING(f"Held locks ({len(held)})"))
         if held:
             self.stdout.write(f"{'name':<32} {'owner':<28} {'fence':>18} {'held ms':>9} {'ttl ms':>8} {'waiters':>7} "

@@ -136,7 +136,8 @@ def test_shows_queued_requests_and_the_combining_batches(name):
     stats.flush()
     waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(2)]
     out = run("--prefix", name)
-    held = out[: out.index("Lock stats")]
+    assert out.splitlines()[0] == "Lock backend: redis"
+    held = out[out.index("Held locks") : out.index("Lock stats")]
     [line] = [line for line in held.splitlines() if line.startswith(name)]
     assert held.splitlines()[1].split()[-2:] == ["waiters", "requests"]
     assert line.split()[-2:] == ["2", "2"]  # waiters, of which queued requests
