@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from locks import HolderChanged, Lock, LockLost, LockNotOwned, inspect
+from locks import HolderChanged, Lock, LockLost, LockNotOwned, inspect, stats
 from locks.backends import get_backend
 from tests.locks.conftest import FORK
 
@@ -34,6 +34,7 @@ __all__ = [
     "test_contract_acquire_release_and_a_second_holder_is_refused",
     "test_contract_asyncio_cancellation_leaves_nothing_behind",
     "test_contract_describe_held_and_force_release",
+    "test_contract_the_dashboard_and_the_locks_command_show_the_holder",
     "test_contract_extend_and_check",
     "test_contract_fences_strictly_increase_on_the_shared_scale",
     "test_contract_processes_exclude_each_other_and_fences_follow_the_order",
@@ -219,6 +220,27 @@ def test_contract_describe_held_and_force_release(backend, name):
     assert inspect.force_release(name) is None
     with Lock(name, ttl=5.0) as again:
         assert again.fence > fence
+
+
+@pytest.mark.django_db
+def test_contract_the_dashboard_and_the_locks_command_show_the_holder(backend, name, admin_client):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    with Lock(name, ttl=10.0) as held:
+        out = StringIO()
+        call_command("locks", "--all", "--prefix", name, stdout=out)
+        text = out.getvalue()
+        assert text.splitlines()[0].startswith(f"Lock backend: {backend.name}")
+        [line] = [line for line in text.splitlines() if line.startswith(name)]
+        assert str(held.fence) in line
+        stats.flush()  # the dashboard lists holds from the index the stats flush publishes (<= 1 s)
+        page = admin_client.get("/admin/locks/lockdashboard/", {"prefix": name})
+        assert page.status_code == 200
+        body = page.content.decode()
+        assert name in body and str(held.fence) in body
+        assert f"Lock backend: <strong>{backend.name}" in body
 
 
 def test_contract_asyncio_cancellation_leaves_nothing_behind(backend, name):
