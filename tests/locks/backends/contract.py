@@ -34,12 +34,12 @@ __all__ = [
     "test_contract_acquire_release_and_a_second_holder_is_refused",
     "test_contract_asyncio_cancellation_leaves_nothing_behind",
     "test_contract_describe_held_and_force_release",
-    "test_contract_the_dashboard_and_the_locks_command_show_the_holder",
     "test_contract_extend_and_check",
     "test_contract_fences_strictly_increase_on_the_shared_scale",
     "test_contract_processes_exclude_each_other_and_fences_follow_the_order",
     "test_contract_reentrant_holds_nest",
     "test_contract_the_checkout_never_oversells_on_this_backend",
+    "test_contract_the_dashboard_and_the_locks_command_show_the_holder",
 ]
 
 # How long a SIGKILLed holder may keep a lock on any backend: its lease (ttl below) or, on
