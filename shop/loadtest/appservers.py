@@ -72,6 +72,7 @@ class AppServer(ServerProcess):
                  port: int | None = None, workdir: str | None = None) -> None:
         super().__init__(port=port, workdir=workdir or tempfile.mkdtemp(prefix="appserver-"))
         self.workers, self.threads = workers, threads
+        self.killed_at: float | None = None  # time.monotonic() of the last kill()
         self.env = server_env(env)
 
     @property
@@ -136,23 +137,33 @@ class AppServer(ServerProcess):
         group = self.proc.pid  # start_new_session: the master leads the group its workers inherit
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
+        self.killed_at = time.monotonic()
         self.proc.wait(timeout=30)
         self.proc = None
-        # The workers were the master's children: orphans now, reaped by init. Wait until the
-        # group is empty, so none of them still holds a socket or a lock connection.
+        # The workers were the master's children: orphans now, reaped by init (here about once a
+        # second). Wait until none of the group still runs: a zombie holds no socket, no lock.
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(group, 0)
-            except ProcessLookupError:
-                return
-            except PermissionError:  # the group id was reused by someone else's processes
-                return
-            time.sleep(0.02)
+        while _group_running(group) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def restart(self, *, timeout: float = 60.0) -> float:
         self.stop()
         return self.start(timeout=timeout)
+
+
+def _group_running(group: int) -> bool:
+    """Whether a process of this process group is still alive (not a zombie); Linux /proc."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
 
 
 class AppServers:

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import itertools
 import json
 import multiprocessing
+import os
 import random
 import threading
 import time
@@ -74,12 +76,13 @@ class Service:
 
 @dataclass
 class Fault:
-    """One fault: `inject()` and `heal()` do it and return a line for the log. No `heal`: the
-    system heals itself (the remaining servers take over). `outage`: nothing can sell while it
-    lasts (the lock service is away), so the stall is measured before and after it."""
+    """One fault: `inject()` and `heal()` do it and return (a line for the log, the
+    time.monotonic() moment it took effect: a kill, not the wait for the exit after it). No
+    `heal`: the system heals itself (the remaining servers take over). `outage`: nothing can
+    sell while it lasts (the lock service is away), so the stall is measured around it."""
 
-    inject: Callable[[], str]
-    heal: Callable[[], str] | None = None
+    inject: Callable[[], tuple[str, float]]
+    heal: Callable[[], tuple[str, float]] | None = None
     outage: bool = False
 
 
@@ -88,6 +91,7 @@ class Context:
     servers: appservers.AppServers
     service: Service
     config: HttpFaultConfig
+    product_id: int  # the hot product of the run
 
 
 @dataclass(frozen=True)
@@ -136,14 +140,48 @@ def private_locks_redis() -> Iterator[Service]:
         redis.stop()
 
 
+HOLDER_WAIT = 3.0  # seconds kill-app-server waits for one of the victim's workers to hold the lock
+
+
+def _lock_holder_pid(product_id: int) -> int | None:
+    """The pid of the process holding the product's lock (owner "host:pid"), if any."""
+    from locks.inspect import lock_info
+    from shop.services.locking import product_lock
+
+    with contextlib.suppress(Exception):
+        held = lock_info(product_lock(product_id))
+        if held is not None:
+            return int(held.owner.rsplit(":", 1)[-1])
+    return None
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except ProcessLookupError:
+        return False
+
+
 def kill_app_server(ctx: Context) -> Fault:
+    """Kill the victim server while one of its workers holds the hot product's lock (seen in the
+    lock service; up to HOLDER_WAIT s, else at once): its checkout dies mid-flight, lock held."""
     victim = random.Random(ctx.config.seed).randrange(len(ctx.servers))
     server = ctx.servers[victim]
 
-    def inject() -> str:
-        url = server.url
+    def inject() -> tuple[str, float]:
+        url, group = server.url, server.pid
+        deadline = time.monotonic() + HOLDER_WAIT
+        holder = None
+        while time.monotonic() < deadline:
+            pid = _lock_holder_pid(ctx.product_id)
+            if pid is not None and _in_group(pid, group):
+                holder = pid
+                break
+            time.sleep(0.001)
         server.kill()
-        return f"server {victim} ({url}) killed: master and workers, SIGKILL"
+        held = (f"while its worker {holder} held the product lock" if holder is not None
+                else f"(none of its workers was seen holding the product lock in {HOLDER_WAIT:g} s)")
+        return f"server {victim} ({url}) killed, master and workers (SIGKILL), {held}", server.killed_at
 
     return Fault(inject=inject)
 
@@ -152,13 +190,13 @@ def restart_locks_redis(ctx: Context) -> Fault:
     redis = ctx.service.processes["redis"]
     length = ctx.config.fault_length
 
-    def inject() -> str:
+    def inject() -> tuple[str, float]:
         redis.stop()
-        return f"lock Redis on port {redis.port} killed"
+        return f"lock Redis on port {redis.port} killed", time.monotonic()
 
-    def heal() -> str:
+    def heal() -> tuple[str, float]:
         redis.start()
-        return f"lock Redis restarted empty after {length:g} s"
+        return f"lock Redis restarted empty after {length:g} s", time.monotonic()
 
     return Fault(inject=inject, heal=heal, outage=True)
 
@@ -319,7 +357,7 @@ class HttpFaultOutcome:
     stall_limit: float
     injected_at: float  # seconds into the run
     recovery: float | None  # seconds from the fault (or its heal) until an order asked after it was placed
-    fault_stall: float  # the gap in placed orders that spans the fault (an outage's length included)
+    fault_stall: float  # the longest gap in placed orders around the fault (an outage's length included)
     refused_during_fault: int  # non-placed answers from the fault to the recovery
     cut: int  # requests cut in flight (connection reset or closed before the answer)
     connect_refused: int  # requests a dead server's port refused (nothing was sent)
@@ -371,7 +409,9 @@ def run_scenario(name: str, config: HttpFaultConfig | None = None, *, keep: bool
         servers.start()
         try:
             say(f"{config.servers} app servers up: {', '.join(servers.urls)}")
-            return _run(scenario, config, servers, service, keep=keep, say=say)
+            # This process looks at the lock service the servers use (lock holders, I6, cleanup).
+            with override_settings(**service.settings):
+                return _run(scenario, config, servers, service, keep=keep, say=say)
         finally:
             servers.stop()
 
@@ -385,7 +425,7 @@ def _run(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.Ap
     product_id = work.product_ids[0]
     tokens = list(_tokens(work.user_ids).values())
     urls = servers.urls
-    fault = scenario.fault(Context(servers=servers, service=service, config=config))
+    fault = scenario.fault(Context(servers=servers, service=service, config=config, product_id=product_id))
     connections.close_all()  # the buyers must not share the parent's MySQL connection
     started = time.monotonic()
     stop_at = started + config.duration
@@ -402,13 +442,15 @@ def _run(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.Ap
     injected = healed = None
     try:
         time.sleep(max(started + config.fault_at - time.monotonic(), 0))
-        injected = time.monotonic()
-        say(fault.inject())
+        note, injected = fault.inject()
         healed = injected
+        notes.append(note)
+        say(note)
         if fault.heal is not None:
             time.sleep(max(injected + config.fault_length - time.monotonic(), 0))
-            say(fault.heal())
-            healed = time.monotonic()
+            note, healed = fault.heal()
+            notes.append(note)
+            say(note)
     finally:
         for proc in procs.values():
             proc.join(max(stop_at - time.monotonic(), 0) + SETTLE_FOR + REQUEST_TIMEOUT + 5)
@@ -418,8 +460,7 @@ def _run(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.Ap
                 notes.append(f"buyer {proc.pid} did not finish: killed")
         journal.thread.join(10)
     requests = sorted(journal.requests, key=lambda r: r.start)
-    with override_settings(**service.settings):
-        return _verdict(scenario, config, work, requests, journal, urls, started, stop_at, injected, healed,
+    return _verdict(scenario, config, work, requests, journal, urls, started, stop_at, injected, healed,
                         fault, notes, fences.refusals(workloads.lock_names(work)), keep=keep)
 
 
@@ -443,8 +484,13 @@ def _verdict(scenario, config, work, requests, journal, urls, started, stop_at, 
     placed = sorted(r.end for r in requests if r.outcome == PLACED)
     after = [r.end for r in requests if r.outcome == PLACED and r.start >= healed]
     recovery = min(after) - healed if after else None
+    # The stall the fault caused: the longest gap in placed orders from the last one before the
+    # fault until the stall bound after it healed (a dead holder's lease, an outage's length).
+    stall_limit = float(shop_settings.LOCK_WAIT) + 1.0
     before = max((t for t in placed if t <= injected), default=started)
-    resumed = min((t for t in placed if t > injected), default=stop_at)
+    window_end = min(healed + stall_limit, stop_at)
+    points = [before, *(t for t in placed if before < t < window_end), window_end]
+    fault_stall = max(b - a for a, b in itertools.pairwise(points))
     until = healed + recovery if recovery is not None else stop_at
     refused = sum(1 for r in requests if r.outcome != PLACED and injected <= r.end <= until)
     if not keep:
@@ -453,8 +499,8 @@ def _verdict(scenario, config, work, requests, journal, urls, started, stop_at, 
     return HttpFaultOutcome(
         scenario=scenario, config=config, faults=1 if injected is not None else 0, requests=requests,
         oversold=oversold, violations=violations, liveness=figures,
-        stall_limit=float(shop_settings.LOCK_WAIT) + 1.0, injected_at=injected - started, recovery=recovery,
-        fault_stall=resumed - before, refused_during_fault=refused,
+        stall_limit=stall_limit, injected_at=injected - started, recovery=recovery, fault_stall=fault_stall,
+        refused_during_fault=refused,
         cut=sum(1 for c in journal.cut if c[3] != "ConnectionRefusedError"),
         connect_refused=sum(1 for c in journal.cut if c[3] == "ConnectionRefusedError"),
         retries=len(journal.retries), replays=sum(1 for _, replayed, _ in journal.retries if replayed),
