@@ -41,7 +41,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 
 from django.db import connections
@@ -361,8 +361,8 @@ class HttpFaultOutcome:
     refused_during_fault: int  # non-placed answers from the fault to the recovery
     cut: int  # requests cut in flight (connection reset or closed before the answer)
     connect_refused: int  # requests a dead server's port refused (nothing was sent)
-    retries: int  # cut requests sent again with the same key
-    replays: int  # ... answered with the order already committed (200)
+    retries: int  # cut requests sent again with the same key (to another server)
+    replays: int  # ... answered with the order a server had already committed for that key (200)
     settled: int  # cut requests never answered definitively, settled from the database by key
     fence_refusals: int  # writes the fence refused during the run (shop/services/fences.py)
     servers: dict[str, dict[str, int]]  # URL -> outcome -> answers (by the server that answered)
@@ -418,10 +418,22 @@ def run_scenario(name: str, config: HttpFaultConfig | None = None, *, keep: bool
 
 def _run(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.AppServers, service: Service, *,
          keep: bool, say: Callable[[str], None]) -> HttpFaultOutcome:
+    needed = config.fault_at + config.fault_length + 4  # buying goes on for 4 s after the fault heals
+    config = replace(config, duration=max(config.duration, needed))
+    work = workloads.create(workloads.new_run_id(), products=1, stock=config.stock, users=config.users)
+    try:
+        return _drive(scenario, config, servers, service, work, say=say, keep=keep)
+    except BaseException:
+        if not keep:
+            workloads.cleanup(work)
+        raise
+
+
+def _drive(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.AppServers, service: Service,
+           work: workloads.Workload, *, keep: bool, say: Callable[[str], None]) -> HttpFaultOutcome:
     from shop.loadtest.scenarios import _tokens
     from shop.services import fences
 
-    work = workloads.create(workloads.new_run_id(), products=1, stock=config.stock, users=config.users)
     product_id = work.product_ids[0]
     tokens = list(_tokens(work.user_ids).values())
     urls = servers.urls
@@ -494,8 +506,7 @@ def _verdict(scenario, config, work, requests, journal, urls, started, stop_at, 
     until = healed + recovery if recovery is not None else stop_at
     refused = sum(1 for r in requests if r.outcome != PLACED and injected <= r.end <= until)
     if not keep:
-        workloads.cleanup(work)
-        _forget_fence_counts(work)
+        workloads.cleanup(work)  # its fence refusal counts too
     return HttpFaultOutcome(
         scenario=scenario, config=config, faults=1 if injected is not None else 0, requests=requests,
         oversold=oversold, violations=violations, liveness=figures,
@@ -503,20 +514,11 @@ def _verdict(scenario, config, work, requests, journal, urls, started, stop_at, 
         refused_during_fault=refused,
         cut=sum(1 for c in journal.cut if c[3] != "ConnectionRefusedError"),
         connect_refused=sum(1 for c in journal.cut if c[3] == "ConnectionRefusedError"),
-        retries=len(journal.retries), replays=sum(1 for _, replayed, _ in journal.retries if replayed),
+        retries=len({key for key, _, _ in journal.retries}),
+        replays=len({key for key, replayed, _ in journal.retries if replayed}),
         settled=len(settled), fence_refusals=fence_refusals,
         servers={urls[i]: counts for i, counts in sorted(journal.servers.items())}, notes=notes,
     )
-
-
-def _forget_fence_counts(work: workloads.Workload) -> None:
-    from django_redis import get_redis_connection
-
-    from shop.services import fences
-
-    with contextlib.suppress(Exception):
-        get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).delete(
-            *[fences.key(name) for name in workloads.lock_names(work)])
 
 
 def table(outcomes: list[HttpFaultOutcome]) -> str:

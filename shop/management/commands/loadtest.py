@@ -17,7 +17,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from shop.loadtest import appservers, faults, report, scenarios, strategies, workload
+from shop.loadtest import appservers, faults, httpfaults, report, scenarios, strategies, workload
 from shop.loadtest.runner import RunError
 from shop.loadtest.scenarios import Comparison, LoadConfig, Outcome
 
@@ -103,7 +103,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["fault_list"]:
-            for scenario in faults.SCENARIOS.values():
+            for scenario in [*faults.SCENARIOS.values(), *httpfaults.SCENARIOS.values()]:
                 self.stdout.write(f"{scenario.name:<22} {scenario.description}")
             return
         if opts["fault"]:
@@ -156,8 +156,8 @@ class Command(BaseCommand):
 
     # -- fault injection -------------------------------------------------------------------
     def _faults(self, opts: dict[str, Any]) -> None:
-        names = list(faults.SCENARIOS) if opts["fault"] == "all" else name_list(
-            opts["fault"], list(faults.SCENARIOS), "--fault")
+        every = [*faults.SCENARIOS, *httpfaults.SCENARIOS]
+        names = every if opts["fault"] == "all" else name_list(opts["fault"], every, "--fault")
         if not 0 < opts["fault_length"] <= 10:
             raise CommandError("--fault-length: seconds, above 0 and at most 10")
         if opts["fault_duration"] < opts["fault_length"] + 4:
@@ -168,14 +168,38 @@ class Command(BaseCommand):
             raise CommandError(workload.NOT_MIGRATED)
         config = faults.FaultConfig(buyers=opts["fault_buyers"], duration=opts["fault_duration"],
                                     fault_length=opts["fault_length"], seed=opts["seed"])
-        outcomes = []
+        over_http = httpfaults.HttpFaultConfig(
+            servers=opts["servers"] or 3, server_workers=opts["server_workers"],
+            server_threads=opts["server_threads"], buyers=opts["fault_buyers"], duration=opts["fault_duration"],
+            fault_length=opts["fault_length"], seed=opts["seed"])
+        if over_http.servers < 2:
+            raise CommandError("--servers: the app-server faults need at least 2 (one to lose, one to move to)")
+        outcomes, http_outcomes = [], []
+
+        def say(line: str) -> None:
+            self.stdout.write(f"  {line}")
+
         for name in names:
-            self.stdout.write(f"{name}: {faults.SCENARIOS[name].description} ...")
-            outcomes.append(faults.run_scenario(name, config, keep=opts["keep"],
-                                                say=lambda line: self.stdout.write(f"  {line}")))
-        self.stdout.write("")
-        self.stdout.write(faults.table(outcomes))
-        failed = [o.scenario.name for o in outcomes if not o.passed]
+            if name in httpfaults.SCENARIOS:
+                self.stdout.write(f"{name}: {httpfaults.SCENARIOS[name].description} ...")
+                http_outcomes.append(httpfaults.run_scenario(name, over_http, keep=opts["keep"], say=say))
+                for line in httpfaults.servers_lines(http_outcomes[-1]):
+                    say(line)
+            else:
+                self.stdout.write(f"{name}: {faults.SCENARIOS[name].description} ...")
+                outcomes.append(faults.run_scenario(name, config, keep=opts["keep"], say=say))
+        if outcomes:
+            self.stdout.write("")
+            self.stdout.write(faults.table(outcomes))
+        if http_outcomes:
+            self.stdout.write("")
+            self.stdout.write(f"over HTTP, {over_http.servers} app servers ({over_http.server_workers} workers x "
+                              f"{over_http.server_threads} threads), {over_http.buyers} buyers:")
+            self.stdout.write(httpfaults.table(http_outcomes))
+            if opts["json"]:
+                report.write_json(opts["json"], {"http_faults": [o.as_dict() for o in http_outcomes]})
+                self.stdout.write(f"JSON written to {opts['json']}")
+        failed = [o.scenario.name for o in [*outcomes, *http_outcomes] if not o.passed]
         if failed:
             raise CommandError(f"fault injection FAILED: {', '.join(failed)}")
 
