@@ -61,6 +61,9 @@ def server_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
     }
     if locks_conf.get("REDLOCK_URLS"):
         env["LOCKS_REDLOCK_URLS"] = ",".join(locks_conf["REDLOCK_URLS"])
+    for key in ("ZOOKEEPER_SESSION_TIMEOUT", "DEFAULT_TTL", "DEFAULT_WAIT"):
+        if locks_conf.get(key) is not None:
+            env[f"LOCKS_{key}"] = str(locks_conf[key])
     env.update(overrides or {})
     return env
 
