@@ -44,6 +44,14 @@ def test_loadtest_servers_places_orders_through_every_server(tmp_path, capsys):
     assert sum(c["placed"] for c in servers.values()) == data["phases"][0]["counts"]["placed"]
 
 
+def test_loadtest_urls_comma_separated_or_repeated():
+    from shop.management.commands.loadtest import Command
+
+    opts = {"url": ["http://a:1, http://b:2", "http://c:3/"], "servers": None, "compare": False}
+    assert Command()._urls(opts) == ["http://a:1", "http://b:2", "http://c:3/"]
+    assert Command()._urls({**opts, "url": "http://a:1"}) == ["http://a:1"]  # call_command(url=...)
+
+
 def test_loadtest_url_list_refuses_a_bad_url_and_url_with_servers():
     with pytest.raises(CommandError, match="--url must start with http"):
         call_command("loadtest", "--url", "http://127.0.0.1:1,ftp://x")
