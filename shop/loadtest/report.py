@@ -122,6 +122,12 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]).rstrip()
 
 
+def servers_table(servers: dict[str, dict[str, int]]) -> str:
+    """Requests per app server by outcome (errors include connection errors)."""
+    rows = [[url, sum(counts.values()), *(counts.get(o, 0) for o in OUTCOMES)] for url, counts in servers.items()]
+    return table(("server", "requests", *OUTCOMES), rows)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"

@@ -13,6 +13,7 @@ counters (MySQL status, lock statistics), so a phase's deltas belong to that pha
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import queue
 import random
@@ -101,6 +102,7 @@ class RunResult:
     phases: list[PhaseRun]
     order_ids: list[int]  # every order a worker saw placed
     errors: list[str]  # the first few unexpected exceptions, as text
+    servers: dict[str, dict[str, int]] = field(default_factory=dict)  # http: outcomes per app server URL
 
 
 @dataclass
@@ -109,6 +111,7 @@ class _WorkerResult:
     phases: list[list[Record]]
     order_ids: list[int]
     errors: list[str]
+    servers: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 # --- server-side counters -------------------------------------------------------------------
@@ -150,7 +153,7 @@ def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) 
     out = _WorkerResult(index=index, phases=[], order_ids=[], errors=[])
     strategy = None
     try:
-        strategy = strategies.get(plan.strategy)(plan.options)
+        strategy = strategies.get(plan.strategy)(dataclasses.replace(plan.options, worker=index))
         with connection.execute_wrapper(count_queries):
             for phase in plan.phases:
                 barrier.wait(timeout=STALL_TIMEOUT)
@@ -189,6 +192,7 @@ def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) 
                 lock_stats.flush()  # the parent reads the lock counters once every worker is done
                 with finished.get_lock():
                     finished.value += 1
+        out.servers = getattr(strategy, "servers", {})
         results.put(out)
     except BrokenBarrierError:
         pass  # the parent gave up on the run
@@ -316,4 +320,16 @@ def run(plan: Plan, progress: Callable[[Progress], None] | None = None, interval
                 for i, (ph, b, a) in enumerate(phase_runs)],
         order_ids=[oid for w in reported for oid in w.order_ids],
         errors=[e for w in reported for e in w.errors][:MAX_ERROR_MESSAGES],
+        servers=_merge_servers(w.servers for w in reported),
     )
+
+
+def _merge_servers(per_worker) -> dict[str, dict[str, int]]:
+    """Every worker's outcomes per app server, added up (http with several servers)."""
+    out: dict[str, dict[str, int]] = {}
+    for servers in per_worker:
+        for url, counts in servers.items():
+            total = out.setdefault(url, dict.fromkeys(OUTCOMES, 0))
+            for outcome, n in counts.items():
+                total[outcome] += n
+    return dict(sorted(out.items()))

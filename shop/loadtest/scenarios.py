@@ -39,6 +39,7 @@ class LoadConfig:
     lock_ttl: float = 10.0
     lock: bool = True
     url: str | None = None
+    urls: list[str] = field(default_factory=list)  # several app servers (worker i -> urls[i mod n]); url is urls[0]
     pay: float | None = None  # each placed order is paid at once with this probability (None: never)
     sellout: bool = False  # sell the stock out first, then measure a storm of `requests`/`duration`
     keep: bool = False
@@ -76,6 +77,7 @@ class Outcome:
             "violations": self.violations,
             "books": [{**dataclasses.asdict(b), "oversold": b.oversold} for b in self.books],
             "batches": report.batch_summary(self.batches),
+            **({"servers": self.result.servers} if self.result.servers else {}),
             **({"payments": self.payments.as_dict()} if self.payments is not None else {}),
         })
 
@@ -183,7 +185,8 @@ def run_once(config: LoadConfig, progress: Callable[[Progress], None] | None = N
                         coupon_total=config.coupon_total)
     try:
         options = Options(run_id=w.run_id, prices=w.prices, lock_wait=config.lock_wait, lock_ttl=config.lock_ttl,
-                          jitter=config.jitter, coupon_code=w.coupon_code, url=config.url, lock=config.lock,
+                          jitter=config.jitter, coupon_code=w.coupon_code, url=config.url, urls=config.urls,
+                          lock=config.lock,
                           user_ids=w.user_ids, pay=config.pay,
                           tokens=_tokens(w.user_ids) if config.url else {})
         plan = Plan(strategy="http" if config.url else config.strategy, options=options,

@@ -60,6 +60,8 @@ class Options:
     poll: float = 0.01  # lock table: seconds between insert attempts
     coupon_code: str | None = None
     url: str | None = None  # http: base URL of the shop
+    urls: list[str] = field(default_factory=list)  # http: several app servers; worker i uses urls[i % n]
+    worker: int = 0  # the index of the worker process this copy lives in (set after the fork)
     tokens: dict[int, str] = field(default_factory=dict)  # http: API token per user id
     user_ids: list[int] = field(default_factory=list)  # ours: users loaded before the start line
     lock: bool = True  # ours: take the Redis lock (False only if the service supports it)
@@ -449,18 +451,38 @@ class ClaimCoupon(Strategy):
 
 
 class Http(Strategy):
-    """The JSON API: POST {url}/api/orders/ with a Bearer token per load user (stdlib urllib)."""
+    """The JSON API: POST {url}/api/orders/ with a Bearer token per load user (stdlib urllib).
+
+    With several app servers (`urls`), worker i sends every request to urls[i mod n] and counts
+    its outcomes per server (`servers`), connection errors included (they are raised as well:
+    the runner records them as errors)."""
 
     name = "http"
     label = "ours over HTTP (POST /api/orders/)"
     uses_lock = True
 
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        targets = options.urls or [options.url]
+        self.base = targets[options.worker % len(targets)].rstrip("/")
+        self.servers: dict[str, dict[str, int]] = {}
+
     def place(self, user_id: int, lines: Lines) -> Result:
+        counts = self.servers.setdefault(self.base, {o: 0 for o in OUTCOMES})
+        try:
+            outcome, order_id = self._place(user_id, lines)
+        except Exception:
+            counts[ERROR] += 1
+            raise
+        counts[outcome] += 1
+        return outcome, order_id
+
+    def _place(self, user_id: int, lines: Lines) -> Result:
         body: dict[str, object] = {"lines": [{"product_id": pid, "quantity": qty} for pid, qty in lines]}
         if self.options.coupon_code:
             body["coupon_code"] = self.options.coupon_code
         request = urllib.request.Request(
-            self.options.url.rstrip("/") + "/api/orders/",
+            self.base + "/api/orders/",
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json", "Accept": "application/json",
                      "Authorization": f"Bearer {self.options.tokens[user_id]}",
@@ -494,7 +516,7 @@ class Http(Strategy):
     def _pay(self, user_id: int, order_id: int) -> None:
         """POST {url}/api/orders/<id>/pay/; a refusal leaves the order unpaid (the books show it)."""
         request = urllib.request.Request(
-            f"{self.options.url.rstrip('/')}/api/orders/{order_id}/pay/", data=b"{}", method="POST",
+            f"{self.base}/api/orders/{order_id}/pay/", data=b"{}", method="POST",
             headers={"Content-Type": "application/json", "Accept": "application/json",
                      "Authorization": f"Bearer {self.options.tokens[user_id]}"})
         with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(request, timeout=30):

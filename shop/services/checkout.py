@@ -184,7 +184,7 @@ def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks)
             if row is None:
                 raise errors.UnknownProduct(details={"product_ids": [pid]})
             if fence is not None and row["fence"] >= fence:
-                raise StaleFence(pid)
+                raise StaleFence(product_lock(pid))
             if not row["active"]:
                 raise errors.InactiveProduct(details={"product_ids": [pid]})
             short.append({"product_id": pid, "requested": qty, "available": row["stock"]})

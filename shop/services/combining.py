@@ -47,7 +47,7 @@ from locks import combining
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import hooks, idempotency, limits, soldout
+from shop.services import fences, hooks, idempotency, limits, soldout
 from shop.services.coupons import coupon_error
 from shop.services.locking import (
     RETRYABLE_MYSQL,
@@ -242,7 +242,9 @@ def serve_batch(*, product_id: int, batch: list[BatchRequest], turn: combining.T
             if not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
                 raise
             continue
-        except (StaleFence, locks.LockLost):
+        except (StaleFence, locks.LockLost) as exc:
+            if isinstance(exc, StaleFence):
+                fences.refused(exc.lock)
             return {**results, **{r.id: {"again": 1} for r in pending}}
         results.update(done)
         if left_stock == 0:
@@ -279,7 +281,7 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
             results.update({r.id: _failed(error) for r in live})
             return results, None
         if row["fence"] >= hold.fence:
-            raise StaleFence(product_id)  # a newer holder wrote the row: our lock is gone
+            raise StaleFence(hold.name)  # a newer holder wrote the row: our lock is gone
         claims = _coupon_claims(live, results)
         live = [r for r in live if r.id not in results]
 
@@ -309,7 +311,7 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
         updated = Product.objects.filter(pk=product_id, active=True, stock__gte=total, fence__lt=hold.fence).update(
             stock=F("stock") - total, fence=hold.fence)
         if not updated:
-            raise StaleFence(product_id)  # the row changed behind our lock: read it again
+            raise StaleFence(hold.name)  # the row changed behind our lock: read it again
         price = row["price"]
         pay_by = pay_by_from()  # the batch commits together: one deadline for all of it
         orders = []

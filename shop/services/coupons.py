@@ -72,7 +72,7 @@ def claim_coupon(*, user, code: str) -> CouponClaim:
                     if not updated:
                         row = Coupon.objects.filter(pk=coupon.pk).values("remaining", "fence").get()
                         if hold is not None and row["fence"] >= hold.fence:
-                            raise StaleFence(coupon.pk)
+                            raise StaleFence(hold.name)
                         raise errors.CouponSoldOut(details={"coupon_code": code})
                     check_before_commit(holds)
             except IntegrityError as exc:

@@ -36,7 +36,7 @@ def return_stock(*, product_id: int, quantity: int, hold, reason: str, order=Non
     if not updated:
         if not Product.objects.filter(pk=product_id).exists():
             raise errors.UnknownProduct(details={"product_ids": [product_id]})
-        raise StaleFence(product_id)
+        raise StaleFence(product_lock(product_id))
     StockLedger.objects.create(product_id=product_id, quantity=quantity, reason=reason, order=order,
                                fence=fence, actor=actor)
 

@@ -19,6 +19,7 @@ from django.db import OperationalError, transaction
 import locks
 from shop import errors
 from shop.conf import shop_settings
+from shop.services import fences
 
 log = logging.getLogger("shop")
 
@@ -29,7 +30,13 @@ RETRYABLE_MYSQL = {1213, 1205}
 
 
 class StaleFence(Exception):
-    """A guarded UPDATE was refused because a newer lock holder already wrote the row."""
+    """A guarded UPDATE was refused because a newer lock holder already wrote the row.
+
+    `lock`: the name of the lock whose fence was refused (counted by `shop.services.fences`)."""
+
+    def __init__(self, lock: str) -> None:
+        super().__init__(lock)
+        self.lock = lock
 
 
 def product_lock(product_id: int) -> str:
@@ -139,6 +146,8 @@ def with_retries(attempt: Callable[[], T], *, what: str) -> T:
                 raise
             reason = f"mysql {exc.args[0]}"
         except (StaleFence, locks.LockLost) as exc:
+            if isinstance(exc, StaleFence):
+                fences.refused(exc.lock)
             reason = type(exc).__name__
         log.info("%s: retry %d after %s", what, n + 1, reason)
         if n < retries:

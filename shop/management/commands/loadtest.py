@@ -4,6 +4,8 @@
     manage.py loadtest --strategy naive --jitter 2       watch the naive way oversell (exit status 1)
     manage.py loadtest --processes 16 --duration 10 --products 8 --quantity 1-3 --plot run.png
     manage.py loadtest --url http://127.0.0.1:8000       the same through the JSON API
+    manage.py loadtest --url http://a:8000,http://b:8000 several app servers: buyer i -> URL i mod n
+    manage.py loadtest --servers 3 --duration 10         start 3 gunicorn servers for the run, drive them
     manage.py loadtest --pay 0.7                         70% of buyers pay; the rest expire, stock must come back
     manage.py loadtest --compare --duration 5 --repeat 3 --json compare.json --plot compare.png
     manage.py loadtest --fault all                       inject each fault, check the books and liveness
@@ -15,7 +17,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from shop.loadtest import faults, report, scenarios, strategies, workload
+from shop.loadtest import appservers, faults, httpfaults, report, scenarios, strategies, workload
 from shop.loadtest.runner import RunError
 from shop.loadtest.scenarios import Comparison, LoadConfig, Outcome
 
@@ -46,7 +48,14 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         names = list(strategies.STRATEGIES)
         parser.add_argument("--strategy", default="ours", choices=names, help="how stock is taken (default ours)")
-        parser.add_argument("--url", help="drive the JSON API at this base URL instead of calling the service")
+        parser.add_argument("--url", action="append",
+                            help="drive the JSON API at this base URL instead of calling the service; several "
+                                 "app servers: comma-separated or repeated (worker i uses URL i mod n)")
+        parser.add_argument("--servers", type=int, metavar="N",
+                            help="start N gunicorn app servers on this database and Redis for the run and drive "
+                                 "them as with --url (stopped at the end)")
+        parser.add_argument("--server-workers", type=int, default=2, help="--servers: gunicorn workers each (2)")
+        parser.add_argument("--server-threads", type=int, default=4, help="--servers: threads per worker (4)")
         parser.add_argument("--products", type=int, default=1, help="products in the run (default 1)")
         parser.add_argument("--stock", type=int, help="stock per product (default 1000; 1,000,000 with --compare)")
         parser.add_argument("--requests", type=int, default=2000, help="requests in all (default 2000)")
@@ -94,27 +103,61 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["fault_list"]:
-            for scenario in faults.SCENARIOS.values():
+            for scenario in [*faults.SCENARIOS.values(), *httpfaults.SCENARIOS.values()]:
                 self.stdout.write(f"{scenario.name:<22} {scenario.description}")
             return
         if opts["fault"]:
             self._faults(opts)
             return
+        opts["url"] = self._urls(opts)
         config = self._config(opts)
         if not workload.is_migrated():
             raise CommandError(workload.NOT_MIGRATED)
         try:
             if opts["compare"]:
                 self._compare(config, opts)
+            elif opts["servers"]:
+                self._on_servers(config, opts)
             else:
                 self._single(config, opts)
         except RunError as exc:
             raise CommandError(str(exc)) from exc
 
+    # -- several app servers ---------------------------------------------------------------
+    def _urls(self, opts: dict[str, Any]) -> list[str]:
+        given = opts["url"] or []
+        given = [given] if isinstance(given, str) else given  # call_command(url="...") skips the parser
+        urls = [u.strip() for item in given for u in item.split(",") if u.strip()]
+        bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise CommandError(f"--url must start with http:// or https:// (got {bad[0]!r})")
+        if opts["servers"] is not None:
+            if urls:
+                raise CommandError("--servers starts its own app servers: leave out --url")
+            if opts["compare"]:
+                raise CommandError("--compare calls the strategies directly; it does not take --servers")
+            if opts["servers"] < 1 or opts["server_workers"] < 1 or opts["server_threads"] < 1:
+                raise CommandError("--servers, --server-workers and --server-threads must be at least 1")
+        return urls
+
+    def _on_servers(self, config: LoadConfig, opts: dict[str, Any]) -> None:
+        n, w, t = opts["servers"], opts["server_workers"], opts["server_threads"]
+        self.stdout.write(f"starting {n} gunicorn app server(s), {w} workers x {t} threads each ...")
+        servers = appservers.AppServers(n, workers=w, threads=t)
+        try:
+            servers.start()
+        except RuntimeError as exc:
+            raise CommandError(f"an app server did not start: {exc}\n{servers.logs()}") from exc
+        try:
+            config.url, config.urls = servers.urls[0], servers.urls
+            self._single(config, opts)
+        finally:
+            servers.stop()
+
     # -- fault injection -------------------------------------------------------------------
     def _faults(self, opts: dict[str, Any]) -> None:
-        names = list(faults.SCENARIOS) if opts["fault"] == "all" else name_list(
-            opts["fault"], list(faults.SCENARIOS), "--fault")
+        every = [*faults.SCENARIOS, *httpfaults.SCENARIOS]
+        names = every if opts["fault"] == "all" else name_list(opts["fault"], every, "--fault")
         if not 0 < opts["fault_length"] <= 10:
             raise CommandError("--fault-length: seconds, above 0 and at most 10")
         if opts["fault_duration"] < opts["fault_length"] + 4:
@@ -125,14 +168,38 @@ class Command(BaseCommand):
             raise CommandError(workload.NOT_MIGRATED)
         config = faults.FaultConfig(buyers=opts["fault_buyers"], duration=opts["fault_duration"],
                                     fault_length=opts["fault_length"], seed=opts["seed"])
-        outcomes = []
+        over_http = httpfaults.HttpFaultConfig(
+            servers=opts["servers"] or 3, server_workers=opts["server_workers"],
+            server_threads=opts["server_threads"], buyers=opts["fault_buyers"], duration=opts["fault_duration"],
+            fault_length=opts["fault_length"], seed=opts["seed"])
+        if over_http.servers < 2:
+            raise CommandError("--servers: the app-server faults need at least 2 (one to lose, one to move to)")
+        outcomes, http_outcomes = [], []
+
+        def say(line: str) -> None:
+            self.stdout.write(f"  {line}")
+
         for name in names:
-            self.stdout.write(f"{name}: {faults.SCENARIOS[name].description} ...")
-            outcomes.append(faults.run_scenario(name, config, keep=opts["keep"],
-                                                say=lambda line: self.stdout.write(f"  {line}")))
-        self.stdout.write("")
-        self.stdout.write(faults.table(outcomes))
-        failed = [o.scenario.name for o in outcomes if not o.passed]
+            if name in httpfaults.SCENARIOS:
+                self.stdout.write(f"{name}: {httpfaults.SCENARIOS[name].description} ...")
+                http_outcomes.append(httpfaults.run_scenario(name, over_http, keep=opts["keep"], say=say))
+                for line in httpfaults.servers_lines(http_outcomes[-1]):
+                    say(line)
+            else:
+                self.stdout.write(f"{name}: {faults.SCENARIOS[name].description} ...")
+                outcomes.append(faults.run_scenario(name, config, keep=opts["keep"], say=say))
+        if outcomes:
+            self.stdout.write("")
+            self.stdout.write(faults.table(outcomes))
+        if http_outcomes:
+            self.stdout.write("")
+            self.stdout.write(f"over HTTP, {over_http.servers} app servers ({over_http.server_workers} workers x "
+                              f"{over_http.server_threads} threads), {over_http.buyers} buyers:")
+            self.stdout.write(httpfaults.table(http_outcomes))
+            if opts["json"]:
+                report.write_json(opts["json"], {"http_faults": [o.as_dict() for o in http_outcomes]})
+                self.stdout.write(f"JSON written to {opts['json']}")
+        failed = [o.scenario.name for o in [*outcomes, *http_outcomes] if not o.passed]
         if failed:
             raise CommandError(f"fault injection FAILED: {', '.join(failed)}")
 
@@ -151,12 +218,13 @@ class Command(BaseCommand):
             raise CommandError("--stock cannot be negative")
         if opts["coupon"] is not None and opts["coupon"] < 1:
             raise CommandError("--coupon TOTAL must be at least 1")
-        if opts["coupon"] is not None and not opts["url"] and opts["strategy"] != "ours":
+        http = bool(opts["url"] or opts["servers"])
+        if opts["coupon"] is not None and not http and opts["strategy"] != "ours":
             raise CommandError("--coupon works with --strategy ours or --url (the other strategies sell stock only)")
         if opts["pay"] is not None:
             if not 0 <= opts["pay"] <= 1:
                 raise CommandError("--pay P is a probability between 0 and 1")
-            if opts["compare"] or (not opts["url"] and opts["strategy"] != "ours"):
+            if opts["compare"] or (not http and opts["strategy"] != "ours"):
                 raise CommandError("--pay works with a single run of --strategy ours or --url")
         if opts["no_lock"] and opts["strategy"] != "ours":
             raise CommandError("--no-lock applies to --strategy ours")
@@ -169,8 +237,6 @@ class Command(BaseCommand):
                 import matplotlib  # noqa: F401  (refuse now, not after a long run)
             except ImportError:
                 raise CommandError("--plot needs matplotlib: pip install -r requirements-bench.txt") from None
-        if opts["url"] and not opts["url"].startswith(("http://", "https://")):
-            raise CommandError("--url must start with http:// or https://")
         default_stock = 1_000_000 if opts["compare"] else 1000
         return LoadConfig(
             strategy=opts["strategy"], products=opts["products"],
@@ -178,7 +244,8 @@ class Command(BaseCommand):
             processes=opts["processes"], requests=opts["requests"], duration=opts["duration"],
             quantity=opts["quantity"], lines_per_order=opts["lines"], coupon_total=opts["coupon"],
             jitter=opts["jitter"] / 1000, lock_wait=opts["lock_wait"], lock_ttl=opts["lock_ttl"],
-            lock=not opts["no_lock"], url=opts["url"], pay=opts["pay"], sellout=opts["sellout"], keep=opts["keep"],
+            lock=not opts["no_lock"], url=opts["url"][0] if opts["url"] else None, urls=opts["url"],
+            pay=opts["pay"], sellout=opts["sellout"], keep=opts["keep"],
             seed=opts["seed"],
         )
 
@@ -190,8 +257,10 @@ class Command(BaseCommand):
     # -- one run ---------------------------------------------------------------------------
     def _single(self, config: LoadConfig, opts: dict[str, Any]) -> None:
         name = "http" if config.url else config.strategy
+        on = f" on {len(config.urls)} app servers" if len(config.urls) > 1 else ""
         self.stdout.write(
-            f"loadtest: {name}, {config.processes} processes, {config.products} product(s) x {config.stock:,} stock, "
+            f"loadtest: {name}{on}, {config.processes} processes, {config.products} product(s) x "
+            f"{config.stock:,} stock, "
             f"{config.users} users, quantity {config.quantity[0]}-{config.quantity[1]}, "
             + (f"{config.duration:g} s" if config.duration else f"{config.requests:,} requests")
         )
@@ -216,6 +285,9 @@ class Command(BaseCommand):
     def _print_outcome(self, outcome: Outcome) -> None:
         self.stdout.write("")
         self.stdout.write(report.run_table(outcome.summaries))
+        if len(outcome.result.servers) > 1:
+            self.stdout.write("")
+            self.stdout.write(report.servers_table(outcome.result.servers))
         if outcome.result.errors:
             self.stdout.write("first errors:")
             for line in outcome.result.errors[:5]:

@@ -1,0 +1,49 @@
+"""Fence refusals, counted per lock name: how often the fenced write refused a second holder.
+
+A refusal (`StaleFence`) is the fence doing its job: a holder that lost its lock (paused past
+its lease, or overtaken after a failover of the lock service) tried to write after a newer
+holder had. The failover load tests report how often that happened during their run, across
+every app server, so the count must live where all servers can add to it: one INCR in the
+markers' Redis (SOLDOUT_CACHE_ALIAS, not the lock service, which may be the thing failing),
+keyed by database and lock name. A run's lock names are its own (its products, its coupon),
+so the keys of a run are exactly its count. Only a refusal pays for it (never the hot path);
+a Redis error is logged and forgotten: the count is a statistic, the refusal is what keeps the
+books right.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from django.db import connection
+from django_redis import get_redis_connection
+from redis.exceptions import RedisError
+
+from shop.conf import shop_settings
+
+log = logging.getLogger("shop")
+
+TTL = 24 * 3600  # seconds a count is kept after its last refusal
+
+
+def key(name: str) -> str:
+    return f"shop:{connection.settings_dict['NAME']}:fence-refused:{name}"
+
+
+def refused(name: str) -> None:
+    """Count one refusal of a write under lock `name`."""
+    try:
+        client = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS)
+        client.pipeline().incr(key(name)).expire(key(name), TTL).execute()
+    except RedisError as exc:
+        log.warning("fence refusal on %s not counted: %s", name, exc)
+
+
+def refusals(names: Iterable[str]) -> int:
+    """Refusals counted under these lock names (by every process of every app server)."""
+    keys = [key(name) for name in names]
+    if not keys:
+        return 0
+    values = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).mget(keys)
+    return sum(int(v) for v in values if v is not None)
