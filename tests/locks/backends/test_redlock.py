@@ -1,0 +1,111 @@
+"""The backend contract on Redlock over 5 private Redis masters, and Redlock's own faults.
+
+Faults are real: masters are SIGKILLed, and restarted EMPTY (no persistence). Every fault test
+restores all masters when it ends, so later tests start with 5 masters up.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from locks import Lock, LockUnavailable
+from locks.backends import get_backend
+from locks.servers.redlock import RedlockServers
+from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
+
+
+@pytest.fixture(scope="module")
+def masters():
+    with RedlockServers(5) as servers:
+        yield servers
+
+
+@pytest.fixture
+def backend(settings, masters):
+    masters.restore()
+    settings.LOCKS = {**settings.LOCKS, "BACKEND": "redlock", "REDLOCK_URLS": masters.urls,
+                      "REDLOCK_TIMEOUT": 0.2}
+    backend = get_backend()
+    assert backend.name == "redlock" and not backend.supports_combining
+    return backend
+
+
+@pytest.fixture
+def faults(masters):
+    """Kill or restart masters freely: all of them are up again afterwards."""
+    yield masters
+    masters.restore()
+
+
+def _other_holder_refused(name: str) -> bool:
+    return Lock(name, ttl=5.0).acquire(blocking=False) is False
+
+
+def test_keeps_working_with_two_of_five_masters_killed(backend, faults, name):
+    with Lock(name, ttl=5.0) as before:
+        pass
+    faults.kill(0)
+    faults.kill(3)
+    fences = [before.fence]
+    for _ in range(3):
+        lock = Lock(name, ttl=5.0)
+        assert lock.acquire(blocking=False)
+        assert _other_holder_refused(name)
+        assert lock.locked()
+        fences.append(lock.held.fence)
+        lock.release()
+    assert fences == sorted(set(fences)), fences
+
+
+def test_refuses_quickly_with_three_of_five_masters_down(backend, faults, name):
+    for i in (1, 2, 4):
+        faults.kill(i)
+    started = time.monotonic()
+    with pytest.raises(LockUnavailable, match="majority"):
+        Lock(name, ttl=5.0, wait=10.0).acquire()
+    # Bounded by one per-master timeout (0.2 s), not by redis-py's ~7 s of retries or the 10 s wait.
+    assert time.monotonic() - started < 3.0
+    with pytest.raises(LockUnavailable):
+        Lock(name, ttl=5.0).locked()
+
+
+@pytest.mark.parametrize("restarts", [[(0, 1)], [(0, 1), (2, 3)], [(3, 4), (0, 4)]])
+def test_fences_increase_across_masters_restarted_empty(backend, faults, name, restarts):
+    with Lock(name, ttl=5.0) as held:
+        fences = [held.fence]
+    for pair in restarts:
+        for i in pair:
+            faults.restart(i)  # back EMPTY: its fence counter is gone
+        with Lock(name, ttl=5.0) as held:
+            fences.append(held.fence)
+            assert _other_holder_refused(name)
+    assert fences == sorted(set(fences)), fences
+
+
+def test_a_release_never_frees_another_holders_lock(backend, name):
+    first = Lock(name, ttl=0.3)
+    assert first.acquire(blocking=False)
+    stale = first.held
+    time.sleep(0.5)  # the lease ends without a release
+    second = Lock(name, ttl=5.0)
+    assert second.acquire(blocking=False)
+    assert not get_backend().release(first, token=stale.token)
+    assert second.locked()
+    assert _other_holder_refused(name)
+    info = get_backend().describe(name)
+    assert info is not None and info.fence == second.held.fence > stale.fence
+    second.release()
+    assert not second.locked()
+
+
+def test_a_dead_master_costs_one_timeout_not_n(backend, faults, name):
+    """Two frozen masters (SIGSTOP: nothing answers) are asked in parallel: one timeout."""
+    faults.masters[1].freeze()
+    faults.masters[2].freeze()
+    started = time.monotonic()
+    with Lock(name, ttl=5.0) as held:
+        assert held.fence > 0
+    # acquire + floor + release each wait one 0.2 s timeout at most; sequential calls would wait 6.
+    assert time.monotonic() - started < 2.0
