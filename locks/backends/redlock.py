@@ -28,16 +28,19 @@ and on a restarted master not rejoining empty while a lock it granted is still v
 it after the longest ttl: Redlock's "delayed restart").
 
 Waiting (no polling): a refused attempt registers the waiter (ZADD token -> give-up time on
-every master, which also gives the dashboard its waiter count). A release (or an undo) that
-deleted the lock on a master pushes one wake-up to that master's wake list when it has
-waiters. A waiter BLPOPs the wake list of ONE master: the first, in URL order, that answered
-its last attempt, so all waiters queue on the same master and Redis serves blocked BLPOPs in
-FIFO order: wake-ups are FIFO, but a newcomer can still barge in between the release and the
-woken waiter's attempt (no FIFO ticket: a fair queue across a majority costs a round trip per
-waiter per release). The BLPOP's timeout is min(deadline, the holder's lease end), so a crashed
-holder is passed over when its lease ends. A split vote (nobody holds a majority) retries after a
-short random delay, as Redlock does. Cancellation (asyncio): the wait sleeps in one poll() on
-the BLPOP socket and the CancelToken's pipe.
+every master that refused it, which also gives the dashboard its waiter count). A release (or
+an undo) that deleted the lock on a master pushes one wake-up to that master's wake list when
+it has waiters. A waiter BLPOPs the wake list of ONE master: the first, in URL order, that
+refused its last attempt. It registered there before the holder's release there, so that
+release leaves a wake-up for it (a list keeps it until popped: no wake-up is lost). Usually
+every waiter picks the same master, and Redis serves blocked BLPOPs in FIFO order: wake-ups
+are FIFO, but a newcomer can still barge in between the release and the woken waiter's attempt
+(no FIFO ticket: a fair queue across a majority costs a round trip per waiter per release).
+The BLPOP's timeout is min(deadline, the holder's lease end), so a crashed holder is passed
+over when its lease ends. A split vote (nobody holds a majority) retries after a short random
+delay, as Redlock does. Cancellation (asyncio): the wait sleeps in one poll() on the BLPOP
+socket and the CancelToken's pipe, so it ends at once; an attempt in flight ends within one
+REDLOCK_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -235,7 +238,9 @@ class RedlockBackend(LockBackend):
                     # Another holder has a majority: sleep until woken, or until enough of its
                     # masters have let the lease go (it may have crashed).
                     lease_end = sent + refused[self.quorum - len(granted) - 1] / 1000 + 0.002
-                    waited_on = next(i for i, r in enumerate(replies) if r is not _FAILED)
+                    # On a master that refused us: our registration there preceded the holder's
+                    # release there, which therefore pushes a wake-up for us (none is lost).
+                    waited_on = next(i for i, r in enumerate(replies) if r is not _FAILED and int(r[0]) == 0)
                     self._wait(waited_on, keys.wake, min(deadline, lease_end), deadline, cancel)
                 else:
                     # A split vote (or our lock lost to the validity check): nobody has a

@@ -109,3 +109,20 @@ def test_a_dead_master_costs_one_timeout_not_n(backend, faults, name):
         assert held.fence > 0
     # acquire + floor + release each wait one 0.2 s timeout at most; sequential calls would wait 6.
     assert time.monotonic() - started < 2.0
+
+
+def test_the_fence_floor_survives_restarts_without_help_from_the_clock(backend, faults, name):
+    """A counter that runs ahead of every clock (as a master with a fast clock leaves it) lives on
+    one master only; that master and another restart EMPTY. Only the floor written to every
+    master after the grant keeps the next fence above it: their clocks (TIME_us) are far behind."""
+    from locks.keys import LockKeys
+
+    ahead = int(time.time() * 1e6) + 3600 * 10**6  # an hour ahead of every clock here
+    faults.masters[2].client().set(LockKeys.for_name(name).fence, ahead)
+    with Lock(name, ttl=5.0) as held:
+        first = held.fence
+    assert first > ahead
+    faults.restart(2)
+    faults.restart(0)
+    with Lock(name, ttl=5.0) as held:
+        assert held.fence > first
