@@ -11,21 +11,23 @@ majority reachable: `LockUnavailable`, at once.
 Fence (strictly increasing per lock name, on the shared microseconds-since-epoch scale):
 each master keeps `fence:{name}`. Its acquire script returns `f = max(stored + 1, TIME_us)`
 after storing it; the client takes `F = max(f)` over the granting majority G, then writes F as
-a floor (`SET fence max(stored, F)`, and F into its lock hash) to ALL masters and requires the
-ack of every master in G (an ack failure undoes the grant) before the validity check and
-returning. Why a later holder B gets `F_B > F_A`: B's majority intersects G_A in some master m;
-B's acquire ran on m only after A's lock there ended, by A's release (after the grant, so after
-the floor) or by expiry (after A's validity ended, which was after the floor acks: the floor
-is applied on m before that). So m held `>= F_A` and answered `> F_A`. The floor on the other
-masters extends this to masters that restart: with k masters restarted EMPTY since A, the
-intersection is still guaranteed by counters alone when the masters that acked A's floor
-and kept it number more than N - majority (e.g. all 5 acked, 2 restarted: 3 + 3 > 5).
-What rests on clocks: when the masters of B's majority that kept `>= F_A` are all gone (restarted
-empty), the restarted ones answer `TIME_us`, which is `> F_A` only if their clock is ahead of the
-clock that minted F_A (clocks in sync within the time between A's and B's acquisitions, and
-not stepped back). Redlock's exclusion itself also rests on clocks (bounded drift of the lease)
-and on a restarted master not rejoining empty while a lock it granted is still valid (restart
-it after the longest ttl: Redlock's "delayed restart").
+a floor (`SET fence max(stored, F)`, and F into its lock hash) to ALL masters, and needs the
+ack of every master of G (else the grant is undone) before the validity check and returning.
+
+Why a later holder B (one that asks after A's release or expiry) gets `F_B > F_A`, by counters
+alone: B's majority meets G_A in some master m. B's acquire ran on m only after A's lock there
+ended: by A's release (after the grant, so after the floor) or by expiry (after A's validity,
+which ended after the floor acks). So m stored `>= F_A` and answered `> F_A`, and F_B is the max.
+Masters restarted EMPTY: the floor went to all masters, so while the masters that acked it and
+kept it number more than N - majority (5 masters, all acked, 2 restarted: 3 left, and 3 + 3 > 5),
+every majority still meets one of them: still counters alone.
+What rests on clocks: when every master of B's majority that stored `>= F_A` has restarted empty
+since, those answer `TIME_us`, which is `> F_A` only if their clock reads later than the clock
+that minted F_A did (clocks in sync to better than the time between the two acquisitions, never
+stepped back; counters run ahead of TIME only by +1 per acquisition within one microsecond).
+Redlock's exclusion itself rests on clocks too (bounded drift of the lease), and on a master not
+rejoining empty while a lock it granted is still valid (restart it after the longest ttl:
+Redlock's "delayed restart").
 
 Waiting (no polling): a refused attempt registers the waiter (ZADD token -> give-up time on
 every master that refused it, which also gives the dashboard its waiter count). A release (or
@@ -55,6 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import redis
+from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -169,8 +172,8 @@ class RedlockBackend(LockBackend):
         urls = [u.strip() for u in (redlock_urls.split(",") if isinstance(redlock_urls, str) else redlock_urls)
                 if u and u.strip()]
         if not urls:
-            raise LockUnavailable("LOCKS['REDLOCK_URLS'] (LOCKS_REDLOCK_URLS) names no Redis master",
-                                  name="*")
+            raise ImproperlyConfigured("LOCKS['REDLOCK_URLS'] (LOCKS_REDLOCK_URLS) names no Redis master, e.g. "
+                                       "redis://10.0.0.1:6379/0,redis://10.0.0.2:6379/0,redis://10.0.0.3:6379/0")
         self.timeout = float(redlock_timeout)
         self.drift = float(redlock_clock_drift)
         self.masters = [_Master(url, self.timeout) for url in urls]
@@ -251,7 +254,8 @@ class RedlockBackend(LockBackend):
             with contextlib.suppress(Exception):
                 self._undo(lock, token)
             raise
-        self._undo(lock, token)
+        if blocking:  # leave the waiter lists (a try-lock never joined them, nor kept a piece)
+            self._undo(lock, token)
         return None
 
     def _confirm(self, lock: Lock, token: str, sent: float, replies: list[Any], granted: list[int],

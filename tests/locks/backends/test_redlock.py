@@ -126,3 +126,22 @@ def test_the_fence_floor_survives_restarts_without_help_from_the_clock(backend, 
     faults.restart(0)
     with Lock(name, ttl=5.0) as held:
         assert held.fence > first
+
+
+def test_describe_counts_the_waiters_and_a_timed_out_waiter_leaves(backend, name):
+    import threading
+
+    holder = Lock(name, ttl=10.0)
+    holder.acquire()
+    try:
+        waiter = threading.Thread(target=lambda: Lock(name, ttl=5.0, wait=1.0).acquire())
+        waiter.start()
+        deadline = time.monotonic() + 5.0
+        while get_backend().describe(name).waiters < 1:
+            assert time.monotonic() < deadline, "the waiter was never counted"
+            time.sleep(0.02)
+        waiter.join(10)
+        assert get_backend().describe(name).waiters == 0
+    finally:
+        holder.release()
+    assert get_backend().describe(name) is None
