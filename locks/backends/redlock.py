@@ -30,19 +30,21 @@ rejoining empty while a lock it granted is still valid (restart it after the lon
 Redlock's "delayed restart").
 
 Waiting (no polling): a refused attempt registers the waiter (ZADD token -> give-up time on
-every master that refused it, which also gives the dashboard its waiter count). A release (or
-an undo) that deleted the lock on a master pushes one wake-up to that master's wake list when
-it has waiters. A waiter BLPOPs the wake list of ONE master: the first, in URL order, that
-refused its last attempt. It registered there before the holder's release there, so that
-release leaves a wake-up for it (a list keeps it until popped: no wake-up is lost). Usually
-every waiter picks the same master, and Redis serves blocked BLPOPs in FIFO order: wake-ups
-are FIFO, but a newcomer can still barge in between the release and the woken waiter's attempt
-(no FIFO ticket: a fair queue across a majority costs a round trip per waiter per release).
-The BLPOP's timeout is min(deadline, the holder's lease end), so a crashed holder is passed
-over when its lease ends. A split vote (nobody holds a majority) retries after a short random
-delay, as Redlock does. Cancellation (asyncio): the wait sleeps in one poll() on the BLPOP
-socket and the CancelToken's pipe, so it ends at once; an attempt in flight ends within one
-REDLOCK_TIMEOUT.
+every master that refused it, which also gives the dashboard its waiter count). A release that
+deleted the lock on a master where someone waits pushes one wake-up to that master's wake list
+and reserves the lock there for HANDOFF_LEASE (`:handoff`): until a woken waiter takes it,
+newcomers (the releaser's next attempt too) are refused and queue up, so nobody barges past the
+queue; a woken waiter that died only costs the reservation. A waiter BLPOPs the wake list of
+ONE master: the first, in URL order, that refused its last attempt. It registered there before
+the holder's release there, so that release leaves a wake-up for it (a list keeps it until
+popped: no wake-up is lost). Usually every waiter picks the same master, and Redis serves
+blocked BLPOPs in FIFO order: hand-offs are FIFO in practice (no FIFO ticket on a majority: a
+queue kept consistent across masters would cost a round trip per waiter per release). The
+BLPOP's timeout is min(deadline, the end of the holder's lease or reservation), so a crashed
+holder is passed over when its lease ends. A split vote (nobody holds a majority) retries
+after a short random delay, as Redlock does. A piece given back (an undo) wakes a waiter but
+reserves nothing. Cancellation (asyncio): the wait sleeps in one poll() on the BLPOP socket and
+the CancelToken's pipe, so it ends at once; an attempt in flight ends within one REDLOCK_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -62,27 +64,38 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from locks.backends.base import Grant, HeldLock, LockBackend, Released
+from locks.conf import locks_settings
 from locks.exceptions import HolderChanged, LockUnavailable
 from locks.keys import LockKeys, name_from_key
 
 if TYPE_CHECKING:
     from locks.lock import CancelToken, Lock
 
-# KEYS: lock, fence, waiters. ARGV: token, ttl_ms, owner, fence_ttl_ms, wait_ms (0: not waiting).
-# {1, fence} granted; {0, pttl} held by another (the waiter is registered when wait_ms > 0).
+# KEYS: lock, fence, waiters, handoff. ARGV: token, ttl_ms, owner, fence_ttl_ms, wait_ms (0: not
+# waiting), woken ('1': this caller was woken by a release, the hand-off reservation is for it).
+# {1, fence} granted; {0, pttl} held by another, or reserved for a woken waiter (the caller is
+# registered as a waiter when wait_ms > 0).
 ACQUIRE = """
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
 local holder = redis.call('HGET', KEYS[1], 'token')
+local busy_ms = nil
 if holder and holder ~= ARGV[1] then
+  busy_ms = redis.call('PTTL', KEYS[1])
+elseif not holder and ARGV[6] ~= '1' then
+  local reserved = redis.call('PTTL', KEYS[4])
+  if reserved > 0 then busy_ms = reserved end
+end
+if busy_ms then
   local wait_ms = tonumber(ARGV[5])
   if wait_ms > 0 then
     redis.call('ZADD', KEYS[3], now_ms + wait_ms, ARGV[1])
     if redis.call('PTTL', KEYS[3]) < wait_ms + 1000 then redis.call('PEXPIRE', KEYS[3], wait_ms + 1000) end
   end
-  return {0, redis.call('PTTL', KEYS[1])}
+  return {0, busy_ms}
 end
+redis.call('DEL', KEYS[4])
 local f = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
 local fs = string.format('%d', f)
 redis.call('SET', KEYS[2], fs, 'PX', ARGV[4])
@@ -103,8 +116,9 @@ if redis.call('HGET', KEYS[2], 'token') == ARGV[3] then redis.call('HSET', KEYS[
 return 1
 """
 
-# KEYS: lock, waiters, wake. ARGV: token, keep ('1': we keep waiting, stay registered).
-# 1 if our lock was deleted here (and one waiter woken).
+# KEYS: lock, waiters, wake, handoff. ARGV: token, keep ('1': we keep waiting, stay registered),
+# reserve_ms (0: none). 1 if our lock was deleted here; then, if anyone waits, one waiter is woken
+# and the lock is reserved for it (newcomers refused) for reserve_ms: no barging past the queue.
 RELEASE = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -116,6 +130,7 @@ if redis.call('ZCARD', KEYS[2]) > 0 then
   redis.call('LPUSH', KEYS[3], '1')
   redis.call('LTRIM', KEYS[3], 0, 0)
   redis.call('PEXPIRE', KEYS[3], 60000)
+  if ARGV[3] ~= '0' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[3]) end
 end
 return 1
 """
@@ -164,8 +179,8 @@ class RedlockBackend(LockBackend):
     name = "redlock"
     supports_combining = False
     counts_waiters = True
-    limitations = ("Redlock: wake-ups are FIFO, but a newcomer may take the lock before a woken waiter; "
-                   "a master must not restart empty while a lock it granted is still valid.")
+    limitations = ("Redlock: waiters are counted per master (the largest count is shown); a master must not "
+                   "restart empty while a lock it granted is still valid.")
 
     def __init__(self, *, redlock_urls: list[str] | tuple[str, ...], redlock_clock_drift: float = 0.01,
                  redlock_timeout: float = 0.2) -> None:
@@ -213,15 +228,16 @@ class RedlockBackend(LockBackend):
         from locks.lock import _Cancelled
 
         keys = lock.keys
-        contended = False
+        contended = woken = False
         try:
             while True:
                 if cancel is not None and cancel.cancelled:
                     raise _Cancelled
                 sent = time.monotonic()
                 wait_ms = int((deadline - sent) * 1000) + 1000 if blocking else 0
-                args = [token, lock.ttl_ms, owner, self._fence_ttl_ms(lock), max(wait_ms, 0)]
-                replies = self._on_all(lambda m, a=args: m.run("acquire", [keys.lock, keys.fence, keys.waiters], a))
+                args = [token, lock.ttl_ms, owner, self._fence_ttl_ms(lock), max(wait_ms, 0), "1" if woken else "0"]
+                replies = self._on_all(lambda m, a=args: m.run("acquire", _keys(keys, "lock", "fence", "waiters",
+                                                                                  "handoff"), a))
                 granted = [i for i, r in enumerate(replies) if r is not _FAILED and int(r[0]) == 1]
                 if len(granted) >= self.quorum:
                     grant = self._confirm(lock, token, sent, replies, granted, contended)
@@ -244,7 +260,7 @@ class RedlockBackend(LockBackend):
                     # On a master that refused us: our registration there preceded the holder's
                     # release there, which therefore pushes a wake-up for us (none is lost).
                     waited_on = next(i for i, r in enumerate(replies) if r is not _FAILED and int(r[0]) == 0)
-                    self._wait(waited_on, keys.wake, min(deadline, lease_end), deadline, cancel)
+                    woken = self._wait(waited_on, keys.wake, min(deadline, lease_end), deadline, cancel) or woken
                 else:
                     # A split vote (or our lock lost to the validity check): nobody has a
                     # majority; retry soon, at a random moment so the contenders spread out.
@@ -276,13 +292,14 @@ class RedlockBackend(LockBackend):
 
     def _undo(self, lock: Lock, token: str, *, only: list[int] | None = None, keep_waiting: bool = False) -> None:
         """Release `token`'s pieces (on the masters `only`, default all); unregister the waiter
-        unless it keeps waiting (then it must stay registered, or no release would wake it)."""
+        unless it keeps waiting (then it must stay registered, or no release would wake it).
+        A piece given back wakes a waiter but reserves nothing: it was never a real hold."""
         keys = lock.keys
-        self._on_all(lambda m: m.run("release", [keys.lock, keys.waiters, keys.wake],
-                                     [token, "1" if keep_waiting else "0"]), only=only)
+        self._on_all(lambda m: m.run("release", _keys(keys, "lock", "waiters", "wake", "handoff"),
+                                     [token, "1" if keep_waiting else "0", 0]), only=only)
 
-    def _wait(self, index: int, wake_key: str, until: float, deadline: float, cancel: CancelToken | None) -> None:
-        """BLPOP the wake list of master `index` until woken or `until` (monotonic), without polling."""
+    def _wait(self, index: int, wake_key: str, until: float, deadline: float, cancel: CancelToken | None) -> bool:
+        """BLPOP the wake list of master `index` until `until` (monotonic), without polling. True: woken."""
         from locks.lock import _Cancelled
 
         pool = self.masters[index].client.connection_pool
@@ -305,10 +322,10 @@ class RedlockBackend(LockBackend):
                 if cancel is not None and cancel.cancelled:
                     raise _Cancelled
                 if conn._sock.fileno() in fired:
-                    conn.read_response()
+                    reply = conn.read_response()
                     pool.release(conn)
                     conn = None
-                    return
+                    return bool(reply)
         except (redis.RedisError, OSError, AttributeError):
             # The master went away under us: fall back to a plain timed sleep (one timeout long).
             _sleep(min(until, time.monotonic() + self.timeout), cancel)
@@ -316,11 +333,13 @@ class RedlockBackend(LockBackend):
             if conn is not None:  # still in flight: hang up (the server drops the BLPOP with us)
                 conn.disconnect()
                 pool.release(conn)
+        return False
 
     # -- release / extend / check -----------------------------------------------------------
     def release(self, lock: Lock, *, token: str) -> bool:
         keys = lock.keys
-        replies = self._on_all(lambda m: m.run("release", [keys.lock, keys.waiters, keys.wake], [token, "0"]))
+        replies = self._on_all(lambda m: m.run("release", _keys(keys, "lock", "waiters", "wake", "handoff"),
+                                               [token, "0", lock._handoff_ms()]))
         self._need_quorum(lock.name, replies)
         return sum(1 for r in replies if r is not _FAILED and int(r) == 1) >= self.quorum
 
@@ -384,8 +403,6 @@ class RedlockBackend(LockBackend):
 
     def held(self, *, prefix: str = "", limit: int | None = None) -> list[HeldLock]:
         """SCAN enough masters that every lock held on a majority is seen (N - majority + 1)."""
-        from locks.conf import locks_settings
-
         bound = 1000 if limit is None else limit
         match = f"{locks_settings.KEY_PREFIX}lock:{{{prefix}*}}"
 
@@ -426,7 +443,9 @@ class RedlockBackend(LockBackend):
                                 f"{expected_fence}", name=name, owner=held.owner, fence=held.fence)
         keys = LockKeys.for_name(name)
         # Token-checked on every master: a hold that replaced this one in between is left alone.
-        replies = self._on_all(lambda m: m.run("release", [keys.lock, keys.waiters, keys.wake], [token, "0"]))
+        handoff_ms = max(1, int(float(locks_settings.HANDOFF_LEASE) * 1000))
+        replies = self._on_all(lambda m: m.run("release", _keys(keys, "lock", "waiters", "wake", "handoff"),
+                                               [token, "0", handoff_ms]))
         if not any(r is not _FAILED and int(r) == 1 for r in replies):
             return None
         return Released(held.owner, held.fence, int(held.held_since * 1e6))
@@ -436,6 +455,11 @@ class RedlockBackend(LockBackend):
         for master in self.masters:
             with contextlib.suppress(Exception):
                 master.client.close()
+
+
+def _keys(keys: LockKeys, *names: str) -> list[str]:
+    """The Redis keys of one lock by name; `handoff` is the reservation for a woken waiter."""
+    return [f"{keys.lock}:handoff" if n == "handoff" else getattr(keys, n) for n in names]
 
 
 def _sleep(until: float, cancel: CancelToken | None) -> None:
