@@ -30,7 +30,7 @@ CONTENDERS = ("ours", "redis-py", "python-redis-lock")
 REDLOCK_CONTENDERS = ("redlock", "pottery")
 ALL_CONTENDERS = CONTENDERS + REDLOCK_CONTENDERS
 DESCRIPTIONS = {
-    "redlock": "ours (redlock backend): majority of the masters in parallel, fenced, waiters woken by a BLPOP",
+    "redlock": "ours (redlock backend): a majority of the masters in parallel, fenced, waiters woken (BLPOP) in turn",
     "pottery": "pottery 3.0.1 Redlock on the same masters: no fencing, a waiter polls (random sleep up to 0.2 s)",
 }
 CRITICAL = ("redis", "sleep", "mysql")
