@@ -7,6 +7,7 @@ EMPTY, the case the Redlock fence must survive.
 from __future__ import annotations
 
 import contextlib
+import shutil
 
 from locks.servers.base import RedisProcess
 
@@ -31,9 +32,11 @@ class RedlockServers:
         return self
 
     def stop(self) -> None:
+        """Stop every master and remove its scratch directory."""
         for master in self.masters:
             with contextlib.suppress(Exception):
                 master.stop()
+            shutil.rmtree(master.dir, ignore_errors=True)
 
     def kill(self, i: int) -> None:
         """SIGKILL master i (and wait until it has exited)."""
