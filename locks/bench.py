@@ -26,6 +26,13 @@ from locks.conf import locks_settings
 from locks.lock import Lock
 
 CONTENDERS = ("ours", "redis-py", "python-redis-lock")
+# On N independent Redis masters (Config.redlock_urls): not in the default run, ask for them with --only.
+REDLOCK_CONTENDERS = ("redlock", "pottery")
+ALL_CONTENDERS = CONTENDERS + REDLOCK_CONTENDERS
+DESCRIPTIONS = {
+    "redlock": "ours (redlock backend): a majority of the masters in parallel, fenced, waiters woken (BLPOP) in turn",
+    "pottery": "pottery 3.0.1 Redlock on the same masters: no fencing, a waiter polls (random sleep up to 0.2 s)",
+}
 CRITICAL = ("redis", "sleep", "mysql")
 FORK = multiprocessing.get_context("fork")
 
@@ -41,6 +48,7 @@ class Config:
     contenders: tuple[str, ...] = CONTENDERS
     ttl: float = 10.0
     wait: float = 30.0
+    redlock_urls: tuple[str, ...] = ()  # the masters of the redlock/pottery contenders
 
 
 @dataclass
@@ -100,6 +108,21 @@ def _make_lock(contender: str, name: str, config: Config, prefix: str) -> tuple[
         rlock = caches[locks_settings.CACHE_ALIAS].lock(f"{prefix}{name}", timeout=config.ttl,
                                                         blocking_timeout=config.wait)
         return rlock.acquire, rlock.release
+    if contender == "redlock":
+        from django.conf import settings  # a forked worker: this changes its own settings only
+
+        settings.LOCKS = {**settings.LOCKS, "BACKEND": "redlock", "REDLOCK_URLS": list(config.redlock_urls)}
+        lock = Lock(name, ttl=config.ttl, wait=config.wait, key_prefix=prefix)
+        return lock.acquire, lock.release
+    if contender == "pottery":
+        import logging
+
+        from pottery import Redlock  # benchmark-only dependency (requirements-bench.txt)
+
+        logging.getLogger("pottery").setLevel(logging.ERROR)  # it logs every wait at INFO
+        masters = {_redlock_client(url) for url in config.redlock_urls}
+        redlock = Redlock(key=f"{prefix}{name}", masters=masters, auto_release_time=config.ttl)
+        return (lambda: redlock.acquire(blocking=True, timeout=config.wait)), redlock.release
     import redis_lock  # python-redis-lock: benchmark-only dependency (requirements-bench.txt)
 
     plock = redis_lock.Lock(get_redis_connection(locks_settings.CACHE_ALIAS), f"{prefix}{name}",
@@ -107,6 +130,15 @@ def _make_lock(contender: str, name: str, config: Config, prefix: str) -> tuple[
     # It refuses a timeout longer than its expire (without auto-renewal).
     timeout = max(1, int(min(config.wait, config.ttl)))
     return (lambda: plock.acquire(blocking=True, timeout=timeout)), plock.release
+
+
+def _redlock_client(url: str):
+    """A master's client as the Redlock backend builds it: no retries, 0.2 s timeouts (scaleout.md)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(url, socket_timeout=0.2, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
 
 
 def _critical_section(config: Config, counter_key: str) -> Callable[[], None]:
@@ -194,6 +226,12 @@ def run_round(contender: str, config: Config, round_no: int) -> RoundResult:
         client.delete(key)
     for key in client.scan_iter(match=f"lock:{{{prefix}*", count=1000):  # python-redis-lock's own keys
         client.delete(key)
+    if contender in REDLOCK_CONTENDERS:  # the masters' lock, fence and wake keys of this round
+        for url in config.redlock_urls:
+            master = _redlock_client(url)
+            for key in master.scan_iter(match=f"*{prefix}*", count=1000):
+                master.delete(key)
+            master.close()
     return RoundResult(
         contender=contender, round=round_no, acquisitions=total, per_process=per_process,
         rate=total / elapsed if elapsed else 0.0, wait_p50=percentile(waits, 0.50),

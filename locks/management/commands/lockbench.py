@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from locks import bench
+from locks.conf import locks_settings
 
 
 def _ms(x: float) -> str:
@@ -16,7 +17,10 @@ def _ms(x: float) -> str:
 
 
 class Command(BaseCommand):
-    help = "Benchmark our lock against redis-py's Lock (django-redis cache.lock()) and python-redis-lock."
+    help = ("Benchmark our lock against redis-py's Lock (django-redis cache.lock()) and python-redis-lock. "
+            "Redlock: --only redlock,pottery compares our redlock backend with pottery's Redlock on the same "
+            "masters: LOCKS_REDLOCK_URLS (or --redlock-urls), or --redlock-servers N to start N private "
+            "masters (locks/servers/redlock.py) for the run.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--processes", type=int, default=16)
@@ -27,14 +31,20 @@ class Command(BaseCommand):
         parser.add_argument("--critical", choices=bench.CRITICAL, default="sleep",
                             help="sleep: GET+sleep+SET in Redis; redis: GET+SET only; mysql: SELECT SLEEP()")
         parser.add_argument("--only", default=",".join(bench.CONTENDERS),
-                            help=f"comma-separated contenders (default all: {','.join(bench.CONTENDERS)})")
+                            help=f"comma-separated contenders (default {','.join(bench.CONTENDERS)}; also "
+                                 f"{','.join(bench.REDLOCK_CONTENDERS)}, on the Redlock masters)")
+        parser.add_argument("--redlock-urls", default="",
+                            help="comma-separated redis:// URLs of the Redlock masters (default LOCKS_REDLOCK_URLS)")
+        parser.add_argument("--redlock-servers", type=int, default=0, metavar="N",
+                            help="start N private Redis masters for redlock/pottery (stopped afterwards); "
+                                 "overrides --redlock-urls")
         parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         contenders = tuple(c.strip() for c in opts["only"].split(",") if c.strip())
-        unknown = set(contenders) - set(bench.CONTENDERS)
+        unknown = set(contenders) - set(bench.ALL_CONTENDERS)
         if unknown or not contenders:
-            raise CommandError(f"--only takes {', '.join(bench.CONTENDERS)} (got {opts['only']!r})")
+            raise CommandError(f"--only takes {', '.join(bench.ALL_CONTENDERS)} (got {opts['only']!r})")
         if not 1 <= opts["processes"] <= 256:
             raise CommandError("--processes must be from 1 to 256")
         if not 0.1 <= opts["duration"] <= 600:
@@ -51,10 +61,33 @@ class Command(BaseCommand):
             except ImportError as exc:
                 raise CommandError("python-redis-lock is not installed: pip install -r requirements-bench.txt "
                                    "(or leave it out with --only ours,redis-py)") from exc
+        if "pottery" in contenders:
+            try:
+                import pottery  # noqa: F401
+            except ImportError as exc:
+                raise CommandError("pottery is not installed: pip install -r requirements-bench.txt") from exc
+        servers = None
+        urls = tuple(u.strip() for u in opts["redlock_urls"].split(",") if u.strip()) or tuple(
+            locks_settings.REDLOCK_URLS)
+        if set(contenders) & set(bench.REDLOCK_CONTENDERS):
+            if opts["redlock_servers"]:
+                from locks.servers.redlock import RedlockServers
+
+                if not 3 <= opts["redlock_servers"] <= 9:
+                    raise CommandError("--redlock-servers must be from 3 to 9")
+                servers = RedlockServers(opts["redlock_servers"]).start()
+                urls = tuple(servers.urls)
+            elif len(urls) < 3:
+                raise CommandError("redlock/pottery need at least 3 Redis masters: set LOCKS_REDLOCK_URLS, "
+                                   "pass --redlock-urls, or --redlock-servers 5 to start private ones")
         config = bench.Config(processes=opts["processes"], duration=opts["duration"], rounds=opts["rounds"],
                               locks=opts["locks"], work_ms=opts["work_ms"], critical=opts["critical"],
-                              contenders=contenders)
-        summaries = bench.run(config, progress=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+                              contenders=contenders, redlock_urls=urls)
+        try:
+            summaries = bench.run(config, progress=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+        finally:
+            if servers is not None:
+                servers.stop()
         self._report(config, summaries)
         if opts["json"]:
             with open(opts["json"], "w") as fh:
@@ -85,6 +118,18 @@ class Command(BaseCommand):
                 rate = ours.rate / peer.rate if peer.rate else float("inf")
                 p99 = ours.wait_p99 / peer.wait_p99 if peer.wait_p99 else float("inf")
                 w(f"ours / {peer.contender}: throughput {rate:.2f}x, p99 wait {p99:.3f}x")
+        notes = [s.contender for s in summaries if s.contender in bench.DESCRIPTIONS]
+        if notes:
+            w("")
+            w(f"on {len(config.redlock_urls)} Redis masters:")
+            for contender in notes:
+                w(f"  {contender}: {bench.DESCRIPTIONS[contender]}")
+            by_name = {s.contender: s for s in summaries}
+            if "redlock" in by_name and "pottery" in by_name:
+                ours_rl, pot = by_name["redlock"], by_name["pottery"]
+                rate = ours_rl.rate / pot.rate if pot.rate else float("inf")
+                p99 = ours_rl.wait_p99 / pot.wait_p99 if pot.wait_p99 else float("inf")
+                w(f"redlock / pottery: throughput {rate:.2f}x, p99 wait {p99:.3f}x")
         checks = bench.targets(summaries, config.processes)
         if checks:
             w("")
