@@ -22,7 +22,7 @@ from django.db.models import F
 from django.utils import timezone
 
 import locks
-from shop import errors
+from shop import errors, metrics
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, OrderLine, Product, StockLedger
 from shop.services import hooks, idempotency, limits, soldout
@@ -62,6 +62,7 @@ def _replay(*, user, key: str, digest: str) -> Order | None:
     return order
 
 
+@metrics.checkout_outcome  # outermost: sees DatabaseUnavailable from connection_errors
 @connection_errors()
 def place_order(
     *,
@@ -93,6 +94,7 @@ def place_order(
         return order
     marked = fast.marked
     if marked:
+        metrics.soldout_rejected()
         raise errors.OutOfStock(details={"lines": [
             {"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in marked
         ]})

@@ -44,7 +44,7 @@ from redis.exceptions import RedisError
 
 import locks
 from locks import combining
-from shop import errors
+from shop import errors, metrics
 from shop.conf import shop_settings
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
 from shop.services import hooks, idempotency, limits, soldout
@@ -242,7 +242,9 @@ def serve_batch(*, product_id: int, batch: list[BatchRequest], turn: combining.T
             if not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
                 raise
             continue
-        except (StaleFence, locks.LockLost):
+        except (StaleFence, locks.LockLost) as exc:
+            if isinstance(exc, StaleFence):
+                metrics.fence_refused("combining")
             return {**results, **{r.id: {"again": 1} for r in pending}}
         results.update(done)
         if left_stock == 0:

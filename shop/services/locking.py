@@ -17,7 +17,7 @@ from typing import TypeVar
 from django.db import OperationalError, transaction
 
 import locks
-from shop import errors
+from shop import errors, metrics
 from shop.conf import shop_settings
 
 log = logging.getLogger("shop")
@@ -139,6 +139,8 @@ def with_retries(attempt: Callable[[], T], *, what: str) -> T:
                 raise
             reason = f"mysql {exc.args[0]}"
         except (StaleFence, locks.LockLost) as exc:
+            if isinstance(exc, StaleFence):
+                metrics.fence_refused(what)
             reason = type(exc).__name__
         log.info("%s: retry %d after %s", what, n + 1, reason)
         if n < retries:
