@@ -230,3 +230,119 @@ def test_the_dashboard_parses_and_every_metric_it_plots_is_exported(client, scra
     assert plotted - exported == set()
     assert {"flashsale_orders_placed_total", "locks_wait_seconds_bucket", "locks_hold_seconds_bucket",
             "flashsale_fence_refusals_total", "locks_batch_size_bucket", "locks_queue_depth"} <= plotted
+
+
+# --- a real gunicorn ----------------------------------------------------------------------------
+def _workers(master: int) -> set[int]:
+    path = Path(f"/proc/{master}/task/{master}/children")
+    return {int(pid) for pid in path.read_text().split()} if path.exists() else set()
+
+
+def _get(url: str, headers: dict[str, str], data: bytes | None = None) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=15) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except urllib.error.URLError:
+        return 0, b""  # not listening yet
+
+
+def _record_stale_counter(directory: Path) -> Path:
+    """A counter file as an earlier run of the server would have left it."""
+    code = ("import os; from prometheus_client import Counter; "
+            "Counter('flashsale_orders_placed', 'stale').inc(1000); print(os.getpid())")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)},
+                         check=True, timeout=30, capture_output=True, text=True)
+    return directory / f"counter_{int(out.stdout)}.db"
+
+
+def test_gunicorn_with_two_workers_serves_the_sum_of_both(tmp_path, make_product, settings):
+    """gunicorn -c gunicorn.conf.py, 2 workers: orders over HTTP land on both; one scrape (served
+    by either) counts every order; a worker SIGKILLed keeps its orders in the sum; the files an
+    earlier run left are gone at start."""
+    import concurrent.futures
+    import signal
+    import time
+
+    from django.db import connection
+
+    from shop.models import ApiToken
+    from tests.helpers import free_port
+
+    directory = tmp_path / "prom"
+    directory.mkdir()
+    stale = _record_stale_counter(directory)
+    assert stale.exists()
+    users = make_users(8, prefix="mx-gunicorn")
+    tokens = [ApiToken.issue(user_id=u.pk, name="mx") for u in users]
+    p = make_product(stock=1000)
+    port = free_port()
+    db = connection.settings_dict
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "METRICS_TOKEN": TOKEN,
+           "RATELIMIT_ENABLE": "false", "PROMETHEUS_MULTIPROC_DIR": str(directory),
+           "DATABASE_URL": f"mysql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+           "LOCKS_KEY_PREFIX": settings.LOCKS["KEY_PREFIX"]}
+    env.pop("FLASHSALE_METRICS_OWN_DIR", None)
+    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "shop.wsgi", "-c", "gunicorn.conf.py", "-w", "2",
+                               "--threads", "4", "-b", f"127.0.0.1:{port}", "--log-level", "warning"],
+                              cwd=ROOT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    scrape_headers = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        deadline = time.monotonic() + 30
+        while _get(f"{base}/metrics", scrape_headers)[0] != 200:
+            assert server.poll() is None and time.monotonic() < deadline, "gunicorn did not start"
+            time.sleep(0.1)
+        assert not stale.exists(), "the earlier run's files were not removed at start"
+
+        def buy(i: int) -> int:
+            body = json.dumps({"lines": [{"product_id": p.pk, "quantity": 1}]}).encode()
+            return _get(f"{base}/api/orders/", {"Authorization": f"Bearer {tokens[i % len(tokens)]}",
+                                                 "Content-Type": "application/json"}, body)[0]
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(buy, range(40)))
+        placed = statuses.count(201)
+        assert placed >= 30, statuses  # a few may be busy (503) on 2 shared cores
+        by_worker = _placed_by_worker(directory)
+        assert len([n for n in by_worker.values() if n > 0]) == 2, by_worker  # both workers took orders
+        assert sum(by_worker.values()) == placed
+
+        victim = max(by_worker, key=by_worker.get)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while victim in _workers(server.pid) or len(_workers(server.pid)) < 2:
+            assert time.monotonic() < deadline, "gunicorn did not replace the killed worker"
+            time.sleep(0.1)
+        for _ in range(6):  # whichever worker answers, the sum is the same
+            status, body = _get(f"{base}/metrics", scrape_headers)
+            assert status == 200
+            samples = parse(body.decode())
+            assert samples[("flashsale_orders_placed_total", ())] == placed
+            assert ("python_gc_objects_collected_total", (("generation", "0"),)) not in samples  # multi-process
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def _placed_by_worker(directory: Path) -> dict[int, float]:
+    """flashsale_orders_placed_total in each process's own counter file."""
+    import shutil
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    out = {}
+    for f in directory.glob("counter_*.db"):
+        alone = directory.parent / f"alone-{f.stem}"
+        alone.mkdir()
+        shutil.copy(f, alone / f.name)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(alone))
+        out[int(f.stem.split("_")[1])] = registry.get_sample_value("flashsale_orders_placed_total") or 0.0
+    return out
