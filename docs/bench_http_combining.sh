@@ -15,8 +15,8 @@ py=.venv/bin/python
 $py manage.py createdb >/dev/null && $py manage.py migrate --no-input -v 0
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-SHOP_COMBINING=true .venv/bin/gunicorn -w "$WORKERS" --threads "$THREADS" -b 127.0.0.1:8061 --log-level warning shop.wsgi & pids+=($!)
-SHOP_COMBINING=false .venv/bin/gunicorn -w "$WORKERS" --threads "$THREADS" -b 127.0.0.1:8062 --log-level warning shop.wsgi & pids+=($!)
+SHOP_COMBINING=true $py -m gunicorn -c gunicorn.conf.py -w "$WORKERS" --threads "$THREADS" -b 127.0.0.1:8061 --log-level warning shop.wsgi & pids+=($!)
+SHOP_COMBINING=false $py -m gunicorn -c gunicorn.conf.py -w "$WORKERS" --threads "$THREADS" -b 127.0.0.1:8062 --log-level warning shop.wsgi & pids+=($!)
 for port in 8061 8062; do
   up=
   for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/api/products/" >/dev/null 2>&1 && { up=1; break; }; sleep 0.1; done

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
-from locks import histogram
+from locks import histogram, metrics
 from locks.conf import locks_settings
 from locks.keys import families_key, held_key, held_member, hot_key, stats_key
 
@@ -120,6 +120,7 @@ class Recorder:
             pending.live[id(hold)] = hold
             if self._thread is None or not self._exit_hooked:
                 self._start()
+        metrics.acquired(lock, hold, contended=contended)  # Prometheus (locks/metrics.py)
 
     def ended(self, lock: Lock, hold: Hold, *, released: bool | None) -> None:
         """A hold is over: released (its hold time is counted), found lost at release (False), or
@@ -137,6 +138,7 @@ class Recorder:
             self._forget(pending, hold)
             if self._thread is None or not self._exit_hooked:
                 self._start()
+        metrics.ended(lock, hold, released=released)
 
     @staticmethod
     def _forget(pending: _Pending, hold: Hold) -> None:
@@ -150,6 +152,7 @@ class Recorder:
         with self._mutex:
             self._count(self._slot(lock), lock.family, **fields)
             self._start()
+        metrics.count(lock, fields)
 
     def batch(self, lock: Lock, size: int) -> None:
         """A combiner's turn ended having served `size` requests (its own + those it took).
@@ -171,12 +174,14 @@ class Recorder:
             latest["last_batch_ms"] = max(latest.get("last_batch_ms", 0), now_ms)
             if self._thread is None or not self._exit_hooked:
                 self._start()
+        metrics.batch(lock, size)
 
     def force_released(self, lock: Lock, *, since_us: int, now_us: int) -> None:
         """An operator freed the lock: a finished hold and a force release, flushed at once."""
         bucket = histogram.bucket_of(max(now_us - since_us, 0))
         with self._mutex:
             self._count(self._slot(lock), lock.family, force_released=1, **{f"h{bucket}": 1})
+        metrics.force_released(lock, since_us=since_us, now_us=now_us)
         self.flush()
 
     # -- flushing --------------------------------------------------------------------------

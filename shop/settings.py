@@ -4,6 +4,7 @@ Every value can be set as an environment variable (or in a `.env` file beside ma
 A mistake fails at start with a message that names the variable, not deep inside a request.
 """
 
+import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -208,6 +209,17 @@ SHOP = {
 }
 if _rate_limit_env := _rate_overrides(env.str("RATE_LIMITS", default="")):
     SHOP["RATE_LIMITS"] = _rate_limit_env
+
+# Prometheus /metrics (shop/metrics.py, docs/metrics.md): off (404) unless a bearer token and/or
+# allowed client networks (CIDRs, matched against REMOTE_ADDR only) are set.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", default=[])
+for _net in METRICS_ALLOWED_IPS:
+    try:
+        ipaddress.ip_network(_net.strip(), strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"METRICS_ALLOWED_IPS: {_net!r} is not an address or CIDR (e.g. 10.0.0.0/8,127.0.0.1)") from None
 
 SESSION_ENGINE = "django.contrib.sessions.backends.db"
 # Messages live in the session, not in a cookie the client can replay or forge.

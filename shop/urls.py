@@ -4,6 +4,7 @@ from django.urls import path, re_path, register_converter
 
 from shop import api, views
 from shop.converters import CouponCodeConverter
+from shop.metrics import metrics_view
 
 register_converter(CouponCodeConverter, "couponcode")
 
@@ -20,6 +21,7 @@ api_patterns = [
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
     *api_patterns,
     path("", views.catalog, name="catalog"),
     path("products/<int:product_id>/", views.product_detail, name="product"),

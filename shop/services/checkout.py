@@ -23,7 +23,7 @@ from django.utils import timezone
 
 import locks
 from locks.backends import get_backend
-from shop import errors
+from shop import errors, metrics
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, OrderLine, Product, StockLedger
 from shop.services import hooks, idempotency, limits, soldout
@@ -63,6 +63,7 @@ def _replay(*, user, key: str, digest: str) -> Order | None:
     return order
 
 
+@metrics.checkout_outcome  # outermost: sees DatabaseUnavailable from connection_errors
 @connection_errors()
 def place_order(
     *,
@@ -94,6 +95,7 @@ def place_order(
         return order
     marked = fast.marked
     if marked:
+        metrics.soldout_rejected()
         raise errors.OutOfStock(details={"lines": [
             {"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in marked
         ]})

@@ -29,6 +29,7 @@ lease is refused by the fence, its lease check, or the request ids' unique key.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -214,6 +215,8 @@ def _take_turn(turn: combining.Turn, *, product_id: int, mine: BatchRequest) -> 
         _reply(turn, {r.token: json.dumps(results[r.id], separators=(",", ":")) for r in taken if r.token})
     finally:
         release_safely(turn.hold)
+        with contextlib.suppress(locks.LockNotOwned):
+            turn.release()  # the hold is already released: this counts the batch (lock stats, metrics)
     return results[mine.id]
 
 
@@ -244,7 +247,7 @@ def serve_batch(*, product_id: int, batch: list[BatchRequest], turn: combining.T
             continue
         except (StaleFence, locks.LockLost) as exc:
             if isinstance(exc, StaleFence):
-                fences.refused(exc.lock)
+                fences.refused(exc.lock, operation="combining")
             return {**results, **{r.id: {"again": 1} for r in pending}}
         results.update(done)
         if left_stock == 0:

@@ -20,6 +20,7 @@ from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
+from shop import metrics
 from shop.conf import shop_settings
 
 log = logging.getLogger("shop")
@@ -31,8 +32,9 @@ def key(name: str) -> str:
     return f"shop:{connection.settings_dict['NAME']}:fence-refused:{name}"
 
 
-def refused(name: str) -> None:
-    """Count one refusal of a write under lock `name`."""
+def refused(name: str, *, operation: str) -> None:
+    """Count one refusal of a write under lock `name` (here, and in the Prometheus metrics by `operation`)."""
+    metrics.fence_refused(operation)
     try:
         client = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS)
         client.pipeline().incr(key(name)).expire(key(name), TTL).execute()
@@ -45,5 +47,8 @@ def refusals(names: Iterable[str]) -> int:
     keys = [key(name) for name in names]
     if not keys:
         return 0
-    values = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).mget(keys)
+    pipe = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).pipeline(transaction=False)
+    for k in keys:  # GETs, not one MGET: on Redis Cluster the keys live in different slots
+        pipe.get(k)
+    values = pipe.execute()
     return sum(int(v) for v in values if v is not None)

@@ -147,7 +147,7 @@ def with_retries(attempt: Callable[[], T], *, what: str) -> T:
             reason = f"mysql {exc.args[0]}"
         except (StaleFence, locks.LockLost) as exc:
             if isinstance(exc, StaleFence):
-                fences.refused(exc.lock)
+                fences.refused(exc.lock, operation=what)
             reason = type(exc).__name__
         log.info("%s: retry %d after %s", what, n + 1, reason)
         if n < retries:

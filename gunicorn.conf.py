@@ -1,0 +1,54 @@
+"""gunicorn settings of the shop: Prometheus multi-process mode (docs/metrics.md).
+
+    gunicorn -c gunicorn.conf.py shop.wsgi --workers 4 --threads 4 --bind 0.0.0.0:8000
+
+Each worker is a process with its own counters; a scrape lands on one of them. So every worker
+writes its values to files in PROMETHEUS_MULTIPROC_DIR and /metrics sums the files of all of
+them (shop/metrics.py). The directory must be set before a worker imports the app (here, in the
+master, which the workers inherit), belong to this server only, and start empty: a file left by
+an earlier run would be added to this run's counters.
+
+- PROMETHEUS_MULTIPROC_DIR unset: a fresh private directory per server (removed at exit), so
+  two servers on one host (docs/bench_http_combining.sh) never mix their counts.
+- Set: used as given, emptied of metric files when the server starts.
+- A worker that exits (timeout, max_requests, crash): `mark_process_dead` drops its live gauges;
+  its counters stay in the sums, as counters must.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+_OWN_DIR = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+if _OWN_DIR:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="flashsale-metrics-")
+    os.environ["FLASHSALE_METRICS_OWN_DIR"] = "1"  # survives a config reload (HUP) in the master
+elif os.environ.get("FLASHSALE_METRICS_OWN_DIR") == "1":
+    _OWN_DIR = True
+
+
+def _dir() -> Path:
+    return Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+
+
+def on_starting(server) -> None:
+    """In the master, before any worker: an empty directory for this run."""
+    path = _dir()
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink(missing_ok=True)
+
+
+def child_exit(server, worker) -> None:
+    """In the master, after a worker exited: its live gauges go away with it."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server) -> None:
+    if _OWN_DIR:
+        shutil.rmtree(_dir(), ignore_errors=True)

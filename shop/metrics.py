@@ -1,0 +1,179 @@
+"""Prometheus metrics of the shop, and the protected `/metrics` endpoint (docs/metrics.md).
+
+Each outcome is counted once, where it is decided:
+- `checkout_outcome` wraps `place_order`, the one entry of both checkout paths (per order, and
+  combining: a batched buyer's place_order returns once, with its own reply): every call ends
+  as placed, replayed (an idempotent retry got its order back) or refused with a shop error
+  code (shop/errors.py; `internal_error` for an unexpected exception);
+- `soldout_rejected` where the sold-out marker refuses an order without the lock (checkout.py);
+- `fence_refused` where a stale fence is caught (locking.with_retries, combining.serve_batch).
+
+Multi-process mode (gunicorn, see gunicorn.conf.py): with PROMETHEUS_MULTIPROC_DIR set before
+the app is imported, prometheus_client keeps each worker's values in files of that directory and
+the view sums them with `MultiProcessCollector`; without it (runserver, tests, loadtest) the
+default in-process registry is served.
+
+Access: off (404) unless METRICS_TOKEN and/or METRICS_ALLOWED_IPS is set; see `metrics_view`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import ipaddress
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from locks import metrics as lock_metrics
+from shop import errors
+
+log = logging.getLogger("shop")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+INTERNAL_ERROR = "internal_error"
+# Every label value `reason` can take: the shop's error codes, plus unexpected exceptions.
+REASONS = (*errors.ERRORS_BY_CODE, INTERNAL_ERROR)
+
+ORDERS_PLACED = Counter("flashsale_orders_placed", "New orders placed (committed), both checkout paths.")
+ORDERS_REPLAYED = Counter("flashsale_orders_replayed", "Checkouts answered with the order their Idempotency-Key "
+                          "already placed (not a new order).")
+ORDERS_REFUSED = Counter("flashsale_orders_refused", "Checkouts refused, by shop error code (shop/errors.py): "
+                         "out_of_stock, purchase_limit, lock_timeout, lock_unavailable, conflict, ...",
+                         ["reason"])
+SOLDOUT_REJECTIONS = Counter("flashsale_soldout_rejections", "Checkouts refused by the sold-out marker, "
+                             "without the lock or MySQL (also counted in orders_refused{reason=out_of_stock}).")
+FENCE_REFUSALS = Counter("flashsale_fence_refusals", "Writes refused because a newer lock holder had already "
+                         "written the row (a stale fence: the holder lost its lock); retried.", ["operation"])
+
+
+def checkout_outcome(place_order: F) -> F:
+    """Count how each `place_order` call ended: placed, replayed or refused (by error code)."""
+
+    @functools.wraps(place_order)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            order = place_order(*args, **kwargs)
+        except errors.ShopError as exc:
+            _refused(exc.code if exc.code in errors.ERRORS_BY_CODE else INTERNAL_ERROR)
+            raise
+        except Exception:
+            _refused(INTERNAL_ERROR)
+            raise
+        try:
+            (ORDERS_REPLAYED if getattr(order, "replayed", False) else ORDERS_PLACED).inc()
+        except Exception as exc:
+            _failed(exc)
+        return order
+
+    return counted  # type: ignore[return-value]
+
+
+def _refused(reason: str) -> None:
+    try:
+        ORDERS_REFUSED.labels(reason).inc()
+    except Exception as exc:
+        _failed(exc)
+
+
+def soldout_rejected() -> None:
+    try:
+        SOLDOUT_REJECTIONS.inc()
+    except Exception as exc:
+        _failed(exc)
+
+
+def fence_refused(operation: str) -> None:
+    """`operation`: a fixed name per call site (place_order, claim_coupon, restock, combining, ...)."""
+    try:
+        FENCE_REFUSALS.labels(operation).inc()
+    except Exception as exc:
+        _failed(exc)
+
+
+_warned = False
+
+
+def _failed(exc: Exception) -> None:
+    """Metrics never fail an order (say the multi-process directory is gone): logged once."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("shop metrics: could not record (%s); further failures are not logged", exc)
+
+
+# --- the endpoint -----------------------------------------------------------------------------
+def parse_networks(values: list[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """METRICS_ALLOWED_IPS: CIDRs or single addresses. Raises ValueError on a bad one."""
+    return [ipaddress.ip_network(v.strip(), strict=False) for v in values if v.strip()]
+
+
+def _allowed_ip(request: HttpRequest, networks: list) -> bool:
+    """REMOTE_ADDR only: X-Forwarded-For is whatever the client wrote unless a proxy we trust
+    rewrites it, so trusting it would let anyone claim an allowed address."""
+    try:
+        addr = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        return False
+    return any(addr in net for net in networks)
+
+
+def _token_ok(request: HttpRequest, token: str) -> bool:
+    scheme, _, given = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+class _Default:
+    """The in-process registry (no PROMETHEUS_MULTIPROC_DIR), as a collector of the view's registry."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
+
+
+def exposition() -> bytes:
+    """The text format of every metric: this process's (or all workers' in multi-process mode),
+    plus the ones computed at scrape time (lock backend, queue depth)."""
+    registry = CollectorRegistry()
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        MultiProcessCollector(registry, path=path)
+    else:
+        registry.register(_Default())
+    registry.register(lock_metrics.ScrapeCollector())
+    return generate_latest(registry)
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape endpoint.
+
+    Off (404, as if it did not exist) unless settings.METRICS_TOKEN or METRICS_ALLOWED_IPS is
+    set: metrics tell an outsider how the sale goes. Each one set must pass: an address not in
+    METRICS_ALLOWED_IPS gets 403; a missing or wrong `Authorization: Bearer <token>`, 401. Never
+    a metric in a refusal.
+    """
+    token: str = getattr(settings, "METRICS_TOKEN", "") or ""
+    allowed: list[str] = list(getattr(settings, "METRICS_ALLOWED_IPS", []) or [])
+    if not token and not allowed:
+        raise Http404("metrics are off")
+    if allowed and not _allowed_ip(request, parse_networks(allowed)):
+        return HttpResponse("forbidden\n", status=403, content_type="text/plain")
+    if token and not _token_ok(request, token):
+        response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    try:
+        body = exposition()
+    except Exception:
+        log.exception("metrics: exposition failed")
+        return HttpResponse("metrics unavailable\n", status=503, content_type="text/plain")
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
