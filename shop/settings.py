@@ -125,7 +125,7 @@ if not 0 < REDIS_SOCKET_TIMEOUT <= 60:
     raise ImproperlyConfigured(f"REDIS_SOCKET_TIMEOUT={REDIS_SOCKET_TIMEOUT!r}: seconds, above 0 and at most 60.")
 
 
-def _redis_cache(location: str, setting: str) -> dict:
+def _redis_cache(location: str, setting: str = "REDIS_URL") -> dict:
     return redis_urls.cache_config(location, setting=setting, socket_timeout=REDIS_SOCKET_TIMEOUT, pool_kwargs={
         "max_connections": env.int("REDIS_MAX_CONNECTIONS", default=200),
         "health_check_interval": 30,

@@ -85,7 +85,7 @@ class RedisClusterSet:
                 for start, end, master, *_ in node.client().execute_command("CLUSTER", "SLOTS"):
                     if start <= slot <= end:
                         return int(master[1])
-            except Exception:  # noqa: BLE001, S112 - ask the next node
+            except Exception:  # ask the next node
                 continue
         return None
 

@@ -112,7 +112,7 @@ class SentinelSet:
             try:
                 _host, port = s.client().execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
                 return int(port)
-            except Exception:  # noqa: BLE001, S112 - ask the next sentinel
+            except Exception:  # ask the next sentinel
                 continue
         raise RuntimeError("no sentinel answers")
 
