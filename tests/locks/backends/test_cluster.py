@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from locks import Lock, inspect, stats
@@ -9,6 +11,7 @@ from locks.keys import LockKeys
 from locks.servers.cluster import RedisClusterSet
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
 from tests.locks.backends.ha import cut_replication, two_holders_after_a_failover, use_redis_url
+from tests.locks.conftest import FORK
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +131,30 @@ def test_the_default_cache_and_rate_limits_work_on_the_cluster(backend, name, rf
         assert soldout.lookup(products, record_key=f"{name}:record").marked == {products[1]}
     finally:
         soldout.refilled([products[1]], fence=None)
+
+
+def test_wait_replicas_waits_on_the_master_of_the_locks_slot(settings, redis_cluster, name):
+    """WAIT counts the writes of its own connection, so it must run on the lock's master, on the
+    connection of the acquire (a cluster pipeline would send the keyless WAIT to any node), and
+    after a hand-off on the waiter's BLPOP connection (same master)."""
+    use_redis_url(settings, redis_cluster.url, WAIT_REPLICAS=1, WAIT_REPLICAS_TIMEOUT=0.25)
+    key = LockKeys.for_name(name).lock
+    ready = FORK.Event()
+    holder = FORK.Process(target=_hold_briefly, args=(name, ready))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with Lock(name, ttl=5.0, wait=10.0) as held:  # handed over by the holder's release
+            assert held.waited > 0
+            assert _on_replicas(redis_cluster, key)
+    finally:
+        holder.join(10)
+    assert holder.exitcode == 0
+    with Lock(name, ttl=5.0) as held:  # a direct acquire: script and WAIT in one master's pipeline
+        assert _on_replicas(redis_cluster, key)
+
+
+def _hold_briefly(name: str, ready) -> None:
+    with Lock(name, ttl=10.0):
+        ready.set()
+        time.sleep(0.3)
