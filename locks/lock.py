@@ -54,6 +54,7 @@ from typing import Any
 from django_redis import get_redis_connection
 from redis import Redis
 from redis.cluster import RedisCluster
+from redis.exceptions import AskError, MovedError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -706,7 +707,15 @@ class Lock:
             pipe = node_client(client, key_list[0]).pipeline(transaction=False)
             script("acquire")(keys=key_list, args=args, client=pipe)
             pipe.execute_command("WAIT", *replicas)
-            reply, acked = pipe.execute()
+            try:
+                reply, acked = pipe.execute()
+            except (*_UNREACHABLE, MovedError, AskError) as exc:
+                if isinstance(client, RedisCluster):
+                    # We bypassed the cluster client, so it has not seen the failure: have it
+                    # re-read the slot map now, or every try would go to the dead master again.
+                    with contextlib.suppress(Exception):
+                        client.nodes_manager.initialize()
+                raise LockUnavailable(f"the lock's master is unreachable or moved: {exc}", name=self.name) from exc
             if reply[0] == 1 and acked < replicas[0]:
                 raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
         _learn_clock(pool, int(reply[2]))

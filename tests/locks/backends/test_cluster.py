@@ -10,7 +10,12 @@ from locks import Lock, inspect, stats
 from locks.keys import LockKeys
 from locks.servers.cluster import RedisClusterSet
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
-from tests.locks.backends.ha import cut_replication, two_holders_after_a_failover, use_redis_url
+from tests.locks.backends.ha import (
+    acquire_after_failover,
+    cut_replication,
+    two_holders_after_a_failover,
+    use_redis_url,
+)
 from tests.locks.conftest import FORK
 
 
@@ -158,3 +163,20 @@ def _hold_briefly(name: str, ready) -> None:
     with Lock(name, ttl=10.0):
         ready.set()
         time.sleep(0.3)
+
+
+def test_with_wait_replicas_the_promoted_replica_keeps_the_lock(settings, own_cluster, name):
+    """The cluster twin of the Sentinel test: the lock acquired with WAIT survives its master's
+    SIGKILL; B, asking through the same (stale) slot map, is told it is held, not given it."""
+    # No stats flush meanwhile: its cluster pipeline would refresh the slot map for the lock.
+    use_redis_url(settings, own_cluster.url, WAIT_REPLICAS=1, WAIT_REPLICAS_TIMEOUT=0.25, STATS_FLUSH_INTERVAL=3600)
+    a = Lock(name, ttl=30.0)
+    assert a.acquire(blocking=False)
+    fence = a.held.fence
+    own_cluster.kill_master_of(LockKeys.for_name(name).lock)
+    acquired, seconds = acquire_after_failover(Lock(name, ttl=5.0))
+    assert acquired is False, "a second holder after the failover despite WAIT_REPLICAS"
+    assert inspect.lock_info(name).fence == fence
+    a.held.check()
+    a.release()
+    assert seconds < 15.0
