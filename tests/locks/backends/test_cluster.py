@@ -8,6 +8,7 @@ import pytest
 
 from locks import Lock, inspect, stats
 from locks.keys import LockKeys
+from locks.scripts import script
 from locks.servers.cluster import RedisClusterSet
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
 from tests.locks.backends.ha import (
@@ -180,3 +181,16 @@ def test_with_wait_replicas_the_promoted_replica_keeps_the_lock(settings, own_cl
     a.held.check()
     a.release()
     assert seconds < 15.0
+
+
+def test_scripts_missing_on_a_master_are_loaded_again(backend, redis_cluster, name):
+    """A promoted replica has none of the scripts (SCRIPT LOAD is not replicated): EVALSHA gets
+    NOSCRIPT and redis-py's Script loads it on the primaries, then retries. Forced here by
+    flushing every node's script cache."""
+    for node in redis_cluster.nodes:
+        node.client().script_flush()
+    with Lock(name, ttl=5.0) as held:
+        assert held.fence > 0
+    master = next(n for n in redis_cluster.nodes
+                  if n.port == redis_cluster.owner_port(redis_cluster.slot_of(LockKeys.for_name(name).lock)))
+    assert master.client().script_exists(script("acquire").sha) == [True]
