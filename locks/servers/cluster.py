@@ -13,8 +13,8 @@ one refuses to join a new cluster ("Node is not empty").
 
 from __future__ import annotations
 
-import glob
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -51,6 +51,7 @@ class RedisClusterSet:
     def start(self, *, timeout: float = 30.0) -> float:
         """Start the nodes, create the cluster, wait until every node says cluster_state:ok."""
         started = time.monotonic()
+        os.makedirs(self.dir, exist_ok=True)
         for node in self.nodes:
             node.start(timeout=timeout)
         subprocess.run([executable("redis-cli"), "--cluster", "create",
@@ -63,10 +64,10 @@ class RedisClusterSet:
         return time.monotonic() - started
 
     def stop(self) -> None:
+        """Stop every node; remove the nodes-*.conf files (and the logs and dumps with them)."""
         for node in self.nodes:
             node.stop()
-        for path in glob.glob(os.path.join(self.dir, "nodes-*.conf")):
-            os.remove(path)
+        _empty(self.dir)
 
     def __enter__(self) -> RedisClusterSet:
         self.start()
@@ -116,3 +117,8 @@ class RedisClusterSet:
 
         wait_for(promoted, timeout=timeout, what="cluster failover", interval=0.02)
         return time.monotonic() - self.killed_at
+
+
+def _empty(directory: str) -> None:
+    """Remove what the servers left (logs, config files, dumps); start() makes the directory again."""
+    shutil.rmtree(directory, ignore_errors=True)

@@ -15,6 +15,7 @@ sets in one process must not share it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -77,6 +78,7 @@ class SentinelSet:
         """Start everything and wait until the replica is in sync and every sentinel knows the
         replica and the other sentinels (failover needs all of that); the seconds it took."""
         started = time.monotonic()
+        os.makedirs(self.dir, exist_ok=True)
         for server in (*self.redis, *self.sentinels):
             server.start(timeout=timeout)
         for replica in self.replicas:
@@ -98,6 +100,7 @@ class SentinelSet:
     def stop(self) -> None:
         for server in (*self.sentinels, *self.redis):
             server.stop()
+        _empty(self.dir)
 
     def __enter__(self) -> SentinelSet:
         self.start()
@@ -141,3 +144,8 @@ class SentinelSet:
 
         wait_for(promoted, timeout=timeout, what="sentinel failover", interval=0.02)
         return time.monotonic() - self.killed_at
+
+
+def _empty(directory: str) -> None:
+    """Remove what the servers left (logs, config files, dumps); start() makes the directory again."""
+    shutil.rmtree(directory, ignore_errors=True)
