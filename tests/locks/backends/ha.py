@@ -46,16 +46,25 @@ def cut_replication(master) -> None:
     wait_for(lambda: master.info("replication")["connected_slaves"] == 0, timeout=5, what="replica links cut")
 
 
+# One failed try while the master is dead: a few socket timeouts (0.5 s) at most, because the
+# Sentinel and Cluster configs retry at once and only once or twice (locks/redis_urls.py), not
+# redis-py's default 10 tries with backoff (~7 s). A liveness bound with slack, not a timing.
+SLOWEST_TRY = 3.0
+
+
 def acquire_after_failover(lock: Lock, *, timeout: float = 20.0) -> tuple[bool, float]:
     """Try `lock` (non-blocking) every 20 ms while the failover runs; (acquired, seconds).
 
     LockUnavailable (the master is dead, or not yet replaced) means "try again"; the first answer
-    that is not an error ends the loop, whether the lock was free (True) or held (False)."""
+    that is not an error ends the loop, whether the lock was free (True) or held (False). Each
+    failed try must fail fast (SLOWEST_TRY)."""
     started = time.monotonic()
     while True:
+        tried = time.monotonic()
         try:
             return lock.acquire(blocking=False), time.monotonic() - started
         except LockUnavailable:
+            assert time.monotonic() - tried < SLOWEST_TRY, "a try on a dead master hung (retries with backoff?)"
             if time.monotonic() - started > timeout:
                 raise
             time.sleep(0.02)
