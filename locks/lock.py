@@ -54,7 +54,7 @@ from typing import Any
 from django_redis import get_redis_connection
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, MovedError
+from redis.exceptions import AskError, ClusterDownError, MovedError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -69,7 +69,11 @@ from locks.stats import recorder
 
 log = logging.getLogger("locks")
 
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+# Redis Cluster during a failover also answers CLUSTERDOWN/MASTERDOWN (every slot, for about a
+# second between a master's FAIL and its replica's promotion), or has no node for a slot yet:
+# for the caller, like a connection error, the service cannot be reached for now.
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, SlotNotCoveredError,
+                TryAgainError)
 _HOST = socket.gethostname()
 
 
