@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 
 from locks.exceptions import LockNotOwned, LockUnavailable
-from locks.lock import _UNREACHABLE, Hold, Lock, Served, _clock_offsets, current_holder, text
+from locks.lock import _UNREACHABLE, Hold, Lock, Served, _clock_offsets, current_holder, pool_of, text
 from locks.scripts import script
 from locks.stats import recorder
 
@@ -95,7 +95,7 @@ class Turn:
             return
         keys = self.lock.keys
         pipe = self.lock.client.pipeline(transaction=False)
-        offset = _clock_offsets.get(id(getattr(self.lock.client, "connection_pool", None)))
+        offset = _clock_offsets.get(id(pool_of(self.lock.client, keys.lock)))  # the lock's server (cluster: its master)
         now_ms = time.time() * 1000 + (offset or 0)
         for token, reply in replies.items():
             signal = keys.signal(token)

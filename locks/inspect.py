@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis import Redis
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from locks import events, histogram
@@ -160,9 +161,13 @@ def _read_held(client: Redis, keys: list[str]) -> list[HeldLock]:
         pipe.pttl(key)
         pipe.llen(f"{key}:queue")
         pipe.hscan(f"{key}:waiters", 0, match="p|*", count=REQUESTS_SCAN)
-    pipe.time()
+    cluster = isinstance(client, RedisCluster)
+    if not cluster:
+        pipe.time()
     replies = pipe.execute()
-    secs, usecs = replies[-1]
+    # A cluster pipeline refuses keyless commands: TIME is asked of one node after it (the
+    # masters' clocks are NTP-close; held_for is a display figure).
+    secs, usecs = client.time() if cluster else replies[-1]
     now = secs + usecs / 1e6
     out = []
     for i, key in enumerate(keys):
@@ -193,6 +198,11 @@ def held_locks_page(*, prefix: str = "", cursor: int = 0, count: int = 500,
     c = _client(client)
     match = f"{_prefix()}lock:{{{prefix}*}}"
     try:
+        if isinstance(c, RedisCluster):
+            # One cursor per master: a single number cannot carry them, so a cluster's "page" is
+            # the whole walk, every master scanned to its end (scan_iter), and the cursor is 0.
+            keys = [text(k) for k in c.scan_iter(match=match, count=count, _type="hash")]
+            return 0, _read_held(c, keys)
         # SCAN's COUNT bounds the keys examined, not the matches returned: in a big keyspace a
         # call may match nothing. Keep going (boundedly) so a page is empty only at the end.
         keys: list[str] = []

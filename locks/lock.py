@@ -53,6 +53,8 @@ from typing import Any
 
 from django_redis import get_redis_connection
 from redis import Redis
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, ClusterDownError, MovedError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -67,7 +69,11 @@ from locks.stats import recorder
 
 log = logging.getLogger("locks")
 
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+# Redis Cluster during a failover also answers CLUSTERDOWN/MASTERDOWN (every slot, for about a
+# second between a master's FAIL and its replica's promotion), or has no node for a slot yet:
+# for the caller, like a connection error, the service cannot be reached for now.
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, SlotNotCoveredError,
+                TryAgainError)
 _HOST = socket.gethostname()
 
 
@@ -100,6 +106,26 @@ def _give_up_ms(pool: Any) -> int:
 
 def default_client() -> Redis:
     return get_redis_connection(locks_settings.CACHE_ALIAS)
+
+
+def node_client(client: Redis | RedisCluster, key: str) -> Redis:
+    """The plain client of the server that holds `key`: `client` itself, or on Redis Cluster the
+    client of the master that owns key's slot (as the cluster client last learned the slot map).
+
+    For what a cluster client cannot route: a BLPOP we read ourselves and WAIT, which must run on
+    one server's connection; and the per-server clock offset. Every key of one lock is in one
+    slot ({name} hash tag), so one lock talks to one master.
+    """
+    if isinstance(client, RedisCluster):
+        return client.get_redis_connection(client.get_node_from_key(key))
+    return client
+
+
+def pool_of(client: Redis | RedisCluster | None, key: str) -> Any:
+    """The connection pool of the server that holds `key` (None for a client without one)."""
+    if client is None:
+        return None
+    return getattr(node_client(client, key), "connection_pool", None)
 
 
 # --- who is holding -------------------------------------------------------------------------
@@ -206,7 +232,8 @@ class _Signal:
 
     def __init__(self, client: Redis, keys: list[str], cancel: CancelToken | None,
                  wait_replicas: tuple[int, int] | None = None) -> None:
-        self.pool = client.connection_pool
+        self.client = client
+        self.pool: Any = None
         self.keys = keys
         self.cancel = cancel
         self.wait_replicas = wait_replicas
@@ -215,6 +242,9 @@ class _Signal:
     def wait(self, until: float, server_deadline: float) -> str | None:
         """The next message on the list, or None once `until` (monotonic) has passed."""
         if self.conn is None:
+            # Looked up now, not at __init__: on a cluster, the acquire script that just ran
+            # through the cluster client has refreshed the slot map if a failover moved it.
+            self.pool = pool_of(self.client, self.keys[0])
             self.conn = self.pool.get_connection()
             block = max(server_deadline - time.monotonic(), 0.001)
             try:
@@ -670,16 +700,26 @@ class Lock:
         we abandoned would otherwise queue a phantom waiter that each live buyer then waits a
         hand-off lease for. The script drops a request that arrives that late.
         """
-        pool = getattr(client, "connection_pool", None)
+        pool = pool_of(client, key_list[0])
         args = [*args, _give_up_ms(pool), payload]
         replicas = self._wait_replicas()
         if replicas is None:
             reply = script("acquire")(keys=key_list, args=args, client=client)
         else:
-            pipe = client.pipeline(transaction=False)
+            # WAIT counts the writes of its own connection: one server's pipeline, the lock's
+            # master on a cluster (a cluster pipeline would send the keyless WAIT anywhere).
+            pipe = node_client(client, key_list[0]).pipeline(transaction=False)
             script("acquire")(keys=key_list, args=args, client=pipe)
             pipe.execute_command("WAIT", *replicas)
-            reply, acked = pipe.execute()
+            try:
+                reply, acked = pipe.execute()
+            except (*_UNREACHABLE, MovedError, AskError) as exc:
+                if isinstance(client, RedisCluster):
+                    # We bypassed the cluster client, so it has not seen the failure: have it
+                    # re-read the slot map now, or every try would go to the dead master again.
+                    with contextlib.suppress(Exception):
+                        client.nodes_manager.initialize()
+                raise LockUnavailable(f"the lock's master is unreachable or moved: {exc}", name=self.name) from exc
             if reply[0] == 1 and acked < replicas[0]:
                 raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
         _learn_clock(pool, int(reply[2]))

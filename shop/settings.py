@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from locks import redis_urls
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -114,41 +116,27 @@ _db["TEST"] = {
 }
 DATABASES = {"default": _db}
 
-# --- Redis (through django-redis, so pools and Sentinel are configured the Django way) -------
+# --- Redis (through django-redis, so pools, Sentinel and Cluster are configured the Django way) --
+# REDIS_URL and LOCKS_REDIS_URL: redis://, rediss://, unix://, redis+sentinel://h:p,h:p/master/0
+# or redis+cluster://h:p,h:p/0 (locks/redis_urls.py turns each into a CACHES entry).
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
-if urlsplit(REDIS_URL).scheme not in {"redis", "rediss", "unix"}:
-    raise ImproperlyConfigured(
-        f"REDIS_URL={REDIS_URL!r} is not a Redis URL (e.g. redis://127.0.0.1:6379/0)."
-    )
 LOCKS_REDIS_URL = env.str("LOCKS_REDIS_URL", default=REDIS_URL)
 REDIS_SOCKET_TIMEOUT = env.float("REDIS_SOCKET_TIMEOUT", default=0.5)
 if not 0 < REDIS_SOCKET_TIMEOUT <= 60:
     raise ImproperlyConfigured(f"REDIS_SOCKET_TIMEOUT={REDIS_SOCKET_TIMEOUT!r}: seconds, above 0 and at most 60.")
 
 
-def _redis_cache(location: str) -> dict:
-    return {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": location,
-        "OPTIONS": {
-            "CLIENT_CLASS": "django_redis.client.DefaultClient",
-            # Every Redis call on the request path is bounded: a frozen or partitioned Redis
-            # costs a buyer this long (a 503 lock_unavailable), never a hung worker. Redis
-            # answers in microseconds; the lock's waits are timed by the client, not by this.
-            "SOCKET_TIMEOUT": REDIS_SOCKET_TIMEOUT,
-            "SOCKET_CONNECT_TIMEOUT": REDIS_SOCKET_TIMEOUT,
-            "CONNECTION_POOL_KWARGS": {
-                "max_connections": env.int("REDIS_MAX_CONNECTIONS", default=200),
-                "health_check_interval": 30,
-            },
-        },
-    }
+def _redis_cache(location: str, setting: str = "REDIS_URL") -> dict:
+    return redis_urls.cache_config(location, setting=setting, socket_timeout=REDIS_SOCKET_TIMEOUT, pool_kwargs={
+        "max_connections": env.int("REDIS_MAX_CONNECTIONS", default=200),
+        "health_check_interval": 30,
+    })
 
 
 CACHES = {
-    "default": _redis_cache(REDIS_URL),
+    "default": _redis_cache(REDIS_URL, "REDIS_URL"),
     # Locks get their own alias: never IGNORE_EXCEPTIONS, never a replica or a shard.
-    "locks": _redis_cache(LOCKS_REDIS_URL),
+    "locks": _redis_cache(LOCKS_REDIS_URL, "LOCKS_REDIS_URL"),
 }
 
 # --- which coordination service holds the locks (locks/backends/) --------------------------

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 from django_redis import get_redis_connection
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from locks.conf import locks_settings
@@ -85,7 +86,10 @@ def lookup(product_ids: Iterable[int], *, record_key: str | None = None) -> Fast
     ids = list(product_ids)
     keys = [_keys(pid)[0] for pid in ids] + ([record_key] if record_key is not None else [])
     try:
-        values = _client().mget(keys)
+        client = _client()
+        # On Redis Cluster the keys are in several slots, which one MGET may not span: redis-py's
+        # mget_nonatomic sends one MGET per slot (the markers need no atomic snapshot).
+        values = client.mget_nonatomic(keys) if isinstance(client, RedisCluster) else client.mget(keys)
     except RedisError as exc:
         if shares_lock_redis():
             raise SoldOutCheckFailed(str(exc)) from exc

@@ -41,6 +41,22 @@ def test_ignore_exceptions_and_sharding_are_errors(settings):
     assert {"locks.E004", "locks.E005"} <= _ids()
 
 
+@pytest.mark.parametrize("url", ["redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0",
+                                 "redis+cluster://127.0.0.1:7000,127.0.0.1:7001/0"])
+def test_sentinel_and_cluster_urls_pass_the_checks(settings, url):
+    from locks.redis_urls import cache_config
+
+    settings.CACHES = {**settings.CACHES, "locks": cache_config(url, socket_timeout=0.5)}
+    assert not {"locks.E003", "locks.E004", "locks.E005"} & _ids()
+
+
+def test_sentinel_client_reads_replicas_and_is_an_error(settings):
+    caches = copy.deepcopy(settings.CACHES)
+    caches["locks"]["OPTIONS"]["CLIENT_CLASS"] = "django_redis.client.SentinelClient"
+    settings.CACHES = caches
+    assert "locks.E004" in _ids()
+
+
 def test_atomic_requests_is_an_error(settings):
     databases = copy.deepcopy(settings.DATABASES)
     databases["default"]["ATOMIC_REQUESTS"] = True

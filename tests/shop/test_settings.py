@@ -66,6 +66,31 @@ def test_a_settings_mistake_fails_at_start_naming_the_setting(env, named):
     assert "ImproperlyConfigured" in result.stderr and named in result.stderr
 
 
+@pytest.mark.parametrize(("url", "location", "factory"), [
+    ("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/mymaster/0", "redis://mymaster/0?is_master=1",
+     "django_redis.pool.SentinelConnectionFactory"),
+    ("redis+cluster://127.0.0.1:7000,127.0.0.1:7001/0", "redis://127.0.0.1:7000/0",
+     "locks.cluster.ClusterConnectionFactory"),
+])
+def test_sentinel_and_cluster_urls_configure_both_aliases(url, location, factory):
+    # Every URL form, valid and not, is tested in-process in tests/locks/test_redis_urls.py.
+    printed = ("settings.CACHES['default']['LOCATION'], settings.CACHES['locks']['LOCATION'], "
+               "settings.CACHES['locks']['OPTIONS']['CONNECTION_FACTORY']")
+    result = start(printed, DEBUG="true", REDIS_URL=url)  # LOCKS_REDIS_URL defaults to REDIS_URL
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [location, location, factory]
+
+
+@pytest.mark.parametrize(("setting", "url"), [("REDIS_URL", "redis+sentinel://127.0.0.1:26379"),
+                                              ("LOCKS_REDIS_URL", "redis+cluster://127.0.0.1:7000/3")])
+def test_a_bad_redis_url_is_refused_at_start_with_a_correct_example(setting, url):
+    result = start(DEBUG="true", **{setting: url})
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert "ImproperlyConfigured" in message and f"{setting}=" in message, message
+    assert "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/mymaster/0" in message
+
+
 def test_atomic_requests_is_off_and_isolation_is_read_committed(settings):
     db = settings.DATABASES["default"]
     assert db["ATOMIC_REQUESTS"] is False
