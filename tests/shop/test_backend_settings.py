@@ -70,3 +70,15 @@ def test_the_compose_addresses_agree():
     assert f"sentinel monitor mymaster {master} 6379 2" in services["sentinel1"]["entrypoint"][-1]
     assert services["redis-replica"]["command"][-2:] == [master, "6379"]
     assert services["sentinel2"] == services["sentinel1"] == services["sentinel3"]
+
+
+def test_the_monitoring_profile_scrapes_the_three_app_servers():
+    services = _compose()["services"]
+    [mount] = services["prometheus"]["volumes"]
+    config = yaml.safe_load((ROOT / mount.split(":")[0]).read_text())
+    [job] = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert sorted(job["static_configs"][0]["targets"]) == ["web2:8000", "web3:8000", "web:8000"]
+    # The servers let the scaleout network in (no token needed inside it).
+    subnet = _compose()["networks"]["scaleout"]["ipam"]["config"][0]["subnet"]
+    assert services["web2"]["environment"]["METRICS_ALLOWED_IPS"] == "${METRICS_ALLOWED_IPS:-" + subnet + "}"
