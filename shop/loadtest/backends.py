@@ -46,12 +46,44 @@ def _redis(stack: contextlib.ExitStack) -> dict[str, Any]:
     return _locks_on_redis(server.url)
 
 
+def _sentinel(stack: contextlib.ExitStack, **locks: Any) -> dict[str, Any]:
+    from locks.servers.sentinel import SentinelSet
+
+    servers = SentinelSet()
+    stack.callback(servers.stop)
+    servers.start()
+    return {**_locks_on_redis(servers.url, **locks), "servers": servers}
+
+
+def _cluster(stack: contextlib.ExitStack) -> dict[str, Any]:
+    from locks.servers.cluster import RedisClusterSet
+
+    servers = RedisClusterSet()
+    stack.callback(servers.stop)
+    servers.start()
+    return {**_locks_on_redis(servers.url), "servers": servers}
+
+
+def _redlock(stack: contextlib.ExitStack) -> dict[str, Any]:
+    from locks.servers.redlock import RedlockServers
+
+    servers = RedlockServers(5)
+    stack.callback(servers.stop)
+    servers.start()
+    return {"LOCKS": {"BACKEND": "redlock", "REDLOCK_URLS": servers.urls}, "servers": servers}
+
+
 def _mysql(stack: contextlib.ExitStack) -> dict[str, Any]:
     return {"LOCKS": {"BACKEND": "mysql"}}
 
 
 SETUPS: dict[str, Setup] = {s.name: s for s in (
     Setup("redis", "one Redis (private redis-server): the baseline", _redis),
+    Setup("sentinel", "Redis Sentinel: master + replica + 3 sentinels, locks on the master", _sentinel),
+    Setup("sentinel-wait", "Sentinel with WAIT_REPLICAS=1: every acquire and hand-off waits for the replica",
+          lambda stack: _sentinel(stack, WAIT_REPLICAS=1)),
+    Setup("cluster", "Redis Cluster: 3 masters + 3 replicas, the lock's keys in one slot", _cluster),
+    Setup("redlock", "Redlock over 5 independent Redis masters (majority, fence floor)", _redlock),
     Setup("mysql", "the lock table in MySQL (the shop's own server), GET_LOCK as the wake-up", _mysql),
 )}
 
