@@ -201,11 +201,101 @@ def restart_locks_redis(ctx: Context) -> Fault:
     return Fault(inject=inject, heal=heal, outage=True)
 
 
+# --- the lock backends' own faults -----------------------------------------------------------
+def _locks_service(url: str, processes: dict[str, object], **locks: object) -> Service:
+    """Every server's lock on the Redis at `url` (one server, Sentinel or Cluster)."""
+    from django.conf import settings
+
+    from shop.settings import _redis_cache
+
+    return Service(env={"LOCKS_BACKEND": "redis", "LOCKS_REDIS_URL": url}, processes=processes,
+                   settings={"CACHES": {**settings.CACHES, "locks": _redis_cache(url)},
+                             "LOCKS": {**settings.LOCKS, "BACKEND": "redis", **locks}})
+
+
+@contextlib.contextmanager
+def sentinel_service() -> Iterator[Service]:
+    """A Sentinel set (master, replica, 3 sentinels): the lock Redis of every server."""
+    from locks.servers.sentinel import SentinelSet
+
+    with SentinelSet() as sentinel:
+        yield _locks_service(sentinel.url, {"sentinel": sentinel})
+
+
+@contextlib.contextmanager
+def cluster_service() -> Iterator[Service]:
+    """A Redis Cluster (3 masters, 3 replicas): the lock Redis of every server."""
+    from locks.servers.cluster import RedisClusterSet
+
+    with RedisClusterSet() as cluster:
+        yield _locks_service(cluster.url, {"cluster": cluster})
+
+
+@contextlib.contextmanager
+def redlock_service() -> Iterator[Service]:
+    """Five independent Redis masters; every server takes its locks by Redlock over them."""
+    from django.conf import settings
+
+    from locks.servers.redlock import RedlockServers
+
+    with RedlockServers(5) as masters:
+        yield Service(env={"LOCKS_BACKEND": "redlock", "LOCKS_REDLOCK_URLS": ",".join(masters.urls)},
+                      processes={"redlock": masters},
+                      settings={"LOCKS": {**settings.LOCKS, "BACKEND": "redlock", "REDLOCK_URLS": masters.urls}})
+
+
+def _failover(ctx: Context, kind: str) -> Fault:
+    """SIGKILL the master that has the product's lock; healed when a replica is promoted."""
+    from locks.keys import LockKeys
+    from shop.services.locking import product_lock
+
+    servers = ctx.service.processes[kind]
+
+    def inject() -> tuple[str, float]:
+        if kind == "sentinel":
+            master = servers.kill_master()
+        else:
+            master = servers.kill_master_of(LockKeys.for_name(product_lock(ctx.product_id)).lock)
+        return f"{kind}: master on port {master.port} killed (SIGKILL)", servers.killed_at
+
+    def heal() -> tuple[str, float]:
+        took = servers.wait_for_failover(timeout=30.0)
+        return f"{kind}: a replica was promoted {took:.2f} s after the kill", servers.killed_at + took
+
+    return Fault(inject=inject, heal=heal, outage=True)
+
+
+def kill_two_redlock_masters(ctx: Context) -> Fault:
+    """2 of 5 masters SIGKILLed (a majority is left: the sale goes on), later restarted empty."""
+    masters = ctx.service.processes["redlock"]
+    length = ctx.config.fault_length
+
+    def inject() -> tuple[str, float]:
+        masters.kill(0)
+        masters.kill(1)
+        return "redlock: masters 0 and 1 of 5 killed (SIGKILL); 3 left", time.monotonic()
+
+    def heal() -> tuple[str, float]:
+        masters.restart(0)
+        masters.restart(1)
+        return f"redlock: masters 0 and 1 restarted empty after {length:g} s", time.monotonic()
+
+    return Fault(inject=inject, heal=heal, outage=False)
+
+
 SCENARIOS: dict[str, HttpScenario] = {s.name: s for s in (
     HttpScenario("kill-app-server", "SIGKILL one of 3 app servers (master + workers) mid-request; its buyers "
                  "retry the same Idempotency-Key on the others", fault=kill_app_server, service=shared_service),
     HttpScenario("restart-redis-http", "3 app servers: kill their lock Redis, restart it empty",
                  fault=restart_locks_redis, service=private_locks_redis),
+    HttpScenario("sentinel-failover", "3 app servers on Redis Sentinel: kill the master; the sentinels promote "
+                 "the replica, which may not have the lock (asynchronous replication)",
+                 fault=lambda ctx: _failover(ctx, "sentinel"), service=sentinel_service),
+    HttpScenario("cluster-failover", "3 app servers on a Redis Cluster: kill the master of the product "
+                 "lock's slot; its replica takes over", fault=lambda ctx: _failover(ctx, "cluster"),
+                 service=cluster_service),
+    HttpScenario("redlock-kill-2", "3 app servers on Redlock over 5 masters: kill 2 (a majority is left), "
+                 "restart them empty", fault=kill_two_redlock_masters, service=redlock_service),
 )}
 
 

@@ -157,3 +157,12 @@ def test_the_servers_get_this_process_database_and_lock_prefix(settings, db):
     assert env["DATABASE_URL"].endswith("/" + connection.settings_dict["NAME"])
     assert env["LOCKS_KEY_PREFIX"] == settings.LOCKS["KEY_PREFIX"]
     assert env["DEBUG"] == "false" and env["RATELIMIT_ENABLE"] == "false"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_redlock_kill_2_short_run_never_stops_the_sale():
+    """A majority of the 5 masters is left: the sale goes on through the fault, no answer refused."""
+    outcome = httpfaults.run_scenario("redlock-kill-2", SHORT)
+    _check(outcome)
+    assert outcome.refused_during_fault == 0
+    assert outcome.fault_stall < outcome.stall_limit
