@@ -38,8 +38,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote
 
 from kazoo.client import KazooClient
@@ -72,8 +73,14 @@ _DOWN = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTi
 IDLE_DELETE = 60.0
 # How often (at most) a process looks at the lock nodes it emptied.
 SWEEP_EVERY = 10.0
+# How long a holder's check/extend/release waits for a dropped connection to come back (the
+# reconnect after a freeze takes milliseconds; a server restart about a second).
+HOLDER_RIDE_OUT = 1.0
 # A waiter checks a cancel request this often (asyncio cancellation).
 CANCEL_CHECK = 0.1
+
+
+_T = TypeVar("_T")
 
 
 class _Down(Exception):
@@ -130,7 +137,8 @@ class _Node:
 class _Session:
     """This process's KazooClient (a forked child builds its own), and who to wake on a state change."""
 
-    def __init__(self, hosts: str, timeout: float) -> None:
+    def __init__(self, hosts: str, timeout: float, on_connected: Callable[[KazooClient], None]) -> None:
+        self.on_connected = on_connected
         self.connected = threading.Event()
         self.suspended_since: float | None = time.monotonic()
         self.wakes: set[threading.Event] = set()
@@ -148,6 +156,7 @@ class _Session:
         if state == KazooState.CONNECTED:
             self.suspended_since = None
             self.connected.set()
+            self.on_connected(self.client)
         else:
             if self.suspended_since is None:
                 self.suspended_since = time.monotonic()
@@ -178,6 +187,9 @@ class ZooKeeperBackend(LockBackend):
         self._nodes: dict[str, _Node] = {}  # token -> node
         self._orphans: list[tuple[str, str]] = []  # (lock dir, token) whose node may linger
         self._emptied: dict[str, float] = {}  # lock dir -> monotonic time we emptied it
+        # Nodes of holds we declared lost while disconnected: if the session survived after all,
+        # they still exist, and would block the lock until their lease ends. Deleted on reconnect.
+        self._given_up: set[str] = set()
         self._swept = time.monotonic()
         self._guard = threading.Lock()
 
@@ -191,7 +203,8 @@ class ZooKeeperBackend(LockBackend):
                 if session is None:
                     if self._sessions:  # forked: the parent's nodes and clients are not ours
                         self._sessions, self._nodes, self._orphans, self._emptied = {}, {}, [], {}
-                    session = self._sessions[pid] = _Session(self.hosts, self.session_timeout)
+                        self._given_up = set()
+                    session = self._sessions[pid] = _Session(self.hosts, self.session_timeout, self._reconnected)
         return session
 
     def _dir(self, name: str, prefix: str | None = None) -> str:
@@ -272,6 +285,13 @@ class ZooKeeperBackend(LockBackend):
         except _Down:
             self._orphans.append((parent, node.path.rsplit("/", 1)[1].split("-")[0]))
         self._emptied.setdefault(parent, time.monotonic())
+
+    def _reconnected(self, client: KazooClient) -> None:
+        """kazoo's thread, on every (re)connection: only asynchronous calls here."""
+        for path in list(self._given_up):
+            self._given_up.discard(path)
+            client.delete_async(path).rawlink(
+                lambda result, path=path: isinstance(result.exception, _DOWN) and self._given_up.add(path))
 
     def _tidy(self) -> None:
         """Delete nodes we could not delete earlier, and lock dirs that stayed empty (rarely)."""
@@ -456,73 +476,79 @@ class ZooKeeperBackend(LockBackend):
         node = self._nodes.get(token)
         return node if node is not None and node.end_ms else None
 
-    def _current(self, name: str, node: _Node) -> bool:
-        """Is our session the one that created the node? Waits (bounded) for a connection.
+    def _as_holder(self, name: str, node: _Node, step: Callable[[], _T]) -> _T | None:
+        """Run `step` for our hold; None if the hold is lost (our session is not the node's).
 
-        Disconnected for a whole session timeout: the server has expired the session (and our
-        node) by now, whatever the client has heard: the hold is lost.
+        A dropped connection is ridden out for op_timeout: after a freeze (SIGSTOP) the client
+        first sends on its dead socket, then reconnects with a new session, and only then do we
+        know the old one (and our node) is gone. Disconnected for a whole session timeout: the
+        server has expired the session by now, whatever the client has heard.
         """
         session = self._session()
-        since = session.suspended_since
-        if since is not None and time.monotonic() - since >= self.session_timeout:
-            return False
-        budget = self.op_timeout if since is None else min(self.op_timeout, since + self.session_timeout
-                                                           - time.monotonic())
-        if not session.connected.wait(max(budget, 0.0)):
-            if session.suspended_since is not None and (
-                    time.monotonic() - session.suspended_since >= self.session_timeout):
-                return False
-            raise self._unavailable(name, _Down("not connected"))
-        return session.id == node.session
+        give_up = time.monotonic() + min(self.op_timeout, HOLDER_RIDE_OUT)
+        while True:
+            since = session.suspended_since
+            if since is not None and time.monotonic() - since >= self.session_timeout:
+                self._given_up.add(node.path)
+                return None
+            try:
+                if not session.connected.wait(max(0.0, give_up - time.monotonic())):
+                    raise _Down(f"not connected to ZooKeeper at {self.hosts}")
+                if session.id != node.session:
+                    return None
+                return step()
+            except _Down as exc:
+                since = session.suspended_since
+                if since is not None and time.monotonic() - since >= self.session_timeout:
+                    self._given_up.add(node.path)
+                    return None
+                if time.monotonic() >= give_up:
+                    raise self._unavailable(name, exc) from exc
+                session.connected.wait(0.05)  # kazoo marks the drop, then reconnects
 
     def release(self, lock: Lock, *, token: str) -> bool:
         node = self._mine(token)
         if node is None:
             return False
         self._nodes.pop(token, None)
+        parent = node.path.rsplit("/", 1)[0]
         try:
-            if not self._current(lock.name, node):
-                return False
-            deleted = self._delete(node.path)
-        except _Down as exc:
-            self._orphans.append((node.path.rsplit("/", 1)[0], token))
-            raise self._unavailable(lock.name, exc) from exc
-        self._emptied.setdefault(node.path.rsplit("/", 1)[0], time.monotonic())
-        return deleted
+            deleted = self._as_holder(lock.name, node, lambda: self._delete(node.path))
+        except LockUnavailable:
+            self._orphans.append((parent, token))
+            raise
+        self._emptied.setdefault(parent, time.monotonic())
+        return bool(deleted)
 
     def extend(self, lock: Lock, *, token: str, ms: int, replace: bool) -> int:
         node = self._mine(token)
         if node is None:
             return 0
-        try:
-            if not self._current(lock.name, node):
-                self._nodes.pop(token, None)
-                return 0
+
+        def step() -> int:
             left = node.end_ms - self.clock.now_hi()
             if left <= 0:
                 self._drop(node)  # our lease is over: let the next waiter in now
                 return 0
             lease = int(ms if replace else ms + left)
             payload = {**node.payload, "lease": lease}
-            stat = self._write("set", node.path, json.dumps(payload).encode(), version=node.version)
-        except (NoNodeError, BadVersionError):
+            try:
+                stat = self._write("set", node.path, json.dumps(payload).encode(), version=node.version)
+            except (NoNodeError, BadVersionError):
+                return 0
+            node.version, node.lease_ms, node.end_ms, node.payload = stat.version, lease, stat.mtime + lease, payload
+            return max(1, int(node.end_ms - self.clock.now_hi()))
+
+        left = self._as_holder(lock.name, node, step)
+        if not left:
             self._nodes.pop(token, None)
-            return 0
-        except _Down as exc:
-            raise self._unavailable(lock.name, exc) from exc
-        node.version, node.lease_ms, node.end_ms = stat.version, lease, stat.mtime + lease
-        return max(1, int(node.end_ms - self.clock.now_hi()))
+        return left or 0
 
     def check(self, lock: Lock, *, token: str) -> int:
         node = self._mine(token)
         if node is None:
             return 0
-        try:
-            if not self._current(lock.name, node):
-                return 0
-            stat = self._call("exists", node.path)
-        except _Down as exc:
-            raise self._unavailable(lock.name, exc) from exc
+        stat = self._as_holder(lock.name, node, lambda: self._call("exists", node.path))
         if stat is None:
             self._nodes.pop(token, None)
             return 0
