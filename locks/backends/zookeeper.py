@@ -145,8 +145,8 @@ class _Session:
         self.client = KazooClient(
             hosts=hosts, timeout=timeout,
             # Reconnect quickly and forever in the background: a restarted server is found again
-            # within ~0.5 s, and a caller decides itself how long it waits (LockUnavailable).
-            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=0.5),
+            # within ~0.25 s, and a caller decides itself how long it waits (LockUnavailable).
+            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=0.25),
         )
         self.client.add_listener(self._changed)
         self.client.start_async()
@@ -217,11 +217,14 @@ class ZooKeeperBackend(LockBackend):
         A request is only queued while connected, so one we gave up on is not sent later by a
         reconnecting client (a create that arrived late would be a phantom waiter).
         """
+        return self._run(lambda client: getattr(client, f"{method}_async")(*args, **kwargs), budget)
+
+    def _run(self, send: Callable[[KazooClient], Any], budget: float | None = None) -> Any:
         session = self._session()
         if not session.connected.wait(self.op_timeout if budget is None else max(budget, 0.0)):
             raise _Down(f"not connected to ZooKeeper at {self.hosts}")
         try:
-            return getattr(session.client, f"{method}_async")(*args, **kwargs).get(timeout=self.op_timeout)
+            return send(session.client).get(timeout=self.op_timeout)
         except _DOWN as exc:
             raise _Down(f"{type(exc).__name__} from ZooKeeper at {self.hosts}") from exc
 
@@ -449,24 +452,35 @@ class ZooKeeperBackend(LockBackend):
                 raise _Cancelled()
 
     def _become_holder(self, lock: Lock, node: _Node, token: str, owner: str) -> Grant | None:
-        """We are the head: issue the fence, then start our lease (None: our node is gone)."""
+        """We are the head: issue the fence and start our lease, in one transaction (None: our
+        node is gone, and then the fence was not issued either)."""
         parent = node.path.rsplit("/", 1)[0]
+        ttl_ms = lock.ttl_ms
         while True:
             data, stat = self._call("get", parent)
-            fence = max(int(data or 0) + 1, int(self._fresh_clock().now_lo() * 1000))
-            try:
-                self._write("set", parent, str(fence).encode(), version=stat.version)
+            clock = self._fresh_clock()
+            fence = max(int(data or 0) + 1, int(clock.now_lo() * 1000))
+            payload = {"owner": owner, "fence": fence, "lease": ttl_ms, "since": int(clock.now_lo())}
+
+            def send(client: KazooClient, version: int = stat.version, fence: int = fence,
+                     payload: dict = payload) -> Any:
+                tx = client.transaction()
+                tx.set_data(parent, str(fence).encode(), version=version)  # compare-and-set
+                tx.set_data(node.path, json.dumps(payload).encode())
+                return tx.commit_async()
+
+            sent = time.monotonic()
+            fenced, started = self._run(send)
+            if isinstance(fenced, BadVersionError):
+                continue  # another fence was issued since we read it (a stale head): read again
+            if not isinstance(started, Exception):
                 break
-            except BadVersionError:
-                continue
-        sent = time.monotonic()
-        ttl_ms = lock.ttl_ms
-        payload = {"owner": owner, "fence": fence, "lease": ttl_ms, "since": int(self.clock.now_lo())}
-        try:
-            stat = self._write("set", node.path, json.dumps(payload).encode())
-        except NoNodeError:
-            return None
-        node.version, node.lease_ms, node.end_ms, node.fence = stat.version, ttl_ms, stat.mtime + ttl_ms, fence
+            if isinstance(started, NoNodeError):
+                return None
+            raise started
+        # Both writes carry the transaction's time: the lease began at started.mtime.
+        self.clock.sample(started.mtime, sent, time.monotonic())
+        node.version, node.lease_ms, node.end_ms, node.fence = started.version, ttl_ms, started.mtime + ttl_ms, fence
         node.payload = payload
         self._nodes[token] = node
         return Grant(fence=fence, lease_start=sent, lease=lock.ttl)

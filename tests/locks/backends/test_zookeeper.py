@@ -129,7 +129,11 @@ def test_a_frozen_holder_loses_the_lock_with_its_session_and_learns_it_when_it_r
         holder.join(10)
 
 
-def test_a_server_restart_keeps_the_hold_and_the_waiters(backend, zookeeper, name):
+def test_a_server_restart_keeps_the_hold_and_the_waiters(backend, zookeeper, name, settings):
+    # A session timeout well above a restart (JVM start plus the client's reconnect, 1-2 s): a
+    # holder disconnected for a whole session timeout must assume its session gone (see
+    # _as_holder), even though a restarted server gives every session a fresh timeout.
+    settings.LOCKS = {**settings.LOCKS, "ZOOKEEPER_SESSION_TIMEOUT": 6.0}
     lock = Lock(name, ttl=30.0)
     lock.acquire()
     fence = lock.held.fence
@@ -181,3 +185,22 @@ def test_a_server_down_means_lock_unavailable_in_bounded_time(backend, zookeeper
     # Well before its 30 s lease: the given-up node went with the session, or on reconnection.
     with Lock(name, ttl=5.0, wait=SESSION + SLACK) as again:
         assert again.fence > 0
+
+
+def test_an_idle_lock_node_is_deleted_and_fences_still_increase(backend, name, monkeypatch):
+    """Names used once (idempotency keys) do not pile up; the fence survives the deletion."""
+    from locks.backends import zookeeper as zk
+
+    monkeypatch.setattr(zk, "IDLE_DELETE", 0.3)
+    monkeypatch.setattr(zk, "SWEEP_EVERY", 0.0)
+    path = backend._dir(name)
+    with Lock(name, ttl=5.0) as first:
+        pass
+    client = backend._session().client
+    assert client.exists(path) is not None
+    time.sleep(0.5)
+    with Lock(f"{name}:other", ttl=5.0):  # an acquire sweeps the dirs this process emptied
+        pass
+    assert client.exists(path) is None
+    with Lock(name, ttl=5.0) as again:
+        assert again.fence > first.fence
