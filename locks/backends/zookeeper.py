@@ -192,6 +192,7 @@ class ZooKeeperBackend(LockBackend):
         self._given_up: set[str] = set()
         self._swept = time.monotonic()
         self._guard = threading.Lock()
+        self._tidying = threading.Lock()
 
     # -- plumbing --------------------------------------------------------------------------
     def _session(self) -> _Session:
@@ -298,6 +299,14 @@ class ZooKeeperBackend(LockBackend):
 
     def _tidy(self) -> None:
         """Delete nodes we could not delete earlier, and lock dirs that stayed empty (rarely)."""
+        if not self._session().connected.is_set() or not self._tidying.acquire(blocking=False):
+            return  # later (never wait for ZooKeeper for this), or another thread is at it
+        try:
+            self._tidy_now()
+        finally:
+            self._tidying.release()
+
+    def _tidy_now(self) -> None:
         while self._orphans:
             parent, token = self._orphans[0]
             for child in self._children(parent):
@@ -343,6 +352,7 @@ class ZooKeeperBackend(LockBackend):
             while True:
                 if cancel is not None and cancel.cancelled:
                     raise _Cancelled()
+                attempt = time.monotonic()
                 try:
                     if node is None or node.session != self._session().id:
                         node = self._enqueue(lock.name, parent, token, owner, retried=down_since is not None)
@@ -350,7 +360,7 @@ class ZooKeeperBackend(LockBackend):
                 except _Down:
                     # Ride out a short outage (a server restart) while the caller would wait anyway.
                     now = time.monotonic()
-                    down_since = now if down_since is None else down_since
+                    down_since = attempt if down_since is None else down_since
                     if not blocking or now >= deadline or now - down_since >= self.op_timeout:
                         raise
                     self._session().connected.wait(min(deadline - now, 0.5))
@@ -493,7 +503,7 @@ class ZooKeeperBackend(LockBackend):
     def _as_holder(self, name: str, node: _Node, step: Callable[[], _T]) -> _T | None:
         """Run `step` for our hold; None if the hold is lost (our session is not the node's).
 
-        A dropped connection is ridden out for op_timeout: after a freeze (SIGSTOP) the client
+        A dropped connection is ridden out for HOLDER_RIDE_OUT: after a freeze (SIGSTOP) the client
         first sends on its dead socket, then reconnects with a new session, and only then do we
         know the old one (and our node) is gone. Disconnected for a whole session timeout: the
         server has expired the session by now, whatever the client has heard.
