@@ -103,6 +103,26 @@ def test_a_zookeeper_holder_that_dies_releases_to_the_next_waiter_after_its_sess
     assert waiter.exitcode == 0
 
 
+def test_a_live_holder_that_overruns_its_lease_is_cut_off_by_the_next_waiter(backend, name):
+    """The session lives on, but the lease (kept on the server's clock) still ends."""
+    holder = Lock(name, ttl=0.5)
+    holder.acquire()
+    acquired = time.monotonic()
+    got = FORK.Queue()
+    waiter = FORK.Process(target=_wait_and_report, args=(name, got))
+    waiter.start()
+    try:
+        taken_at, fence = got.get(timeout=SLACK)
+    finally:
+        waiter.join(10)
+    assert taken_at - acquired >= 0.45  # not before the lease ended
+    assert fence > holder.held.fence
+    with pytest.raises(LockLost):
+        holder.held.check()
+    with pytest.raises(LockNotOwned):
+        holder.release()
+
+
 def test_a_frozen_holder_loses_the_lock_with_its_session_and_learns_it_when_it_resumes(backend, name):
     ready, done, queue = FORK.Event(), FORK.Event(), FORK.Queue()
     holder = FORK.Process(target=_hold, args=(name, ready, queue, done))
