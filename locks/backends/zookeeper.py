@@ -48,6 +48,7 @@ from kazoo.exceptions import (
     BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
+    KazooException,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -68,6 +69,8 @@ if TYPE_CHECKING:
     from locks.lock import CancelToken, Lock
 
 _DOWN = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError, KazooTimeoutError)
+# What the callers handle: a node that is gone, or changed, or there, or not empty.
+_EXPECTED = (NoNodeError, BadVersionError, NodeExistsError, NotEmptyError)
 # An empty lock node is deleted once it has been idle this long (server time): names used once
 # (idempotency keys) do not pile up, and the fence it kept is far below any later clock reading.
 IDLE_DELETE = 60.0
@@ -226,7 +229,9 @@ class ZooKeeperBackend(LockBackend):
             raise _Down(f"not connected to ZooKeeper at {self.hosts}")
         try:
             return send(session.client).get(timeout=self.op_timeout)
-        except _DOWN as exc:
+        except _EXPECTED:
+            raise
+        except (*_DOWN, KazooException) as exc:  # never a raw driver error to the caller
             raise _Down(f"{type(exc).__name__} from ZooKeeper at {self.hosts}") from exc
 
     def _write(self, method: str, *args: Any, **kwargs: Any) -> ZnodeStat:
@@ -487,7 +492,7 @@ class ZooKeeperBackend(LockBackend):
                 break
             if isinstance(started, NoNodeError):
                 return None
-            raise started
+            raise _Down(f"transaction failed: {fenced!r}, {started!r}")
         # Both writes carry the transaction's time: the lease began at started.mtime.
         self.clock.sample(started.mtime, sent, time.monotonic())
         node.version, node.lease_ms, node.end_ms, node.fence = started.version, ttl_ms, started.mtime + ttl_ms, fence
