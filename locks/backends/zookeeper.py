@@ -29,6 +29,17 @@ node is deleted (cleanup) only when it has had no children and no fence write fo
 seconds of server time; the next fence is then max(1, now_us), and now_us is more than
 IDLE_DELETE later than the lost value (which exceeds its own write time by at most the number of
 fences issued in the same ms): still strictly increasing.
+
+Cleanup: a process remembers the lock nodes it emptied (release, a waiter leaving) and, at most
+every SWEEP_EVERY seconds during an acquire, deletes those that have stayed empty and unfenced
+for IDLE_DELETE; `held()` (the dashboard) deletes any such node it reads, which covers the
+nodes of processes that exited first. Nodes we could not delete because ZooKeeper was away are
+deleted once it is back.
+
+Sessions: one KazooClient per process (a forked child starts its own). A call waits for a
+connection and a reply for at most a session timeout, then LockUnavailable. A holder that has
+been disconnected for a whole session timeout treats its lock as lost (the server has, or will
+have, expired the session): check raises LockLost, release LockNotOwned.
 """
 
 from __future__ import annotations
@@ -181,6 +192,8 @@ class ZooKeeperBackend(LockBackend):
                  zookeeper_root: str = "/locks") -> None:
         self.hosts = zookeeper_hosts
         self.session_timeout = float(zookeeper_session_timeout)
+        if not zookeeper_root.strip("/"):
+            raise ValueError("LOCKS['ZOOKEEPER_ROOT'] must be a znode below /, e.g. /locks")
         self.root = "/" + zookeeper_root.strip("/")
         # How long one call may wait for a connection, then for its reply: a request unanswered
         # for a session timeout means the session is likely gone anyway.
