@@ -97,8 +97,9 @@ def test_a_zookeeper_holder_that_dies_releases_to_the_next_waiter_after_its_sess
         waiter.join(10)
     handoff = acquired_at - killed
     print(f"hand-off after SIGKILL of the holder: {handoff:.2f}s (session timeout {SESSION}s)")
-    # The 60 s lease did not end it: the session did, and not before it had timed out.
-    assert SESSION * 0.9 <= handoff < SESSION + SLACK, handoff
+    # The 60 s lease did not end it: the session did. The server counts the timeout from the
+    # last time it heard from the client (a ping every ~timeout/3), so a little before that.
+    assert SESSION / 2 <= handoff < SESSION + SLACK, handoff
     assert fence > dead_fence
     assert waiter.exitcode == 0
 
@@ -134,7 +135,7 @@ def test_a_frozen_holder_loses_the_lock_with_its_session_and_learns_it_when_it_r
         stopped = time.monotonic()
         lock = Lock(name, ttl=10.0, wait=SESSION + SLACK)
         assert lock.acquire()
-        assert time.monotonic() - stopped >= SESSION * 0.9  # its session, not less, kept it
+        assert time.monotonic() - stopped >= SESSION / 2  # its session ended it (see above)
         assert lock.held.fence > frozen_fence
         os.kill(holder.pid, signal.SIGCONT)
         done.set()
