@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 import time
@@ -90,6 +91,8 @@ SWEEP_EVERY = 10.0
 # How long a holder's check/extend/release waits for a dropped connection to come back (the
 # reconnect after a freeze takes milliseconds; a server restart about a second).
 HOLDER_RIDE_OUT = 1.0
+# How long a connection attempt waits for the server's handshake (see _short_connect).
+CONNECT_TIMEOUT = 1.0
 # A waiter checks a cancel request this often (asyncio cancellation).
 CANCEL_CHECK = 0.1
 
@@ -108,6 +111,20 @@ def _escape(name: str) -> str:
 
 def _seq(node: str) -> int:
     return int(node.rsplit("-", 1)[1])
+
+
+def _short_connect(hosts: str, session_timeout: float) -> str:
+    """`hosts`, repeated so that kazoo waits at most CONNECT_TIMEOUT for a server's handshake.
+
+    kazoo waits session_timeout / len(hosts) for it. ZooKeeper 3.8.0 (Debian's) accepts
+    connections before it has loaded its database during a restart, and a connection that
+    arrives in that window is never answered (a NullPointerException in the server's log). A
+    client that hits it would sit out a whole session timeout and lose its session; with the
+    list repeated it tries again after CONNECT_TIMEOUT.
+    """
+    listed = [h.strip() for h in hosts.split(",") if h.strip()]
+    repeat = max(1, math.ceil(session_timeout / (len(listed) * CONNECT_TIMEOUT)))
+    return ",".join(listed * repeat)
 
 
 class _Clock:
@@ -157,7 +174,7 @@ class _Session:
         self.suspended_since: float | None = time.monotonic()
         self.wakes: set[threading.Event] = set()
         self.client = KazooClient(
-            hosts=hosts, timeout=timeout,
+            hosts=_short_connect(hosts, timeout), timeout=timeout,
             # Reconnect quickly and forever in the background: a restarted server is found again
             # within ~0.25 s, and a caller decides itself how long it waits (LockUnavailable).
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=0.25),
