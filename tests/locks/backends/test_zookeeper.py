@@ -4,6 +4,7 @@ a holder that dies or freezes loses the lock with its session; a server restart 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 
@@ -26,6 +27,7 @@ def zookeeper():
     yield server
     reset()
     server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
 
 
 @pytest.fixture
