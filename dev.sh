@@ -70,6 +70,34 @@ ensure_redis() {
   fi
 }
 
+zk_ok() { [ "$(echo ruok | timeout 1 bash -c 'exec 3<>/dev/tcp/127.0.0.1/2181; cat >&3; cat <&3' 2>/dev/null)" = imok ]; }
+
+# ZooKeeper for LOCKS_BACKEND=zookeeper: Debian's package (not zookeeperd: no systemd here), a
+# standalone server on 127.0.0.1:2181 started with java directly (docs: scaleout.md section 4).
+ensure_zookeeper() {
+  [ -f /usr/share/java/zookeeper.jar ] || { say "installing zookeeper"; apt_install --no-install-recommends zookeeper; }
+  zk_ok && return
+  local d=${TMPDIR:-/tmp}/shop-zookeeper
+  mkdir -p "$d/data"
+  # tickTime 1000: sessions of 2-20 s (LOCKS_ZOOKEEPER_SESSION_TIMEOUT); no AdminServer on :8080.
+  cat > "$d/zoo.cfg" <<EOC
+tickTime=1000
+dataDir=$d/data
+clientPort=2181
+clientPortAddress=127.0.0.1
+maxClientCnxns=200
+admin.enableServer=false
+4lw.commands.whitelist=ruok,stat,srvr,mntr,envi,conf
+EOC
+  say "starting ZooKeeper on 127.0.0.1:2181"
+  nohup java -Xmx256m -Dzookeeper.admin.enableServer=false \
+    -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar \
+    org.apache.zookeeper.server.ZooKeeperServerMain "$d/zoo.cfg" > "$d/zk.log" 2>&1 &
+  echo $! > "$d/zk.pid"
+  for _ in $(seq 100); do zk_ok && return; sleep 0.1; done
+  echo "ZooKeeper did not answer ruok; see $d/zk.log" >&2; return 1
+}
+
 ensure_venv() {
   local reqs=$1 stamp
   [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
@@ -87,6 +115,7 @@ setup() {
   ensure_packages "$mode"
   ensure_redis
   ensure_mariadb
+  ensure_zookeeper
   if [ "$mode" = test ]; then ensure_venv requirements-dev.txt; else ensure_venv requirements.txt; fi
   "$VENV/bin/python" manage.py createdb
   "$VENV/bin/python" manage.py migrate --no-input -v 0
