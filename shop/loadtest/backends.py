@@ -73,6 +73,15 @@ def _redlock(stack: contextlib.ExitStack) -> dict[str, Any]:
     return {"LOCKS": {"BACKEND": "redlock", "REDLOCK_URLS": servers.urls}, "servers": servers}
 
 
+def _zookeeper(stack: contextlib.ExitStack) -> dict[str, Any]:
+    from locks.servers.zookeeper import ZooKeeperProcess
+
+    server = ZooKeeperProcess()
+    stack.callback(server.stop)
+    server.start()
+    return {"LOCKS": {"BACKEND": "zookeeper", "ZOOKEEPER_HOSTS": server.hosts}, "servers": server}
+
+
 def _mysql(stack: contextlib.ExitStack) -> dict[str, Any]:
     return {"LOCKS": {"BACKEND": "mysql"}}
 
@@ -84,6 +93,7 @@ SETUPS: dict[str, Setup] = {s.name: s for s in (
           lambda stack: _sentinel(stack, WAIT_REPLICAS=1)),
     Setup("cluster", "Redis Cluster: 3 masters + 3 replicas, the lock's keys in one slot", _cluster),
     Setup("redlock", "Redlock over 5 independent Redis masters (majority, fence floor)", _redlock),
+    Setup("zookeeper", "ZooKeeper (one server): ephemeral sequential nodes, FIFO, CAS fences", _zookeeper),
     Setup("mysql", "the lock table in MySQL (the shop's own server), GET_LOCK as the wake-up", _mysql),
 )}
 

@@ -244,6 +244,40 @@ def redlock_service() -> Iterator[Service]:
                       settings={"LOCKS": {**settings.LOCKS, "BACKEND": "redlock", "REDLOCK_URLS": masters.urls}})
 
 
+@contextlib.contextmanager
+def zookeeper_service() -> Iterator[Service]:
+    """A private ZooKeeper server; every server's locks are its ephemeral sequential nodes."""
+    from django.conf import settings
+
+    from locks.servers.zookeeper import ZooKeeperProcess
+
+    server = ZooKeeperProcess()
+    server.start()
+    try:
+        yield Service(env={"LOCKS_BACKEND": "zookeeper", "LOCKS_ZOOKEEPER_HOSTS": server.hosts},
+                      processes={"zookeeper": server},
+                      settings={"LOCKS": {**settings.LOCKS, "BACKEND": "zookeeper", "ZOOKEEPER_HOSTS": server.hosts}})
+    finally:
+        server.stop()
+
+
+def restart_zookeeper(ctx: Context) -> Fault:
+    """The ZooKeeper server SIGKILLed and restarted on its data (shorter than the session timeout:
+    the sessions, and the locks with them, survive)."""
+    server = ctx.service.processes["zookeeper"]
+    length = ctx.config.fault_length
+
+    def inject() -> tuple[str, float]:
+        server.stop()
+        return f"zookeeper: server on port {server.port} killed (SIGKILL)", time.monotonic()
+
+    def heal() -> tuple[str, float]:
+        took = server.start()
+        return f"zookeeper: restarted after {length:g} s (answering {took:.2f} s after the start)", time.monotonic()
+
+    return Fault(inject=inject, heal=heal, outage=True)
+
+
 def _failover(ctx: Context, kind: str) -> Fault:
     """SIGKILL the master that has the product's lock; healed when a replica is promoted."""
     from locks.keys import LockKeys
@@ -296,6 +330,8 @@ SCENARIOS: dict[str, HttpScenario] = {s.name: s for s in (
                  service=cluster_service),
     HttpScenario("redlock-kill-2", "3 app servers on Redlock over 5 masters: kill 2 (a majority is left), "
                  "restart them empty", fault=kill_two_redlock_masters, service=redlock_service),
+    HttpScenario("zookeeper-restart", "3 app servers on ZooKeeper: kill the server, restart it on its data",
+                 fault=restart_zookeeper, service=zookeeper_service),
 )}
 
 
