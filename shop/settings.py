@@ -170,6 +170,8 @@ LOCKS = {
     "REDLOCK_URLS": LOCKS_REDLOCK_URLS,
     "ZOOKEEPER_HOSTS": LOCKS_ZOOKEEPER_HOSTS,
     "ZOOKEEPER_SESSION_TIMEOUT": env.float("LOCKS_ZOOKEEPER_SESSION_TIMEOUT", default=4.0),
+    # Redis with replicas (Sentinel, Cluster): grant a lock only once this many replicas have it.
+    "WAIT_REPLICAS": env.int("LOCKS_WAIT_REPLICAS", default=0),
     "CACHE_ALIAS": "locks",
     "KEY_PREFIX": env.str("LOCKS_KEY_PREFIX", default=""),
     "DEFAULT_TTL": env.float("LOCKS_DEFAULT_TTL", default=10.0),
