@@ -1,0 +1,198 @@
+"""The backend contract on the MySQL backend (the lock table in the test database), and what is
+particular to it: the wake lock (GET_LOCK) instead of polling, a stale holder's wake lock
+killed by a force release, one-shot rows, the server unreachable."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+import MySQLdb
+import pytest
+from django.db import connections
+
+from locks import Lock, LockNotOwned, LockUnavailable, inspect
+from locks.backends import get_backend
+from locks.backends import mysql as mysql_backend
+from locks.servers.base import free_port
+from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
+from tests.locks.conftest import FORK
+
+# The lock table is in the test database: make pytest-django create it even when only tests
+# that never touch the ORM are selected (-k). Each test's ORM work (none, mostly) rolls back;
+# the lock's own connections commit on their own.
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def backend(settings, django_db_setup, django_db_blocker):
+    """The lock table lives in the test database, which pytest-django creates for the session;
+    the backend's own connections read its name from connections['default'] when they connect."""
+    settings.LOCKS = {**settings.LOCKS, "BACKEND": "mysql", "MYSQL_DATABASE": "default"}
+    backend = get_backend()
+    assert backend.name == "mysql" and not backend.native and not backend.supports_combining
+    with django_db_blocker.unblock():
+        assert connections["default"].settings_dict["NAME"].startswith("test_")
+    return backend
+
+
+def _row(name: str) -> tuple | None:
+    """The lock's row, read on a connection of the test's own (committed data)."""
+    settings = connections["default"].settings_dict
+    conn = MySQLdb.connect(host=settings["HOST"] or "localhost", port=int(settings["PORT"] or 3306),
+                           user=settings["USER"], passwd=settings["PASSWORD"] or "", db=settings["NAME"],
+                           autocommit=True)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT token, fence, lease_until, holder_conn FROM locks_lockrow WHERE name = %s", [name])
+            return cursor.fetchone()
+    finally:
+        conn.close()
+
+
+def _hold(name: str, ttl: float, seconds: float, ready, queue) -> None:
+    lock = Lock(name, ttl=ttl)
+    lock.acquire()
+    queue.put(lock.held.fence)
+    ready.set()
+    time.sleep(seconds)
+    try:
+        lock.release()
+        queue.put("released")
+    except LockNotOwned:
+        queue.put("not owned")
+
+
+def test_a_waiter_sleeps_in_get_lock_and_is_woken_by_the_release(backend, name, monkeypatch):
+    ready, queue = FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_hold, args=(name, 30.0, 2.0, ready, queue))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        statements: list[str] = []
+        run = mysql_backend._Conn.run
+
+        def counting(self, sql, args=None):
+            statements.append(" ".join(sql.split()[:2]))
+            return run(self, sql, args)
+
+        monkeypatch.setattr(mysql_backend._Conn, "run", counting)
+        started = time.monotonic()
+        with Lock(name, ttl=5.0, wait=20.0) as held:
+            waited = time.monotonic() - started
+            acquire_statements = list(statements)
+            assert held.fence > queue.get(timeout=5)
+        # Woken by the release after ~2 s: not by a 20 s deadline nor the 30 s lease, and with
+        # a handful of statements (GET_LOCK 0, take, look, GET_LOCK t, take), not a poll loop
+        # (polling every 0.2 s would have sent 10 statements or more in 2 s).
+        assert 1.5 < waited < 6.0, waited
+        assert len(acquire_statements) <= 6, acquire_statements
+        assert queue.get(timeout=10) == "released"
+    finally:
+        proc.join(10)
+
+
+def test_a_sigkilled_holders_wake_lock_goes_with_its_connection(backend, name):
+    ready, queue = FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_hold, args=(name, 2.0, 600, ready, queue))
+    proc.start()
+    assert ready.wait(30)
+    dead_fence = queue.get(timeout=5)
+    holder_conn = _row(name)[3]
+    assert holder_conn > 0
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    killed = time.monotonic()
+    with Lock(name, ttl=5.0, wait=15.0) as held:
+        waited = time.monotonic() - killed
+        assert held.fence > dead_fence
+    # Not before the dead holder's lease (2 s from its acquire) ended, and soon after it.
+    assert waited < 2.0 + 5.0, waited
+    assert _row(name)[2] > 0
+
+
+def test_a_force_release_wakes_the_waiters_of_a_live_stale_holder(backend, name):
+    """The stale holder is alive and keeps its connection: without the KILL of its connection
+    (which drops its wake lock) the waiter would sleep in GET_LOCK until the 30 s lease end."""
+    ready, queue = FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_hold, args=(name, 30.0, 3.0, ready, queue))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        stale_fence = queue.get(timeout=5)
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.append(_take_and_release(name)))
+        waiter.start()
+        time.sleep(0.3)  # the waiter is asleep in GET_LOCK
+        released = inspect.force_release(name, expected_fence=stale_fence)
+        assert released is not None and released.fence == stale_fence
+        forced = time.monotonic()
+        waiter.join(20)
+        fence, at = got[0]
+        assert fence > stale_fence
+        assert at - forced < 2.0, at - forced
+        # The stale holder, woken from its sleep, finds it no longer owns the lock.
+        assert queue.get(timeout=10) == "not owned"
+    finally:
+        proc.join(10)
+
+
+def _take_and_release(name: str) -> tuple[int, float]:
+    with Lock(name, ttl=5.0, wait=15.0) as held:
+        return held.fence, time.monotonic()
+
+
+def test_one_shot_locks_leave_no_row_and_fences_still_increase(backend, name):
+    fences = []
+    for _ in range(3):
+        with Lock(name, ttl=5.0, one_shot=True) as held:
+            assert _row(name) is not None
+            fences.append(held.fence)
+        assert _row(name) is None
+    assert fences == sorted(set(fences))
+    assert fences[0] > (time.time() - 60) * 1e6
+
+
+def test_a_released_row_keeps_its_fence(backend, name):
+    with Lock(name, ttl=5.0) as first:
+        pass
+    token, fence, _, _ = _row(name)
+    assert token == "" and fence == first.fence
+    with Lock(name, ttl=5.0) as second:
+        assert second.fence > first.fence
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lock_is_not_part_of_the_callers_transaction(backend, name):
+    from django.db import transaction
+
+    with transaction.atomic():
+        lock = Lock(name, ttl=5.0)
+        lock.acquire()
+        # Another connection sees the lock at once: it was committed outside our transaction.
+        assert _row(name)[0] != ""
+        transaction.set_rollback(True)
+    assert lock.locked()
+    lock.release()
+
+
+def test_an_unreachable_server_raises_lock_unavailable_quickly(backend, settings, name):
+    connections.settings["locks_down"] = {**connections["default"].settings_dict, "PORT": str(free_port())}
+    try:
+        settings.LOCKS = {**settings.LOCKS, "MYSQL_DATABASE": "locks_down"}
+        lock = Lock(name, ttl=5.0, wait=10.0)
+        started = time.monotonic()
+        with pytest.raises(LockUnavailable):
+            lock.acquire()
+        with pytest.raises(LockUnavailable):
+            lock.locked()
+        with pytest.raises(LockUnavailable):
+            inspect.lock_info(name)
+        assert time.monotonic() - started < 5.0
+    finally:
+        with contextlib.suppress(AttributeError, KeyError):
+            del connections["locks_down"]
+        del connections.settings["locks_down"]
