@@ -62,6 +62,8 @@ MAX_IDLE = 16
 PING_AFTER = 30.0
 
 _UNREACHABLE = (MySQLdb.OperationalError, MySQLdb.InterfaceError)
+ER_LOCK_DEADLOCK = 1213
+DEADLOCK_RETRIES = 3
 
 # Connections a forked child inherited. Kept referenced forever: freeing one would send
 # COM_QUIT on the parent's socket and end the parent's holds.
@@ -100,11 +102,21 @@ class _Conn:
         self.used = time.monotonic()
 
     def run(self, sql: str, args: Any = None) -> tuple[int, int, tuple]:
-        """(affected rows, LAST_INSERT_ID of the statement, rows)."""
-        with self.raw.cursor() as cursor:
-            count = cursor.execute(sql, args)
-            rows = cursor.fetchall()
-            last = cursor.lastrowid
+        """(affected rows, LAST_INSERT_ID of the statement, rows).
+
+        A statement InnoDB chose as a deadlock victim was rolled back whole (autocommit): it is
+        run again, rather than reported as the server being unavailable.
+        """
+        for attempt in range(DEADLOCK_RETRIES + 1):
+            try:
+                with self.raw.cursor() as cursor:
+                    count = cursor.execute(sql, args)
+                    rows = cursor.fetchall()
+                    last = cursor.lastrowid
+                break
+            except MySQLdb.OperationalError as exc:
+                if exc.args[0] != ER_LOCK_DEADLOCK or attempt == DEADLOCK_RETRIES:
+                    raise
         self.used = time.monotonic()
         return count, last, rows
 
@@ -178,7 +190,10 @@ class MySQLBackend(LockBackend):
             if key in options:
                 kwargs[key] = options[key]
         try:
-            return _Conn(MySQLdb.connect(**kwargs), settings["NAME"])
+            raw = MySQLdb.connect(**kwargs)
+            # No gap locks: concurrent takes of neighbouring names never block each other.
+            raw.query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            return _Conn(raw, settings["NAME"])
         except MySQLdb.Error as exc:
             raise LockUnavailable(f"MySQL unreachable ({self.alias}): {exc}", name=name) from exc
 
@@ -441,3 +456,15 @@ class MySQLBackend(LockBackend):
         with contextlib.suppress(MySQLdb.Error):
             if conn.scalar("SELECT IS_USED_LOCK(%s)", [self._wake_name(conn, name)]) == holder_conn:
                 conn.run("KILL CONNECTION %s", [holder_conn])
+
+
+def prune_free_rows(*, free_for: float, alias: str | None = None) -> int:
+    """Delete the rows of locks that have been free for `free_for` seconds (the `locks.prune` job).
+
+    A row keeps its name's fence, so it is kept as long as Redis keeps a fence key (FENCE_TTL);
+    after that the name's next fence comes from the clock again (still on the shared scale).
+    One statement: a row taken meanwhile has its lease in the future and is not deleted.
+    """
+    with connections[alias or locks_settings.MYSQL_DATABASE].cursor() as cursor:
+        cursor.execute(f"DELETE FROM locks_lockrow WHERE lease_until < {NOW_US} - %s", [int(free_for * 1e6)])
+        return cursor.rowcount

@@ -196,3 +196,23 @@ def test_an_unreachable_server_raises_lock_unavailable_quickly(backend, settings
         with contextlib.suppress(AttributeError, KeyError):
             del connections["locks_down"]
         del connections.settings["locks_down"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prune_deletes_only_rows_free_for_longer_than_the_fence_ttl(backend, name):
+    from locks.backends.mysql import prune_free_rows
+
+    with Lock(f"{name}:old", ttl=5.0):
+        pass
+    with Lock(f"{name}:recent", ttl=5.0):
+        pass
+    held = Lock(f"{name}:held", ttl=30.0)
+    held.acquire()
+    with connections["default"].cursor() as cursor:  # freed 31 days ago
+        cursor.execute("UPDATE locks_lockrow SET lease_until = lease_until - %s WHERE name = %s",
+                       [31 * 24 * 3600 * 10**6, f"{name}:old"])
+    assert prune_free_rows(free_for=30 * 24 * 3600) >= 1
+    assert _row(f"{name}:old") is None
+    assert _row(f"{name}:recent") is not None and _row(f"{name}:held") is not None
+    assert held.locked()
+    held.release()
