@@ -50,10 +50,9 @@ if TYPE_CHECKING:
 NOW_US = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
 
 # A socket read never waits longer than this: a frozen server is noticed. A GET_LOCK wait is
-# cut into slices shorter than it, and into CANCEL_SLICE slices when an asyncio task may cancel.
+# timed by select(), and given up REPLY_SLACK seconds after its own timeout.
 READ_TIMEOUT = 10
-WAIT_SLICE = 5.0
-CANCEL_SLICE = 0.2
+REPLY_SLACK = 2.0
 # A holder that took the row over an ended lease may lack the wake lock (still held by the stale
 # holder's live connection): its waiters then look again this often instead.
 NO_WAKE_SLICE = 0.25
@@ -89,6 +88,11 @@ ON DUPLICATE KEY UPDATE
 
 _HELD = f"token <> '' AND lease_until > {NOW_US}"
 _COLUMNS = f"name, owner, fence, since, {NOW_US} - since, lease_until - {NOW_US}"
+
+
+def wake_lock_name(database: str, name: str) -> str:
+    """The named lock of `name` in `database` (named locks are server-wide; at most 64 characters)."""
+    return "locks:" + hashlib.sha1(f"{database}\0{name}".encode()).hexdigest()
 
 
 class _Conn:
@@ -255,8 +259,7 @@ class MySQLBackend(LockBackend):
 
     @staticmethod
     def _wake_name(conn: _Conn, name: str) -> str:
-        """The named lock of `name` in this database (server-wide names, at most 64 characters)."""
-        return "locks:" + hashlib.sha1(f"{conn.database}\0{name}".encode()).hexdigest()
+        return wake_lock_name(conn.database, name)
 
     # -- acquire -----------------------------------------------------------------------------
     def acquire(self, lock: Lock, *, token: str, owner: str, blocking: bool, deadline: float,
@@ -297,9 +300,6 @@ class MySQLBackend(LockBackend):
                     have_wake = self._wait_wake(conn, wake, until, cancel)
         except _UNREACHABLE as exc:
             raise LockUnavailable(f"MySQL unreachable ({self.alias}): {exc}", name=name) from exc
-        except _Cancelled:
-            clean = True  # raised between two statements: the connection is in a known state
-            raise
         finally:
             if conn is not None:
                 self._leave(conn, wake if have_wake else None, clean)
@@ -342,16 +342,34 @@ class MySQLBackend(LockBackend):
         return left if holder_conn else min(left, NO_WAKE_SLICE)
 
     def _wait_wake(self, conn: _Conn, wake: str, until: float, cancel: CancelToken | None) -> bool:
-        """Sleep in GET_LOCK until the wake lock is ours (True) or `until` (monotonic) passes."""
-        while True:
+        """Sleep in one GET_LOCK until the wake lock is ours (True) or `until` (monotonic) passes.
+
+        One GET_LOCK for the whole wait keeps our place in the server's queue of waiters (it
+        grants them in arrival order: a waiter that asked again would go to the back). We send
+        it and wait for the reply ourselves (select), so an asyncio cancellation stops the wait
+        at once (KILL QUERY from another connection; the caller then drops this connection) and
+        a server that stops answering cannot keep us past `until`.
+        """
+        left = until - time.monotonic()
+        if left <= 0:
+            return False
+        if cancel is not None and cancel.cancelled:
+            raise _Cancelled
+        raw = conn.raw
+        raw.send_query(b"SELECT GET_LOCK(" + raw.literal(wake) + f", {left:.3f})".encode())
+        give_up = time.monotonic() + left + REPLY_SLACK
+        watched = [raw.fileno(), *([cancel] if cancel is not None else [])]
+        while raw.fileno() not in select.select(watched, [], [], max(0.0, give_up - time.monotonic()))[0]:
             if cancel is not None and cancel.cancelled:
+                with contextlib.suppress(LockUnavailable):
+                    self._run(wake, "KILL QUERY %s", [conn.id])
                 raise _Cancelled
-            left = until - time.monotonic()
-            if left <= 0:
-                return False
-            piece = min(left, CANCEL_SLICE if cancel is not None else WAIT_SLICE)
-            if conn.scalar("SELECT GET_LOCK(%s, %s)", [wake, round(max(piece, 0.001), 3)]) == 1:
-                return True
+            if time.monotonic() >= give_up:
+                raise MySQLdb.OperationalError(2013, f"no reply to GET_LOCK within {left + REPLY_SLACK:.1f}s")
+        raw.read_query_result()
+        rows = raw.store_result().fetch_row()
+        conn.used = time.monotonic()
+        return bool(rows) and rows[0][0] == 1
 
     @staticmethod
     def _sleep(until: float, cancel: CancelToken | None) -> None:

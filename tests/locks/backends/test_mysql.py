@@ -66,30 +66,41 @@ def _hold(name: str, ttl: float, seconds: float, ready, queue) -> None:
         queue.put("not owned")
 
 
-def test_a_waiter_sleeps_in_get_lock_and_is_woken_by_the_release(backend, name, monkeypatch):
+def _waiting_in_get_lock(name: str) -> list[tuple[int, int]]:
+    """(connection id, ms in the statement) of every connection asleep in GET_LOCK on `name`."""
+    settings = connections["default"].settings_dict
+    conn = MySQLdb.connect(host=settings["HOST"] or "localhost", port=int(settings["PORT"] or 3306),
+                           user=settings["USER"], passwd=settings["PASSWORD"] or "", autocommit=True)
+    wake = mysql_backend.wake_lock_name(settings["NAME"], name)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT ID, TIME_MS FROM information_schema.PROCESSLIST "
+                           "WHERE STATE = 'User lock' AND INFO LIKE %s", [f"SELECT GET_LOCK('{wake}'%"])
+            return [(int(i), int(ms)) for i, ms in cursor.fetchall()]
+    finally:
+        conn.close()
+
+
+def test_a_waiter_sleeps_in_one_get_lock_and_is_woken_by_the_release(backend, name):
     ready, queue = FORK.Event(), FORK.Queue()
     proc = FORK.Process(target=_hold, args=(name, 30.0, 2.0, ready, queue))
     proc.start()
     try:
         assert ready.wait(30)
-        statements: list[str] = []
-        run = mysql_backend._Conn.run
-
-        def counting(self, sql, args=None):
-            statements.append(" ".join(sql.split()[:2]))
-            return run(self, sql, args)
-
-        monkeypatch.setattr(mysql_backend._Conn, "run", counting)
+        holder_fence = queue.get(timeout=5)
+        got: list = []
         started = time.monotonic()
-        with Lock(name, ttl=5.0, wait=20.0) as held:
-            waited = time.monotonic() - started
-            acquire_statements = list(statements)
-            assert held.fence > queue.get(timeout=5)
-        # Woken by the release after ~2 s: not by a 20 s deadline nor the 30 s lease, and with
-        # a handful of statements (GET_LOCK 0, take, look, GET_LOCK t, take), not a poll loop
-        # (polling every 0.2 s would have sent 10 statements or more in 2 s).
-        assert 1.5 < waited < 6.0, waited
-        assert len(acquire_statements) <= 6, acquire_statements
+        waiter = threading.Thread(target=lambda: got.append(_take_and_release(name)))
+        waiter.start()
+        time.sleep(1.5)
+        # One statement, asleep in the server for (nearly) the whole wait so far: no polling.
+        [(_, in_statement_ms)] = _waiting_in_get_lock(name)
+        assert in_statement_ms > 1000, in_statement_ms
+        waiter.join(20)
+        fence, at = got[0]
+        assert fence > holder_fence
+        # Woken by the release after ~2 s: not by its 15 s deadline nor the 30 s lease.
+        assert 1.5 < at - started < 6.0, at - started
         assert queue.get(timeout=10) == "released"
     finally:
         proc.join(10)
