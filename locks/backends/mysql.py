@@ -147,9 +147,10 @@ class _Held:
 class MySQLBackend(LockBackend):
     name = "mysql"
     supports_combining = False
-    counts_waiters = False
-    limitations = ("MySQL backend: waiters sleep in GET_LOCK and are not counted; "
-                   "the next holder is whichever waiter the server wakes (not strictly FIFO).")
+    # Waiters are the connections asleep in GET_LOCK on the name (information_schema.PROCESSLIST).
+    counts_waiters = True
+    limitations = ("MySQL backend: waiters are counted from the server's process list (connections asleep in "
+                   "GET_LOCK): a waiter of another MySQL user is seen only with the PROCESS privilege.")
 
     def __init__(self, mysql_database: str = "default") -> None:
         self.alias = mysql_database
@@ -427,22 +428,40 @@ class MySQLBackend(LockBackend):
         return bool(self._run(lock.name, f"SELECT 1 FROM locks_lockrow WHERE name = %s AND {_HELD}", [lock.name])[2])
 
     # -- inspection (the dashboard, manage.py locks) -----------------------------------------
-    @staticmethod
-    def _held_lock(row: tuple) -> HeldLock:
-        name, owner, fence, since, held_us, left_us = row
-        return HeldLock(name=name, owner=owner, fence=int(fence), held_since=since / 1e6, held_for=held_us / 1e6,
-                        ttl_left=left_us / 1e6, waiters=0)
+    def _waiters(self, name: str, wakes: list[str]) -> dict[str, int]:
+        """How many connections sleep in GET_LOCK on each of these wake locks.
+
+        A waiter sleeps in one GET_LOCK for its whole wait, so this misses only a waiter between
+        two statements, or one that was woken and waits out a dead holder's lease.
+        """
+        if not wakes:
+            return {}
+        rows = self._run(name, "SELECT SUBSTRING(INFO, 18, 46), COUNT(*) FROM information_schema.PROCESSLIST "
+                               "WHERE STATE = 'User lock' AND INFO LIKE %s GROUP BY 1",
+                         ["SELECT GET_LOCK('locks:%"])[2]
+        counts = {wake: int(n) for wake, n in rows}
+        return {wake: counts.get(wake, 0) for wake in wakes}
+
+    def _held_locks(self, name: str, rows: tuple) -> list[HeldLock]:
+        database = connections[self.alias].settings_dict["NAME"]
+        wakes = [wake_lock_name(database, row[0]) for row in rows]
+        waiters = self._waiters(name, wakes)
+        return [
+            HeldLock(name=lock_name, owner=owner, fence=int(fence), held_since=since / 1e6, held_for=held_us / 1e6,
+                     ttl_left=left_us / 1e6, waiters=waiters[wake])
+            for (lock_name, owner, fence, since, held_us, left_us), wake in zip(rows, wakes, strict=True)
+        ]
 
     def describe(self, name: str) -> HeldLock | None:
         rows = self._run(name, f"SELECT {_COLUMNS} FROM locks_lockrow WHERE name = %s AND {_HELD}", [name])[2]
-        return self._held_lock(rows[0]) if rows else None
+        return self._held_locks(name, rows)[0] if rows else None
 
     def held(self, *, prefix: str = "", limit: int | None = None) -> list[HeldLock]:
         pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         sql = f"SELECT {_COLUMNS} FROM locks_lockrow WHERE name LIKE %s AND {_HELD} ORDER BY name"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [self._held_lock(row) for row in self._run(prefix or "*", sql, [pattern])[2]]
+        return self._held_locks(prefix or "*", self._run(prefix or "*", sql, [pattern])[2])
 
     def force_release(self, name: str, *, expected_fence: int | None = None) -> Released | None:
         for _ in range(10):

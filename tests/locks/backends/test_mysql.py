@@ -4,6 +4,7 @@ killed by a force release, one-shot rows, the server unreachable."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -96,6 +97,9 @@ def test_a_waiter_sleeps_in_one_get_lock_and_is_woken_by_the_release(backend, na
         # One statement, asleep in the server for (nearly) the whole wait so far: no polling.
         [(_, in_statement_ms)] = _waiting_in_get_lock(name)
         assert in_statement_ms > 1000, in_statement_ms
+        info = inspect.lock_info(name)
+        assert info is not None and info.fence == holder_fence and info.waiters == 1
+        assert [h.waiters for h in inspect.held_locks(prefix=name)] == [1]
         waiter.join(20)
         fence, at = got[0]
         assert fence > holder_fence
@@ -227,3 +231,23 @@ def test_prune_deletes_only_rows_free_for_longer_than_the_fence_ttl(backend, nam
     assert _row(f"{name}:recent") is not None and _row(f"{name}:held") is not None
     assert held.locked()
     held.release()
+
+
+def test_a_cancelled_asyncio_waiter_leaves_no_get_lock_behind(backend, name):
+    async def scenario() -> None:
+        holder = Lock(name, ttl=10.0)
+        await holder.aacquire()
+        waiter = asyncio.create_task(Lock(name, ttl=5.0, wait=30.0).aacquire())
+        await asyncio.sleep(0.5)
+        assert len(_waiting_in_get_lock(name)) == 1
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        cancelled = time.monotonic()
+        while _waiting_in_get_lock(name) and time.monotonic() - cancelled < 5.0:
+            await asyncio.sleep(0.02)
+        # Its GET_LOCK was stopped on the server (KILL QUERY), not left asleep until its 30 s timeout.
+        assert _waiting_in_get_lock(name) == []
+        await holder.arelease()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
