@@ -19,6 +19,18 @@ wake lock, so a releaser cannot barge back in ahead of the waiter that was just 
 whose lease ended is anyone's. force_release ends the lease and KILLs the holder's connection,
 which drops its wake lock, so waiters do not stay behind a stale holder that is still alive.
 
+Fairness: a waiter sends one GET_LOCK for its whole wait, and MariaDB grants a named lock to
+its waiters in arrival order (observed: 6 waiters queued 100 ms apart were granted 0..5, three
+times out of three), so waiters are served FIFO; a release hands the wake lock straight to the
+head waiter, and the releaser cannot barge back in (the released row waits for the wake lock's
+holder). Waiters are counted from the process list: the connections asleep in GET_LOCK.
+An asyncio cancellation KILLs the waiter's GET_LOCK from another connection (the server does
+not notice a client that hung up during GET_LOCK: without the KILL it would sleep on).
+
+A holder that took a row over an ended lease while the stale holder's connection still had the
+wake lock has no wake lock (holder_conn 0 in its row): its waiters then look again every
+NO_WAKE_SLICE instead of being woken. Rare (a holder paused past its lease), and bounded.
+
 Every connection is this backend's own (raw MySQLdb, autocommit, read timeout), built from
 `connections[alias].settings_dict` when it connects, never the caller's Django connection: a
 lock is never part of the caller's transaction, and a rollback never releases it.

@@ -251,3 +251,33 @@ def test_a_cancelled_asyncio_waiter_leaves_no_get_lock_behind(backend, name):
         await holder.arelease()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def _wait_and_report(name: str, index: int, queue) -> None:
+    with Lock(name, ttl=5.0, wait=30.0):
+        queue.put(index)
+        time.sleep(0.02)
+
+
+def test_waiters_are_served_in_arrival_order(backend, name):
+    """MariaDB grants a named lock to its GET_LOCK waiters in arrival order, and a waiter stays
+    in one GET_LOCK for its whole wait: the lock passes FIFO."""
+    holder = Lock(name, ttl=30.0)
+    holder.acquire()
+    queue = FORK.Queue()
+    procs = []
+    try:
+        for index in range(4):
+            proc = FORK.Process(target=_wait_and_report, args=(name, index, queue))
+            proc.start()
+            procs.append(proc)
+            waited = time.monotonic()
+            while len(_waiting_in_get_lock(name)) < index + 1:  # it is queued: start the next one
+                assert time.monotonic() - waited < 10
+                time.sleep(0.01)
+    finally:
+        holder.release()
+    assert [queue.get(timeout=20) for _ in procs] == [0, 1, 2, 3]
+    for proc in procs:
+        proc.join(10)
+        assert proc.exitcode == 0
