@@ -281,3 +281,37 @@ def test_waiters_are_served_in_arrival_order(backend, name):
     for proc in procs:
         proc.join(10)
         assert proc.exitcode == 0
+
+
+def test_a_holder_paused_past_its_lease_loses_the_lock_and_it_still_passes_on(backend, name):
+    """The paused holder's connection keeps the wake lock: the next holder takes the ended lease
+    without it, and its own waiters, whom nobody can wake, find the lock by looking again."""
+    ready, queue = FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_hold, args=(name, 1.0, 2.0, ready, queue))
+    proc.start()
+    assert ready.wait(30)
+    stale_fence = queue.get(timeout=5)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        first = Lock(name, ttl=5.0, wait=10.0)
+        assert first.acquire()  # after the paused holder's 1 s lease
+        first_fence = first.held.fence
+        assert first_fence > stale_fence
+        assert _row(name)[3] == 0  # taken without the wake lock
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.append(_take_and_release(name)))
+        waiter.start()
+        time.sleep(0.3)
+        first.release()
+        released = time.monotonic()
+        waiter.join(15)
+        fence, at = got[0]
+        assert fence > first_fence
+        assert at - released < 2.0, at - released
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    assert queue.get(timeout=10) == "not owned"
+    proc.join(10)
+    # The stale holder let go of its wake lock at its release: the next holder has it again.
+    with Lock(name, ttl=5.0):
+        assert _row(name)[3] > 0
