@@ -44,6 +44,7 @@ import os
 import select
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import MySQLdb
@@ -65,6 +66,8 @@ NOW_US = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
 # timed by select(), and given up REPLY_SLACK seconds after its own timeout.
 READ_TIMEOUT = 10
 REPLY_SLACK = 2.0
+# How often a waiter of an asyncio task looks whether the task was cancelled (in the process).
+CANCEL_CHECK = 0.05
 # A holder that took the row over an ended lease may lack the wake lock (still held by the stale
 # holder's live connection): its waiters then look again this often instead.
 NO_WAKE_SLICE = 0.25
@@ -76,9 +79,10 @@ _UNREACHABLE = (MySQLdb.OperationalError, MySQLdb.InterfaceError)
 ER_LOCK_DEADLOCK = 1213
 DEADLOCK_RETRIES = 3
 
-# Connections a forked child inherited. Kept referenced forever: freeing one would send
-# COM_QUIT on the parent's socket and end the parent's holds.
+# Connections a forked child inherited, disowned (see _Conn.disown) and kept referenced.
 _orphans: list[Any] = []
+# Every backend of this process, so that a forked child disowns their connections at once.
+_backends: weakref.WeakSet[MySQLBackend] = weakref.WeakSet()
 
 _TAKE = f"""
 INSERT INTO locks_lockrow (name, token, owner, fence, lease_until, since, holder_conn)
@@ -145,7 +149,17 @@ class _Conn:
             with contextlib.suppress(Exception):
                 self.raw.close()
         else:
-            _orphans.append(self)
+            self.disown()
+
+    def disown(self) -> None:
+        """In a forked child: point our copy of the socket at /dev/null, so that nothing the
+        child does (not even the COM_QUIT sent when the object is freed) reaches the server on
+        the parent's connection, which would end the parent's holds."""
+        with contextlib.suppress(Exception):
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, self.raw.fileno())
+            os.close(null)
+        _orphans.append(self)
 
 
 class _Held:
@@ -167,21 +181,22 @@ class MySQLBackend(LockBackend):
     def __init__(self, mysql_database: str = "default") -> None:
         self.alias = mysql_database
         self._mutex = threading.Lock()
-        self._pid = 0
-        self._after_fork()
+        self._pid = os.getpid()
+        # Connections not in use, and the connection of each hold (by token). No thread-locals:
+        # a forked child would free the other threads' ones, with a COM_QUIT to the server.
+        self._idle: list[_Conn] = []
+        self._holds: dict[str, _Held] = {}
+        _backends.add(self)
 
     # -- connections -------------------------------------------------------------------------
     def _after_fork(self) -> None:
-        """A new process: forget (never close) every connection of the parent."""
-        with self._mutex:
-            if self._pid == os.getpid():
-                return
-            if self._pid:
-                _orphans.extend([self._local, self._idle, self._holds])
-            self._pid = os.getpid()
-            self._local = threading.local()
-            self._idle: list[_Conn] = []
-            self._holds: dict[str, _Held] = {}
+        """A forked child: disown every connection of the parent (os.register_at_fork below)."""
+        if self._pid == os.getpid():
+            return
+        self._mutex = threading.Lock()  # it may have been held by another thread of the parent
+        for conn in [*self._idle, *(held.conn for held in self._holds.values())]:
+            conn.disown()
+        self._pid, self._idle, self._holds = os.getpid(), [], {}
 
     def _connect(self, name: str) -> _Conn:
         settings = connections[self.alias].settings_dict
@@ -228,22 +243,19 @@ class MySQLBackend(LockBackend):
         conn.used = time.monotonic()
         return True
 
-    def _shared(self, name: str) -> _Conn:
-        """This thread's connection for statements that need no wake lock."""
-        self._after_fork()
-        conn = getattr(self._local, "conn", None)
-        if not self._fresh(conn):
-            conn = self._local.conn = self._connect(name)
-        return conn
-
     def _run(self, name: str, sql: str, args: Any = None) -> tuple[int, int, tuple]:
-        conn = self._shared(name)
+        """One statement that needs no wake lock, on a pooled connection."""
+        conn = self._take_conn(name)
         try:
-            return conn.run(sql, args)
+            result = conn.run(sql, args)
         except _UNREACHABLE as exc:
-            self._local.conn = None
             conn.close()
             raise LockUnavailable(f"MySQL unreachable ({self.alias}): {exc}", name=name) from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._give_conn(conn)
+        return result
 
     def _take_conn(self, name: str) -> _Conn:
         self._after_fork()
@@ -263,11 +275,11 @@ class MySQLBackend(LockBackend):
         conn.close()
 
     def close(self) -> None:
+        self._after_fork()
         with self._mutex:
             conns = [*self._idle, *(held.conn for held in self._holds.values())]
-            shared = getattr(self._local, "conn", None)
-            self._idle, self._holds, self._local = [], {}, threading.local()
-        for conn in [*conns, *([shared] if shared else [])]:
+            self._idle, self._holds = [], {}
+        for conn in conns:
             conn.close()
 
     @staticmethod
@@ -371,8 +383,7 @@ class MySQLBackend(LockBackend):
         raw = conn.raw
         raw.send_query(b"SELECT GET_LOCK(" + raw.literal(wake) + f", {left:.3f})".encode())
         give_up = time.monotonic() + left + REPLY_SLACK
-        watched = [raw.fileno(), *([cancel] if cancel is not None else [])]
-        while raw.fileno() not in select.select(watched, [], [], max(0.0, give_up - time.monotonic()))[0]:
+        while not self._reply_ready(raw, give_up, cancel):
             if cancel is not None and cancel.cancelled:
                 with contextlib.suppress(LockUnavailable):
                     self._run(wake, "KILL QUERY %s", [conn.id])
@@ -385,12 +396,31 @@ class MySQLBackend(LockBackend):
         return bool(rows) and rows[0][0] == 1
 
     @staticmethod
+    def _reply_ready(raw: Any, give_up: float, cancel: CancelToken | None) -> bool:
+        """Wait until the server answers, `give_up` passes or `cancel` fires (asyncio).
+
+        `cancel` is looked at every CANCEL_CHECK seconds (a local check, no statement): its
+        pipe is closed by the event loop as soon as the task is cancelled, possibly while we
+        wait, and a closed fd number is soon another socket's.
+        """
+        while True:
+            if cancel is not None and cancel.cancelled:
+                return False
+            left = give_up - time.monotonic()
+            if left <= 0:
+                return False
+            if select.select([raw.fileno()], [], [], min(left, CANCEL_CHECK) if cancel else left)[0]:
+                return not (cancel is not None and cancel.cancelled)
+
+    @staticmethod
     def _sleep(until: float, cancel: CancelToken | None) -> None:
         left = max(0.0, until - time.monotonic())
         if cancel is None:
             time.sleep(left)
             return
-        select.select([cancel], [], [], left)
+        until = time.monotonic() + left
+        while not cancel.cancelled and time.monotonic() < until:
+            time.sleep(min(CANCEL_CHECK, max(0.0, until - time.monotonic())))
         if cancel.cancelled:
             raise _Cancelled
 
@@ -501,10 +531,11 @@ class MySQLBackend(LockBackend):
         """
         if not holder_conn:
             return
-        conn = self._shared(name)
-        with contextlib.suppress(MySQLdb.Error):
-            if conn.scalar("SELECT IS_USED_LOCK(%s)", [self._wake_name(conn, name)]) == holder_conn:
-                conn.run("KILL CONNECTION %s", [holder_conn])
+        database = connections[self.alias].settings_dict["NAME"]
+        with contextlib.suppress(LockUnavailable, MySQLdb.Error):
+            rows = self._run(name, "SELECT IS_USED_LOCK(%s)", [wake_lock_name(database, name)])[2]
+            if rows and rows[0][0] == holder_conn:
+                self._run(name, "KILL CONNECTION %s", [holder_conn])
 
 
 def prune_free_rows(*, free_for: float, alias: str | None = None) -> int:
@@ -517,3 +548,11 @@ def prune_free_rows(*, free_for: float, alias: str | None = None) -> int:
     with connections[alias or locks_settings.MYSQL_DATABASE].cursor() as cursor:
         cursor.execute(f"DELETE FROM locks_lockrow WHERE lease_until < {NOW_US} - %s", [int(free_for * 1e6)])
         return cursor.rowcount
+
+
+def _disown_after_fork() -> None:
+    for backend in list(_backends):
+        backend._after_fork()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)

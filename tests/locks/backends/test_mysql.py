@@ -315,3 +315,32 @@ def test_a_holder_paused_past_its_lease_loses_the_lock_and_it_still_passes_on(ba
     # The stale holder let go of its wake lock at its release: the next holder has it again.
     with Lock(name, ttl=5.0):
         assert _row(name)[3] > 0
+
+
+def _free_inherited_connections(queue) -> None:
+    """A forked child that frees every MySQL connection it inherited (COM_QUIT and close)."""
+    for conn in mysql_backend._orphans:
+        conn.raw.close()
+    queue.put(len(mysql_backend._orphans))
+
+
+def test_a_forked_child_never_closes_its_parents_connections(backend, name):
+    lock = Lock(name, ttl=10.0)
+    lock.acquire()
+    assert lock.locked()  # a pooled connection too, besides the hold's own
+    queue = FORK.Queue()
+    proc = FORK.Process(target=_free_inherited_connections, args=(queue,))
+    proc.start()
+    assert queue.get(timeout=10) >= 2
+    proc.join(10)
+    # The parent's hold still has its connection, and with it the wake lock.
+    settings = connections["default"].settings_dict
+    holder_conn = _row(name)[3]
+    conn = MySQLdb.connect(host=settings["HOST"] or "localhost", port=int(settings["PORT"] or 3306),
+                           user=settings["USER"], passwd=settings["PASSWORD"] or "", autocommit=True)
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT IS_USED_LOCK(%s)", [mysql_backend.wake_lock_name(settings["NAME"], name)])
+        assert cursor.fetchone()[0] == holder_conn
+    conn.close()
+    assert lock.locked()
+    lock.release()
