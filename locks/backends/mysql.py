@@ -27,9 +27,11 @@ holder). Waiters are counted from the process list: the connections asleep in GE
 An asyncio cancellation KILLs the waiter's GET_LOCK from another connection (the server does
 not notice a client that hung up during GET_LOCK: without the KILL it would sleep on).
 
-A holder that took a row over an ended lease while the stale holder's connection still had the
-wake lock has no wake lock (holder_conn 0 in its row): its waiters then look again every
-NO_WAKE_SLICE instead of being woken. Rare (a holder paused past its lease), and bounded.
+A holder that took a row without the wake lock (over an ended lease while the stale holder's
+connection still had it, or in the instant between a waiter's GET_LOCK and its take) has
+holder_conn 0 in its row: its waiters then look again every NO_WAKE_SLICE instead of being
+woken, and at its release the row goes to whoever has the wake lock by then, which restores
+the normal hand-off. Rare, and bounded.
 
 Every connection is this backend's own (raw MySQLdb, autocommit, read timeout), built from
 `connections[alias].settings_dict` when it connects, never the caller's Django connection: a
@@ -430,27 +432,25 @@ class MySQLBackend(LockBackend):
         with self._mutex:
             held = self._holds.pop(token, None)
         name = lock.name
-        if held is not None and held.wake:
-            # Released (token ''): the woken waiter, who gets the wake lock next, takes it.
-            sql = (f"DELETE FROM locks_lockrow WHERE name = %s AND token = %s AND lease_until > {NOW_US}"
-                   if lock.one_shot else
-                   f"UPDATE locks_lockrow SET token = '', lease_until = {NOW_US} "
-                   f"WHERE name = %s AND token = %s AND lease_until > {NOW_US}")
+        # Released (token ''): left to whoever has the wake lock (the waiter our RELEASE_LOCK
+        # wakes, or one woken earlier that found us holding without the wake lock), so the
+        # releaser cannot barge back in; anyone may take it after the hand-off grace.
+        sql = (f"DELETE FROM locks_lockrow WHERE name = %s AND token = %s AND lease_until > {NOW_US}"
+               if lock.one_shot else
+               f"UPDATE locks_lockrow SET token = '', lease_until = {NOW_US} "
+               f"WHERE name = %s AND token = %s AND lease_until > {NOW_US}")
+        if held is not None:
             conn = held.conn
             try:
                 count = conn.run(sql, [name, token])[0]
-                conn.run("DO RELEASE_LOCK(%s)", [self._wake_name(conn, name)])
+                if held.wake:
+                    conn.run("DO RELEASE_LOCK(%s)", [self._wake_name(conn, name)])
             except _UNREACHABLE:
-                conn.close()  # killed by a force release, or the server restarted: see below
+                conn.close()  # killed by a force release, or the server restarted: try another
             else:
                 self._give_conn(conn)
                 return count > 0
-        elif held is not None:
-            self._give_conn(held.conn)
-        # Without the wake lock nobody is woken by us: end the lease instead, so that anyone
-        # (the waiters, at their next look) may take the row.
-        return self._run(name, f"UPDATE locks_lockrow SET lease_until = {NOW_US} "
-                               f"WHERE name = %s AND token = %s AND lease_until > {NOW_US}", [name, token])[0] > 0
+        return self._run(name, sql, [name, token])[0] > 0
 
     def extend(self, lock: Lock, *, token: str, ms: int, replace: bool) -> int:
         name = lock.name
