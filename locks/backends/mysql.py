@@ -70,8 +70,7 @@ READ_TIMEOUT = 10
 REPLY_SLACK = 2.0
 # How often a waiter of an asyncio task looks whether the task was cancelled (in the process).
 CANCEL_CHECK = 0.05
-# A holder that took the row over an ended lease may lack the wake lock (still held by the stale
-# holder's live connection): its waiters then look again this often instead.
+# The waiters of a holder without the wake lock (see above) look again this often instead.
 NO_WAKE_SLICE = 0.25
 # Idle connections kept per process for holds, and the idle time after which one is pinged.
 MAX_IDLE = 16
