@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -344,3 +345,79 @@ def test_a_forked_child_never_closes_its_parents_connections(backend, name):
     conn.close()
     assert lock.locked()
     lock.release()
+
+
+class _FreezableProxy:
+    """A TCP proxy to MariaDB that can stop passing bytes on (a frozen or partitioned server)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                self.flowing.wait()
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.flowing.set()
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def test_a_waiter_gives_up_with_lock_unavailable_when_the_server_stops_answering(backend, settings, name):
+    default = connections["default"].settings_dict
+    proxy = _FreezableProxy((default["HOST"] or "127.0.0.1", int(default["PORT"] or 3306)))
+    connections.settings["locks_proxy"] = {**default, "HOST": "127.0.0.1", "PORT": str(proxy.port)}
+    try:
+        settings.LOCKS = {**settings.LOCKS, "MYSQL_DATABASE": "locks_proxy"}
+        holder = Lock(name, ttl=30.0)
+        holder.acquire()
+        waiter = Lock(name, ttl=5.0, wait=1.0)
+        failed: list = []
+        thread = threading.Thread(target=lambda: failed.append(_acquire_error(waiter)))
+        thread.start()
+        time.sleep(0.3)  # asleep in GET_LOCK(…, 1.0)
+        proxy.flowing.clear()
+        started = time.monotonic()
+        thread.join(20)
+        # Its GET_LOCK's reply never comes: it gives up by its own timer (1 s + REPLY_SLACK),
+        # not after the socket's read timeout or never.
+        assert isinstance(failed[0], LockUnavailable), failed
+        assert time.monotonic() - started < 1.0 + mysql_backend.REPLY_SLACK + 2.0
+        proxy.flowing.set()
+        holder.release()
+    finally:
+        proxy.close()
+        get_backend().close()
+        with contextlib.suppress(AttributeError, KeyError):
+            del connections["locks_proxy"]
+        del connections.settings["locks_proxy"]
+
+
+def _acquire_error(lock: Lock) -> BaseException | bool:
+    try:
+        return lock.acquire()
+    except BaseException as exc:
+        return exc
