@@ -347,10 +347,12 @@ KEEP_RUNS = timedelta(days=30)
 
 @register("locks.prune", every=3600, lease=300)
 def prune(ctx: JobContext) -> str:
-    """Drop job runs older than KEEP_RUNS, and families whose stats expired from the families
-    set (stats keys expire on their own; the set is refreshed by every flush and keeps them)."""
+    """Drop job runs older than KEEP_RUNS, families whose stats expired from the families set
+    (stats keys expire on their own; the set is refreshed by every flush and keeps them), and the
+    MySQL lock backend's rows free for longer than FENCE_TTL (they only keep a fence)."""
     from django_redis import get_redis_connection
 
+    from locks.backends.mysql import prune_free_rows
     from locks.keys import families_key, stats_key
 
     runs, _ = JobRun.objects.filter(due_at__lt=timezone.now() - KEEP_RUNS).exclude(
@@ -363,4 +365,5 @@ def prune(ctx: JobContext) -> str:
     gone = [family for family, exists in zip(families, pipe.execute(), strict=True) if not exists]
     if gone:
         client.srem(families_key(), *gone)
-    return f"{runs} old runs, {len(gone)} expired families"
+    rows = prune_free_rows(free_for=float(locks_settings.FENCE_TTL))
+    return f"{runs} old runs, {len(gone)} expired families, {rows} free lock rows"

@@ -214,9 +214,14 @@ class CancelToken:
             return True
 
     def close(self) -> None:
-        for fd in (self._r, self._w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        """Once only: _aacquire may call it twice, and by the second call the fd numbers may
+        belong to a new socket of the still-running acquire (seen on the MySQL backend)."""
+        with self._mutex:
+            fds, self._r, self._w = (self._r, self._w), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 class _Signal:

@@ -77,3 +77,27 @@ class JobRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} tick {self.tick}: {self.outcome}"
+
+
+class LockRow(models.Model):
+    """One lock of the MySQL lock backend (locks/backends/mysql.py), by name.
+
+    Written only by that backend's own SQL, on the database server's clock. The row outlives
+    its holders because it keeps the fence; a free row (lease_until passed) is pruned once it
+    has been free for FENCE_TTL (locks.prune), after which fences fall back to the clock.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True, db_collation="utf8mb4_bin")
+    token = models.CharField(max_length=32, blank=True, default="", help_text="the holder's token; '' once released")
+    owner = models.CharField(max_length=200, blank=True, default="", help_text="host:pid of the last holder")
+    fence = models.BigIntegerField(help_text="the last holder's fence (µs since the epoch, or last + 1)")
+    lease_until = models.BigIntegerField(help_text="µs since the epoch (server clock): held until then")
+    since = models.BigIntegerField(help_text="µs since the epoch (server clock) the last holder took it")
+    holder_conn = models.BigIntegerField(default=0, help_text="the holder's MySQL connection id (CONNECTION_ID())")
+
+    class Meta:
+        indexes = [models.Index(fields=["lease_until"], name="locks_lockrow_lease_until")]
+        verbose_name = "lock row"
+
+    def __str__(self) -> str:
+        return f"{self.name} (fence {self.fence})"
