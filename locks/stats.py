@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("locks")
 
 MAX_FAILURES = 5
+# How long flush() waits for the clients' writes (a healthy Redis takes milliseconds).
+FLUSH_WAIT = 2.0
 # Pending names kept per family while Redis is unreachable (the rest are dropped, not the counters).
 _MAX_PENDING_NAMES = 1000
 
@@ -201,13 +203,19 @@ class Recorder:
                 pass
 
     def _run(self) -> None:
+        # Sleep in slices of at most a second and read the interval again each time: a long
+        # interval set once (a test, a settings override) must not keep the flusher asleep after
+        # it is shortened again.
+        last = time.monotonic()
         while True:
             interval = max(float(locks_settings.STATS_FLUSH_INTERVAL), 0.01)
             with self._wake:
-                self._wake.wait(interval)
+                self._wake.wait(max(min(interval - (time.monotonic() - last), 1.0), 0.0))
             if self._pid != os.getpid():
                 return
-            self._flush_each_in_its_thread()
+            if time.monotonic() - last >= max(float(locks_settings.STATS_FLUSH_INTERVAL), 0.01):
+                last = time.monotonic()
+                self._flush_each_in_its_thread()
 
     def _flush_each_in_its_thread(self) -> None:
         """One short-lived thread per Redis client with something to write, none while the last
@@ -233,8 +241,22 @@ class Recorder:
         A batch that cannot be written is kept for the next flush, MAX_FAILURES times at most:
         counts are best effort, and a Redis that stays away must not grow the process. At exit,
         clients whose last flush failed are skipped: a dead Redis must not delay the exit.
+        Otherwise each client is written in its own thread and the call waits FLUSH_WAIT seconds at
+        most: a Redis that is gone (a plain redis-py client retries a refused connection with
+        backoff for ~4 s) must not hold up the others' stats, which a caller of flush() expects.
         """
-        self._flush(at_exit=at_exit)
+        if at_exit:
+            self._flush(at_exit=True)
+            return
+        with self._mutex:
+            keys = [key for key, p in self._pending.items() if not p.empty()]
+        threads = [threading.Thread(target=self._flush, kwargs={"only": key}, name="locks-stats-flush", daemon=True)
+                   for key in keys]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + FLUSH_WAIT
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0))
 
     def _flush(self, *, only: tuple[Any, str] | None = None, at_exit: bool = False) -> None:
         if self._pid != os.getpid():

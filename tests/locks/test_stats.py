@@ -183,6 +183,22 @@ def test_an_unreachable_redis_does_not_hold_up_the_other_clients_stats(fresh_pre
         time.sleep(0.05)
 
 
+def test_a_long_flush_interval_set_once_does_not_keep_the_flusher_asleep(fresh_prefix, name, settings):
+    """A test (or an override) that set an hour-long interval left the flusher in an hour-long
+    wait: every later background flush of the suite never came (found in the full run)."""
+    settings.LOCKS = {**settings.LOCKS, "STATS_FLUSH_INTERVAL": 3600}
+    with Lock(f"{name}-before"):
+        pass
+    time.sleep(0.3)  # the flusher is now asleep with the long interval
+    settings.LOCKS = {**settings.LOCKS, "STATS_FLUSH_INTERVAL": 0.2}
+    with Lock(name):
+        pass
+    deadline = time.monotonic() + 4
+    while inspect.family_stats(name).counters["acquired"] != 1:
+        assert time.monotonic() < deadline, "the flusher slept through the shorter interval"
+        time.sleep(0.05)
+
+
 # -- combining batches (issue 11, item 6) ----------------------------------------------------
 def test_batch_size_buckets_are_exact_powers_of_two():
     from locks import histogram
