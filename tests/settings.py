@@ -10,3 +10,6 @@ import os
 os.environ.setdefault("SECRET_KEY", "tests-only-insecure-key-" + "x" * 40)
 
 from shop.settings import *  # noqa: F403
+
+# Password hashing is not what these tests test: the fast hasher saves seconds per created user.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
