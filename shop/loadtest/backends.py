@@ -32,7 +32,8 @@ def redis_cache(url: str) -> dict[str, Any]:
 class Setup:
     name: str
     description: str
-    start: Callable[[contextlib.ExitStack], dict[str, Any]]  # -> LOCKS updates and CACHES["locks"]
+    # -> "LOCKS" updates, "CACHE" (the locks alias), "SHOP" updates, "servers" (for faults)
+    start: Callable[[contextlib.ExitStack], dict[str, Any]]
 
 
 def _locks_on_redis(url: str, **locks: Any) -> dict[str, Any]:
@@ -88,6 +89,8 @@ def _mysql(stack: contextlib.ExitStack) -> dict[str, Any]:
 
 SETUPS: dict[str, Setup] = {s.name: s for s in (
     Setup("redis", "one Redis (private redis-server): the baseline", _redis),
+    Setup("redis-per-order", "one Redis, combining off: every order takes the lock itself, as on the "
+          "other backends (the lock's own cost)", lambda stack: {**_redis(stack), "SHOP": {"COMBINING": False}}),
     Setup("sentinel", "Redis Sentinel: master + replica + 3 sentinels, locks on the master", _sentinel),
     Setup("sentinel-wait", "Sentinel with WAIT_REPLICAS=1: every acquire and hand-off waits for the replica",
           lambda stack: _sentinel(stack, WAIT_REPLICAS=1)),
@@ -113,9 +116,10 @@ def switched(found: dict[str, Any]) -> Iterator[None]:
     caches = copy.deepcopy(settings.CACHES)
     if "CACHE" in found:
         caches[settings.LOCKS.get("CACHE_ALIAS", "locks")] = found["CACHE"]
+    shop = {**getattr(settings, "SHOP", {}), **found.get("SHOP", {})}
     backends.reset()
     try:
-        with override_settings(LOCKS={**settings.LOCKS, **found["LOCKS"]}, CACHES=caches):
+        with override_settings(LOCKS={**settings.LOCKS, **found["LOCKS"]}, CACHES=caches, SHOP=shop):
             yield
     finally:
         backends.reset()
