@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,6 +15,8 @@ from typing import Any
 import redis
 from django.contrib.auth import get_user_model
 from django.db import connections
+
+from locks.servers.base import free_port
 
 FORK = multiprocessing.get_context("fork")
 
@@ -58,10 +59,6 @@ def make_users(n: int, prefix: str = "buyer") -> list:
     return list(User.objects.filter(username__startswith=f"{prefix}-").order_by("pk"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:

@@ -32,11 +32,7 @@ import itertools
 import multiprocessing
 import os
 import random
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +43,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.test.utils import override_settings
 
+from locks.servers.base import RedisProcess
 from shop.conf import shop_settings
 from shop.loadtest import workload as workloads
 from shop.loadtest.strategies import BUSY, ERROR, OUT_OF_STOCK, PLACED, outcome_of_code
@@ -179,52 +176,8 @@ class FaultOutcome:
         return not self.problems
 
 
-# --- a private Redis ------------------------------------------------------------------------
-class PrivateRedis:
-    """A throwaway redis-server (no persistence) on a free port: stop, restart, freeze it."""
-
-    def __init__(self) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("the Redis scenarios need redis-server on PATH")
-        self.exe = exe
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.dir = tempfile.mkdtemp(prefix="fault-redis-")
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return
-            time.sleep(0.02)
-        raise RuntimeError("the private redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-
 @contextlib.contextmanager
-def _caches_on(redis: PrivateRedis | None) -> Iterator[None]:
+def _caches_on(redis: RedisProcess | None) -> Iterator[None]:
     if redis is None:
         yield
         return
@@ -362,7 +315,7 @@ def run_scenario(name: str, config: FaultConfig | None = None, *, keep: bool = F
                  say: Callable[[str], None] = lambda line: None) -> FaultOutcome:
     scenario = SCENARIOS[name]
     config = config or FaultConfig()
-    redis = PrivateRedis() if scenario.redis else None
+    redis = RedisProcess() if scenario.redis else None
     if redis is not None:
         redis.start()
     try:
@@ -373,7 +326,7 @@ def run_scenario(name: str, config: FaultConfig | None = None, *, keep: bool = F
             redis.stop()
 
 
-def _run(scenario: Scenario, config: FaultConfig, redis: PrivateRedis | None, *, keep: bool,
+def _run(scenario: Scenario, config: FaultConfig, redis: RedisProcess | None, *, keep: bool,
          say: Callable[[str], None]) -> FaultOutcome:
     from shop.invariants import check_invariants
     from shop.models import Order
@@ -499,9 +452,9 @@ def _inject(scenario: Scenario, config: FaultConfig, journal: _Journal, procs: d
         say(f"restart-redis: down {length:g} s, back empty")
         return 1, time.monotonic(), [], None
     if name == "freeze-redis":
-        redis.signal(signal.SIGSTOP)
+        redis.freeze()
         time.sleep(length)
-        redis.signal(signal.SIGCONT)
+        redis.resume()
         say(f"freeze-redis: frozen {length:g} s")
         return 1, time.monotonic(), [], None
     if name == "restock-in-pause":

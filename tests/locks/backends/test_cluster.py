@@ -24,10 +24,8 @@ from tests.locks.conftest import FORK
 
 @pytest.fixture(scope="module")
 def redis_cluster():
-    servers = RedisClusterSet()
-    servers.start()
-    yield servers
-    servers.stop()
+    with RedisClusterSet() as servers:
+        yield servers
 
 
 @pytest.fixture
@@ -38,10 +36,8 @@ def backend(settings, redis_cluster):
 @pytest.fixture
 def own_cluster():
     """A cluster of its own for a test that kills a master (the module's cluster stays whole)."""
-    servers = RedisClusterSet()
-    servers.start()
-    yield servers
-    servers.stop()
+    with RedisClusterSet() as servers:
+        yield servers
 
 
 def _replicas_of(servers: RedisClusterSet, port: int) -> list:

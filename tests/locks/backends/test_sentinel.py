@@ -13,10 +13,8 @@ from tests.locks.backends.ha import acquire_after_failover, cut_replication, two
 
 @pytest.fixture(scope="module")
 def sentinel_set():
-    servers = SentinelSet()
-    servers.start()
-    yield servers
-    servers.stop()
+    with SentinelSet() as servers:
+        yield servers
 
 
 @pytest.fixture
@@ -27,10 +25,8 @@ def backend(settings, sentinel_set):
 @pytest.fixture
 def own_sentinel_set():
     """A set of its own for a test that kills the master (the module's set stays whole)."""
-    servers = SentinelSet()
-    servers.start()
-    yield servers
-    servers.stop()
+    with SentinelSet() as servers:
+        yield servers
 
 
 def test_the_lock_lives_on_the_master_the_sentinels_name(backend, sentinel_set, name):
