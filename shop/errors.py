@@ -141,6 +141,17 @@ class RateLimited(ShopError):
             self.retry_after = retry_after
 
 
+class OrderNotWritable(ShopError):
+    """This request's rows could not be written (e.g. its account was deleted while it queued).
+
+    Refused alone: the other orders committed with it in the same batch are not affected (I9).
+    """
+
+    code = "order_not_writable"
+    status = 409
+    default_message = "This order could not be written; nothing was charged or reserved."
+
+
 # --- infrastructure (retryable) --------------------------------------------------------------
 class LockTimeout(ShopError):
     code = "lock_timeout"
@@ -185,8 +196,7 @@ ERRORS_BY_CODE: dict[str, type[ShopError]] = {
     for cls in (
         InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock, PurchaseLimitExceeded,
         CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed, CouponNotClaimed,
-        OrderNotFound, OrderNotCancellable, OrderNotPayable, IdempotencyConflict, RateLimited, LockTimeout,
-        LockUnavailable,
-        DatabaseUnavailable, Conflict,
+        OrderNotFound, OrderNotCancellable, OrderNotPayable, OrderNotWritable, IdempotencyConflict, RateLimited,
+        LockTimeout, LockUnavailable, DatabaseUnavailable, Conflict,
     )
 }

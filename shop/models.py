@@ -106,7 +106,10 @@ class Order(models.Model):
     total = models.DecimalField(max_digits=12, decimal_places=2)
     coupon = models.ForeignKey(Coupon, null=True, blank=True, on_delete=models.PROTECT, related_name="orders")
     # NULL (not "") when absent: the unique (user, key) constraint must ignore keyless orders.
-    idempotency_key = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
+    # Binary collation: keys compare byte for byte in MySQL exactly as in Python and in the Redis
+    # records ("Key" and "key" are two keys). Keys never end in a space (validation), so the
+    # collation's PAD SPACE cannot make two of them equal either.
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True, db_collation="utf8mb4_bin")  # noqa: DJ001
     # Digest of (lines, coupon) so a replayed key with a different body is detected.
     request_digest = models.CharField(max_length=64, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -48,6 +48,7 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None) -> s
         "idempotency_conflict": "This checkout was already submitted with a different cart.",
         "order_not_payable": "This order can no longer be paid: it was cancelled or its payment time ran out.",
         "order_not_cancellable": "This order can no longer be cancelled (it is paid, cancelled or expired).",
+        "order_not_writable": "We could not place this order for your account. Nothing was charged.",
     }.get(exc.code, exc.message)
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db import IntegrityError, OperationalError, connection, models
+from django.db import IntegrityError, OperationalError, connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -234,12 +234,15 @@ def serve_batch(*, product_id: int, batch: list[BatchRequest], turn: combining.T
     hold = turn.hold
     results: dict[str, Result] = {}
     pending = list(batch)
+    isolate = False
     for _ in range(int(shop_settings.RETRIES) + 1):
         try:
-            done, left_stock = _commit(product_id=product_id, pending=pending, hold=hold)
+            done, left_stock = _commit(product_id=product_id, pending=pending, hold=hold, isolate=isolate)
         except IntegrityError:
-            # A buyer gave up (claimed its request id) since we looked, or an idempotency key was
-            # committed elsewhere meanwhile: look again.
+            # One request's rows hit a unique or foreign key (its buyer gave up since we looked,
+            # its key placed an order on another product's lock, its account is gone): write
+            # again with each request on its own, so that request alone is refused (I9).
+            isolate = True
             continue
         except OperationalError as exc:
             if not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
@@ -257,8 +260,8 @@ def serve_batch(*, product_id: int, batch: list[BatchRequest], turn: combining.T
                           for r in pending}}
 
 
-def _commit(*, product_id: int, pending: list[BatchRequest],
-            hold: locks.Hold) -> tuple[dict[str, Result], int | None]:
+def _commit(*, product_id: int, pending: list[BatchRequest], hold: locks.Hold,
+            isolate: bool = False) -> tuple[dict[str, Result], int | None]:
     results: dict[str, Result] = {}
     now = time.monotonic()
     live = []
@@ -310,47 +313,86 @@ def _commit(*, product_id: int, pending: list[BatchRequest],
         if not placed:
             return results, left
 
-        total = sum(r.quantity for r in placed)
-        updated = Product.objects.filter(pk=product_id, active=True, stock__gte=total, fence__lt=hold.fence).update(
-            stock=F("stock") - total, fence=hold.fence)
-        if not updated:
-            raise StaleFence(hold.name)  # the row changed behind our lock: read it again
         price = row["price"]
-        pay_by = pay_by_from()  # the batch commits together: one deadline for all of it
-        orders = []
-        for r in placed:
-            subtotal = price * r.quantity
-            claim = claims.get(r.id)
-            discount = min(claim.coupon.discount, subtotal) if claim is not None else CENTS * 0
-            orders.append(Order(user_id=r.user_id, subtotal=subtotal, discount=discount, total=subtotal - discount,
-                                coupon_id=claim.coupon_id if claim is not None else None,
-                                idempotency_key=r.key, request_digest=r.digest,
-                                status=Order.Status.PENDING_PAYMENT, pay_by=pay_by))
-        Order.objects.bulk_create(orders)  # the ORM here: it reads back the new ids
-        pairs = list(zip(placed, orders, strict=True))
-        created = connection.ops.adapt_datetimefield_value(timezone.now())
-        _insert_rows(OrderLine, ("order", "product", "quantity", "unit_price"),
-                     [(o.pk, product_id, r.quantity, price) for r, o in pairs])
-        _insert_rows(StockLedger, ("product", "quantity", "reason", "order", "fence", "actor", "created_at"),
-                     [(product_id, -r.quantity, StockLedger.Reason.ORDER.value, o.pk, hold.fence, f"user:{r.user_id}",
-                       created) for r, o in pairs])
-        _insert_rows(CheckoutRequest, ("request_id", "order", "created_at"),
-                     [(r.id, o.pk, created) for r, o in pairs])
+        written = _write_orders(placed, product_id=product_id, price=price, claims=claims, hold=hold,
+                                results=results, row=row, isolate=isolate)
+        total = sum(r.quantity for r, _ in written)
+        if total:
+            updated = Product.objects.filter(pk=product_id, active=True, stock__gte=total,
+                                             fence__lt=hold.fence).update(stock=F("stock") - total, fence=hold.fence)
+            if not updated:
+                raise StaleFence(hold.name)  # the row changed behind our lock: read it again
         used = []
         stamp = timezone.now()
-        for r, o in zip(placed, orders, strict=True):
+        for r, o in written:
             if (claim := claims.get(r.id)) is not None:
                 claim.used_at, claim.order = stamp, o
                 used.append(claim)
         if used:
             CouponClaim.objects.bulk_update(used, ["used_at", "order"])
-        idempotency.write_records([(r.user_id, r.key, o.pk) for r, o in zip(placed, orders, strict=True) if r.key],
-                                  required=True)
+        idempotency.write_records([(r.user_id, r.key, o.pk) for r, o in written if r.key], required=True)
         hooks.call("before_commit", {hold.name: hold})
         check_before_commit({hold.name: hold})
-        for r, o in zip(placed, orders, strict=True):
+        for r, o in written:
             results[r.id] = _placed(o, replayed=False, request=r, row=row)
-    return results, left
+    return results, row["stock"] - total
+
+
+def _write_orders(placed: list[BatchRequest], *, product_id: int, price: Decimal, claims: dict[str, CouponClaim],
+                  hold: locks.Hold, results: dict[str, Result], row: dict,
+                  isolate: bool) -> list[tuple[BatchRequest, Order]]:
+    """INSERT the orders, lines, ledger rows and request ids of the allocated requests.
+
+    All at once (multi-row INSERTs) unless `isolate`: after such a write failed on a unique or
+    foreign key, each request is written in a savepoint of its own, so a request whose rows
+    cannot be written is refused alone and the rest of the batch still commits (I9).
+    """
+    pay_by = pay_by_from()  # the batch commits together: one deadline for all of it
+    if not isolate:
+        return _insert_orders(placed, product_id=product_id, price=price, claims=claims, hold=hold, pay_by=pay_by)
+    written = []
+    for r in placed:
+        try:
+            with transaction.atomic():  # a savepoint: this request's rows alone
+                written += _insert_orders([r], product_id=product_id, price=price, claims=claims, hold=hold,
+                                          pay_by=pay_by)
+        except IntegrityError:
+            _refuse_unwritable(r, results, row)
+    return written
+
+
+def _insert_orders(placed: list[BatchRequest], *, product_id: int, price: Decimal, claims: dict[str, CouponClaim],
+                   hold: locks.Hold, pay_by: datetime) -> list[tuple[BatchRequest, Order]]:
+    orders = []
+    for r in placed:
+        subtotal = price * r.quantity
+        claim = claims.get(r.id)
+        discount = min(claim.coupon.discount, subtotal) if claim is not None else CENTS * 0
+        orders.append(Order(user_id=r.user_id, subtotal=subtotal, discount=discount, total=subtotal - discount,
+                            coupon_id=claim.coupon_id if claim is not None else None,
+                            idempotency_key=r.key, request_digest=r.digest,
+                            status=Order.Status.PENDING_PAYMENT, pay_by=pay_by))
+    Order.objects.bulk_create(orders)  # the ORM here: it reads back the new ids
+    pairs = list(zip(placed, orders, strict=True))
+    created = connection.ops.adapt_datetimefield_value(timezone.now())
+    _insert_rows(OrderLine, ("order", "product", "quantity", "unit_price"),
+                 [(o.pk, product_id, r.quantity, price) for r, o in pairs])
+    _insert_rows(StockLedger, ("product", "quantity", "reason", "order", "fence", "actor", "created_at"),
+                 [(product_id, -r.quantity, StockLedger.Reason.ORDER.value, o.pk, hold.fence, f"user:{r.user_id}",
+                   created) for r, o in pairs])
+    _insert_rows(CheckoutRequest, ("request_id", "order", "created_at"), [(r.id, o.pk, created) for r, o in pairs])
+    return pairs
+
+
+def _refuse_unwritable(r: BatchRequest, results: dict[str, Result], row: dict) -> None:
+    """Why this request's rows failed: its id was settled meanwhile (the buyer gave up), its key
+    placed an order meanwhile (replay or conflict), or its own rows are bad (a deleted account)."""
+    for explain in (_drop_settled, _drop_replays):
+        explain([r], results, row)
+        if r.id in results:
+            return
+    log.warning("combining: request %s of user %s cannot be written; refused alone", r.id, r.user_id)
+    results[r.id] = _failed(errors.OrderNotWritable())
 
 
 def _insert_rows(model: type[models.Model], fields: tuple[str, ...], rows: list[tuple]) -> None:
