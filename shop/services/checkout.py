@@ -134,10 +134,10 @@ def place_order(
                 if use_locks:
                     _mark_sold_out(exc.details["lines"], holds)
                 raise
-            except IntegrityError:
+            except IntegrityError as exc:
                 if key is not None and (order := _replay(user=user, key=key, digest=digest)) is not None:
                     return order
-                raise
+                raise errors.OrderNotWritable() from exc  # e.g. the account was deleted meanwhile
 
     return with_retries(attempt, what="place_order")
 
