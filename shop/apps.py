@@ -8,4 +8,4 @@ class ShopConfig(AppConfig):
 
     def ready(self) -> None:
         # The shop's scheduled jobs (run by `manage.py run_jobs` on every server).
-        from shop import jobs  # noqa: F401
+        from shop import checks, jobs  # noqa: F401

@@ -43,6 +43,13 @@ DEFAULTS: dict[str, Any] = {
     # API tokens: a verified token's user is cached this long (seconds; 0 = off). Revoking a
     # token drops it at once; deactivating a user takes effect within this time.
     "TOKEN_CACHE_TTL": 60,
+    # A holder paused past its lease (GC, SIGSTOP, a stalled VM) keeps its MySQL transaction and
+    # InnoDB row locks open; the next holder would wait for the whole pause. How that transaction
+    # is ended (shop/services/stale_transactions.py): "timeout" (MariaDB's idle_transaction_timeout,
+    # ceil(LOCK_TTL) + 1 s, no privilege needed), "kill" (the next holder KILLs the connection
+    # recorded with the older fence: MySQL 8; same database user for every app server), "auto"
+    # (timeout on MariaDB, kill elsewhere), or "off" (wait for the paused holder).
+    "STALE_TRANSACTIONS": "auto",
     # Rate limits (shop/ratelimits.py), "count/period" (s, m, h, d) per key; None lifts a limit.
     # settings.SHOP["RATE_LIMITS"] (or the RATE_LIMITS environment variable) overrides them one by
     # one; RATELIMIT_ENABLE=false switches them all off. Checkout is generous on purpose: a buyer

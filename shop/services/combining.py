@@ -48,9 +48,10 @@ from locks import combining
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import fences, hooks, idempotency, limits, soldout
+from shop.services import fences, hooks, idempotency, limits, soldout, stale_transactions
 from shop.services.coupons import coupon_error
 from shop.services.locking import (
+    ER_LOCK_WAIT_TIMEOUT,
     RETRYABLE_MYSQL,
     StaleFence,
     check_before_commit,
@@ -234,6 +235,7 @@ def serve_batch(*, product_id: int, batch: list[BatchRequest], turn: combining.T
     hold = turn.hold
     results: dict[str, Result] = {}
     pending = list(batch)
+    stale_transactions.record({hold.name: hold})
     isolate = False
     for _ in range(int(shop_settings.RETRIES) + 1):
         try:
@@ -247,6 +249,8 @@ def serve_batch(*, product_id: int, batch: list[BatchRequest], turn: combining.T
         except OperationalError as exc:
             if not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
                 raise
+            if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+                stale_transactions.end_older_holders()  # a combiner paused past its lease keeps the row
             continue
         except (StaleFence, locks.LockLost) as exc:
             if isinstance(exc, StaleFence):

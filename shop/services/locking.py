@@ -19,14 +19,15 @@ from django.db import OperationalError, transaction
 import locks
 from shop import errors
 from shop.conf import shop_settings
-from shop.services import fences
+from shop.services import fences, stale_transactions
 
 log = logging.getLogger("shop")
 
 T = TypeVar("T")
 
 # MySQL: 1213 deadlock, 1205 lock wait timeout. Both roll the transaction back: retry it.
-RETRYABLE_MYSQL = {1213, 1205}
+ER_LOCK_WAIT_TIMEOUT = 1205
+RETRYABLE_MYSQL = {1213, ER_LOCK_WAIT_TIMEOUT}
 
 
 class StaleFence(Exception):
@@ -109,6 +110,7 @@ def held(names: list[str], *, use_locks: bool | None = None) -> Iterator[dict[st
                 raise errors.LockUnavailable(details={"lock": name}) from exc
             holds[name] = hold
             stack.callback(release_safely, hold)
+        stale_transactions.record(holds)
         yield holds
 
 
@@ -144,6 +146,8 @@ def with_retries(attempt: Callable[[], T], *, what: str) -> T:
         except OperationalError as exc:
             if exc.args[0] not in RETRYABLE_MYSQL:
                 raise
+            if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+                stale_transactions.end_older_holders()  # a holder paused past its lease keeps the row
             reason = f"mysql {exc.args[0]}"
         except (StaleFence, locks.LockLost) as exc:
             if isinstance(exc, StaleFence):

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from shop import errors
+from shop.services import stale_transactions
 
 # CR_SERVER_GONE_ERROR, CR_SERVER_LOST, CR_SERVER_LOST_EXTENDED; CR_CONNECTION_ERROR and
 # CR_CONN_HOST_ERROR when the reconnect of a later statement fails too.
@@ -39,6 +40,7 @@ def durable_transaction() -> Iterator[None]:
     """`transaction.atomic(durable=True)` that turns a lost connection into DatabaseUnavailable."""
     committing = False
     try:
+        stale_transactions.prepare_connection()  # a paused holder's transaction must end (I7)
         with transaction.atomic(durable=True):
             yield
             committing = True  # the block is done: what fails from here on is the COMMIT

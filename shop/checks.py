@@ -1,0 +1,38 @@
+"""System checks of the shop (`manage.py check --database default`)."""
+
+from __future__ import annotations
+
+from django.core.checks import Error, Tags, Warning, register
+from django.db import connection
+
+from shop.conf import shop_settings
+from shop.services import stale_transactions
+
+
+@register(Tags.database)
+def check_stale_transactions(app_configs=None, databases=None, **kwargs) -> list:
+    """How a holder paused past its lease is kept from stalling its product (I7)."""
+    if not databases or "default" not in databases or connection.vendor != "mysql":
+        return []
+    chosen = str(shop_settings.STALE_TRANSACTIONS)
+    if chosen not in stale_transactions.MODES:
+        return [Error(f'SHOP["STALE_TRANSACTIONS"] is {chosen!r}.',
+                      hint=f"One of {', '.join(stale_transactions.MODES)}.", id="shop.E001")]
+    if chosen == "timeout" and not stale_transactions.supports_idle_timeout():
+        return [Error('SHOP["STALE_TRANSACTIONS"] is "timeout", but this server has no idle_transaction_timeout '
+                      "(MariaDB 10.3+ only).",
+                      hint='Use "auto" or "kill" on MySQL.', id="shop.E002")]
+    if chosen == "off":
+        return [Warning('SHOP["STALE_TRANSACTIONS"] is "off": a lock holder paused past its lease stalls its '
+                        "product for the whole pause (its MySQL transaction keeps the rows).",
+                        hint='Use "auto".', id="shop.W001")]
+    if stale_transactions.mode() == "kill":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT CURRENT_USER()")
+            (user,) = cursor.fetchone()
+        return [Warning(f"Paused holders are ended by KILL of their MySQL connection (this server has no "
+                        f"idle_transaction_timeout): every app server must connect as the same MySQL user "
+                        f"({user}) or have CONNECTION_ADMIN; a refused KILL is logged and the product waits "
+                        f"for the paused holder as before.",
+                        hint="Silence with SILENCED_SYSTEM_CHECKS once this holds.", id="shop.W002")]
+    return []
