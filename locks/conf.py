@@ -24,6 +24,9 @@ DEFAULTS: dict[str, Any] = {
     "ZOOKEEPER_HOSTS": "127.0.0.1:2181",
     "ZOOKEEPER_SESSION_TIMEOUT": 4.0,
     "ZOOKEEPER_ROOT": "/locks",
+    # zookeeper digest auth, "user:password" (None: none). With it every lock node is created
+    # with an ACL that gives that user all rights and nobody else any (locks/backends/zookeeper.py).
+    "ZOOKEEPER_AUTH": None,
     # mysql: the DATABASES alias whose server keeps the lock table (its own connections, in
     # autocommit: a lock is never part of the caller's transaction).
     "MYSQL_DATABASE": "default",

@@ -17,6 +17,7 @@ socket timeout, so a call on a dead node fails in at most a few socket timeouts.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -33,8 +34,29 @@ EXAMPLES = (
 SENTINEL_RETRIES = 1
 
 
+# Django's SafeExceptionReporterFilter.cleansed_substitute: reports and start-up errors look alike.
+MASK = "********************"
+# scheme://user:password@host or scheme://:password@host. The password runs to the last "@"
+# before the host (people do leave an "@" in it unescaped, and the URL still works).
+_URL_PASSWORD = re.compile(
+    r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<password>\S+?)(?=@[^@\s/]*(?:[/?#\s]|$))")
+# ?password=... in a query string (redis://host/0?password=...)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<password>[^&\s]+)", re.IGNORECASE)
+
+
+def mask_url_credentials(text: str) -> str:
+    """Every password inside a URL in `text` masked: 'mysql://u:pw@h/db' -> 'mysql://u:****...@h/db'.
+
+    The one masking of the project: error reports (shop/reporting.py) and every start-up error
+    that quotes a URL setting (DATABASE_URL, REDIS_URL, LOCKS_REDIS_URL, the Redlock URLs...)
+    go through it, since stderr ends up in container logs.
+    """
+    text = _URL_PASSWORD.sub(lambda m: m["head"] + MASK, text)
+    return _QUERY_PASSWORD.sub(lambda m: m["head"] + MASK, text)
+
+
 def _bad(setting: str, url: str, why: str) -> ImproperlyConfigured:
-    return ImproperlyConfigured(f"{setting}={url!r}: {why} (e.g. {EXAMPLES}).")
+    return ImproperlyConfigured(f"{setting}={mask_url_credentials(url)!r}: {why} (e.g. {EXAMPLES}).")
 
 
 def _hosts(setting: str, url: str, netloc: str, default_port: int) -> list[tuple[str, int]]:

@@ -3,15 +3,19 @@
 The change forms keep `stock`, `remaining` and `fence` read-only, and saves write only the
 fields that changed (`update_fields`), so an operator renaming a product can never write back a
 stock value read minutes ago. Restock and cancel are custom admin views (not actions or change
-forms, which Django wraps in a transaction) that call the services under the same locks.
+forms, which Django wraps in a transaction) that call the services under the same locks; hiding
+a product (clearing Active) drops its sold-out marker under its lock once the save commits.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -23,7 +27,7 @@ from locks.exceptions import LockUnavailable
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import RESERVING_STATUSES, ApiToken, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import cancel_order, restock
+from shop.services import cancel_order, inventory, restock
 from shop.tokens import revoke
 
 
@@ -62,6 +66,20 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
     search_fields = ("name", "sku")
     readonly_fields = ("stock", "fence", "created_at", "updated_at")
     guarded_fields = ("stock", "fence")
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and "active" in form.changed_data and not obj.active:
+            # The admin's save is one transaction: its sold-out marker goes once the hide commits.
+            transaction.on_commit(partial(self._hidden, request, obj))
+
+    def _hidden(self, request, product: Product) -> None:
+        try:
+            inventory.hidden(product_id=product.pk)
+        except errors.ShopError as exc:
+            messages.warning(request, f"{product.name} is hidden, but its sold-out marker could not be cleared "
+                                      f"({exc.message}): it may still answer 'sold out' for up to "
+                                      f"{shop_settings.SOLDOUT_TTL} s.")
 
     def get_readonly_fields(self, request, obj=None):
         # A new product gets its opening stock from the form; after that only the services move it.

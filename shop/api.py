@@ -1,8 +1,9 @@
 """The JSON API: parse and check the request, call the service, map errors to HTTP.
 
 Errors always have the shape {"error": {"code", "message", "details"}}; codes are the services'
-(`shop.errors`) plus a few transport ones (not_authenticated, csrf_failed, method_not_allowed,
-unsupported_media_type, payload_too_large, not_found). Limits: bodies up to MAX_BODY_BYTES,
+(`shop.errors`; to non-staff a hidden product is an unknown one, `errors.as_seen_by`) plus a few
+transport ones (not_authenticated, csrf_failed, method_not_allowed, unsupported_media_type,
+payload_too_large, not_found). Limits: bodies up to MAX_BODY_BYTES,
 orders up to SHOP["MAX_LINES_PER_ORDER"] lines of 1..SHOP["MAX_QUANTITY_PER_LINE"] units.
 """
 
@@ -80,7 +81,7 @@ def api_view(methods: tuple[str, ...], *, login: bool = True) -> Callable:
             try:
                 return view(request, *args, **kwargs)
             except errors.ShopError as exc:
-                return shop_error_response(exc)
+                return shop_error_response(errors.as_seen_by(exc, staff=request.user.is_staff))
 
         return wrapper
 
@@ -230,14 +231,7 @@ def orders(request: HttpRequest) -> JsonResponse:
         except errors.InvalidInput as exc:
             exc.details = {"Idempotency-Key": exc.details.get("idempotency_key", "invalid")}
             raise
-    try:
-        placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key)
-    except errors.InactiveProduct as exc:
-        # A hidden product must not be told apart from a missing one (409 vs 404 would let anyone
-        # enumerate unlisted products); staff, who see them in the admin anyway, get the real code.
-        if request.user.is_staff:
-            raise
-        raise errors.UnknownProduct(details=exc.details) from None
+    placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key)
     # A combined order comes back complete (its receipt); otherwise read it back for the body.
     ready = getattr(placed, "receipt_ready", False)
     body = order_json(placed if ready else selectors.order_for_user(user=request.user, order_id=placed.pk))
@@ -253,6 +247,7 @@ def order(request: HttpRequest, order_id: int) -> JsonResponse:
 def pay(request: HttpRequest, order_id: int) -> JsonResponse:
     """Pay an unpaid order of one's own (the simulated provider): 200 with the order; paying a
     paid order again answers the same; too late or cancelled: 409 order_not_payable."""
+    ratelimits.check(request, "pay")
     mine = selectors.order_for_user(user=request.user, order_id=order_id)
     pay_order(order=mine, actor=f"user:{request.user.pk}")
     return JsonResponse(order_json(selectors.order_for_user(user=request.user, order_id=order_id)))
@@ -261,6 +256,7 @@ def pay(request: HttpRequest, order_id: int) -> JsonResponse:
 @api_view(("POST",))
 def cancel(request: HttpRequest, order_id: int) -> JsonResponse:
     """The buyer cancels an unpaid order of their own; stock and coupon go back (409 otherwise)."""
+    ratelimits.check(request, "cancel")
     mine = selectors.order_for_user(user=request.user, order_id=order_id)
     cancel_order(order=mine, actor=f"user:{request.user.pk}", unpaid_only=True)
     return JsonResponse(order_json(selectors.order_for_user(user=request.user, order_id=order_id)))

@@ -1,7 +1,9 @@
 """The cart, kept in the session: {product_id: quantity}.
 
 Quantities are checked against stock and the active flag when a product is added and whenever
-the cart is shown (cart and checkout pages); checkout itself re-checks under the locks.
+the cart is shown (cart and checkout pages); checkout itself re-checks under the locks. The
+session stays small: at most SHOP["MAX_CART_LINES"] lines (`CartFull` past it), and the views
+add only products the shopper can see (a hidden one is as unknown as a missing one).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from decimal import Decimal
 
 from django.contrib.sessions.backends.base import SessionBase
 
+from shop import errors
+from shop.conf import shop_settings
 from shop.models import Product
 
 KEY = "cart"
@@ -40,8 +44,13 @@ def lines(session: SessionBase) -> list[tuple[int, int]]:
 
 
 def set_quantity(session: SessionBase, product_id: int, quantity: int) -> None:
+    """Set one line (0 removes it); a new line past SHOP["MAX_CART_LINES"] raises CartFull."""
     cart = dict(session.get(KEY, {}))
     if quantity > 0:
+        cap = int(shop_settings.MAX_CART_LINES)
+        if str(product_id) not in cart and len(cart) >= cap:
+            raise errors.CartFull(f"Your cart is full: at most {cap} products. Remove one to add another.",
+                                  details={"max_lines": cap})
         cart[str(product_id)] = quantity
     else:
         cart.pop(str(product_id), None)
@@ -73,7 +82,9 @@ def add(session: SessionBase, product_id: int, quantity: int, *, maximum: int) -
 
 
 def review(session: SessionBase, products: dict[int, Product]) -> list[Line]:
-    """The cart's lines, each flagged if its product is gone, inactive, sold out or short."""
+    """The cart's lines, each flagged if its product is gone, inactive, sold out or short.
+
+    `products` holds what the shopper may see: a hidden product left out reads as gone."""
     rows = []
     for pid, qty in lines(session):
         product = products.get(pid)

@@ -21,6 +21,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_QUANTITY_PER_LINE": 100,
     "MAX_LINES_PER_ORDER": 20,
     "MAX_RESTOCK": 1_000_000,
+    # Lines (products) one cart may hold: the cart lives in the session, which every request reads.
+    "MAX_CART_LINES": 20,
     # Combining (shop/services/combining.py): an order for one product queues on the product's
     # lock, and whoever holds the lock commits everyone queued, up to COMBINE_BATCH orders, in
     # one transaction. Off: every order takes the lock and commits alone (multi-product orders
@@ -62,6 +64,11 @@ DEFAULTS: dict[str, Any] = {
         "token_create": "20/h",  # new API tokens on /account/tokens/, per user
         "coupon_claim": "30/m",  # coupon claims (web and API), per user
         "checkout": "600/m",  # orders (web and API), per user
+        # Paying and cancelling (web and API), per user. Pay as generous as checkout: `loadtest
+        # --url --pay 1` pays every order it places. A cancel takes the product locks to put the
+        # stock back, so it is kept lower.
+        "pay": "600/m",
+        "cancel": "60/m",
     },
 }
 

@@ -46,6 +46,9 @@ class UnknownProduct(ShopError):
 
 
 class InactiveProduct(ShopError):
+    """Shown to staff only: everyone else gets UnknownProduct (see `as_seen_by`). details =
+    {"product_ids": every line that cannot be sold, hidden or missing}."""
+
     code = "inactive_product"
     status = 409
     default_message = "This product is not on sale."
@@ -65,6 +68,14 @@ class PurchaseLimitExceeded(ShopError):
     code = "purchase_limit"
     status = 409
     default_message = "This order would take you past the number of units one buyer may buy."
+
+
+class CartFull(ShopError):
+    """details = {"max_lines": SHOP["MAX_CART_LINES"]}: a new line would pass it."""
+
+    code = "cart_full"
+    status = 409
+    default_message = "Your cart is full."
 
 
 # --- coupons ---------------------------------------------------------------------------------
@@ -194,9 +205,18 @@ class Conflict(ShopError):
 ERRORS_BY_CODE: dict[str, type[ShopError]] = {
     cls.code: cls
     for cls in (
-        InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock, PurchaseLimitExceeded,
+        InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock, PurchaseLimitExceeded, CartFull,
         CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed, CouponNotClaimed,
         OrderNotFound, OrderNotCancellable, OrderNotPayable, OrderNotWritable, IdempotencyConflict, RateLimited,
         LockTimeout, LockUnavailable, DatabaseUnavailable, Conflict,
     )
 }
+
+
+def as_seen_by(exc: ShopError, *, staff: bool) -> ShopError:
+    """The error a client is shown. To non-staff a hidden (inactive) product is a missing one:
+    same code, status, message and details, so product ids cannot be walked to find unannounced
+    drops (issues 12 and 20). Staff, who see hidden products in the admin anyway, get the truth."""
+    if isinstance(exc, InactiveProduct) and not staff:
+        return UnknownProduct(details=exc.details)
+    return exc

@@ -1,5 +1,5 @@
-"""Rate limits for the endpoints worth hammering: login, signup, token creation, coupon claims
-and checkout, on the web and in the API.
+"""Rate limits for the endpoints worth hammering: login, signup, token creation, coupon claims,
+checkout, pay and cancel, on the web and in the API.
 
 Counting is django-ratelimit's (fixed windows, one atomic INCR in the default Redis cache); the
 rates are SHOP["RATE_LIMITS"] (defaults in shop/conf.py), looked up by name on every request so
@@ -44,6 +44,8 @@ LIMITS: dict[str, Limit] = {
     "token_create": Limit("token_create", "user_or_ip"),
     "coupon_claim": Limit("coupon_claim", "user_or_ip"),
     "checkout": Limit("checkout", "user_or_ip"),
+    "pay": Limit("pay", "user_or_ip"),
+    "cancel": Limit("cancel", "user_or_ip"),
 }
 
 

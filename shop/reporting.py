@@ -7,22 +7,13 @@ LOCATIONs built from them and the environment a server passes in request.META.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.views.debug import SafeExceptionReporterFilter
 
-# scheme://user:password@host  or  scheme://:password@host
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<password>[^@\s]+)(?=@)")
-# ?password=... in a query string (redis://host/0?password=...)
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<password>[^&\s]+)", re.IGNORECASE)
+from locks.redis_urls import mask_url_credentials
 
-
-def mask_url_credentials(value: str) -> str:
-    """'mysql://u:pw@h/db' -> 'mysql://u:********************@h/db'."""
-    mask = SafeExceptionReporterFilter.cleansed_substitute
-    value = _URL_PASSWORD.sub(lambda m: m["head"] + mask, value)
-    return _QUERY_PASSWORD.sub(lambda m: m["head"] + mask, value)
+__all__ = ["SafeUrlExceptionReporterFilter", "mask_url_credentials"]
 
 
 def _mask(value: Any) -> Any:

@@ -51,6 +51,8 @@ def usable_claims_for_user(*, user) -> QuerySet[CouponClaim]:
     return claims_for_user(user=user).filter(used_at__isnull=True)
 
 
-def products_by_id(ids: list[int]) -> dict[int, Product]:
-    """Products by id, inactive ones included (a cart flags them rather than dropping them)."""
-    return Product.objects.in_bulk(ids)
+def products_by_id(ids: list[int], *, include_inactive: bool = False) -> dict[int, Product]:
+    """Products by id; hidden ones only for staff (to others they do not exist: a cart flags
+    them as gone rather than dropping them)."""
+    qs = Product.objects.all() if include_inactive else Product.objects.filter(active=True)
+    return qs.in_bulk(ids)

@@ -87,19 +87,25 @@ TEMPLATES = [
     },
 ]
 
+# Start-up errors go to stderr and container logs: a URL in one is shown with its password masked
+# (the masking error reports use), and the parser's own exception, which may quote it, is dropped.
+_masked = redis_urls.mask_url_credentials
+
 # --- MySQL / MariaDB -------------------------------------------------------------------------
 DATABASE_URL = env.str("DATABASE_URL", default="mysql://root@127.0.0.1:3306/shop")
-if urlsplit(DATABASE_URL).scheme not in {"mysql", "mysql2"}:
+try:
+    _db_scheme = urlsplit(DATABASE_URL).scheme
+    _db = env.db_url_config(DATABASE_URL)
+except Exception as exc:  # urllib and django-environ raise several types for a malformed URL
     raise ImproperlyConfigured(
-        f"DATABASE_URL={DATABASE_URL!r}: this project runs on MySQL/MariaDB only "
+        f"DATABASE_URL={_masked(DATABASE_URL)!r} cannot be parsed: {_masked(str(exc))}") from None
+if _db_scheme not in {"mysql", "mysql2"}:
+    raise ImproperlyConfigured(
+        f"DATABASE_URL={_masked(DATABASE_URL)!r}: this project runs on MySQL/MariaDB only "
         "(e.g. mysql://root@127.0.0.1:3306/shop); its guarantees rely on InnoDB row locks."
     )
-try:
-    _db = env.db_url_config(DATABASE_URL)
-except Exception as exc:  # django-environ raises several types for a malformed URL
-    raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r} cannot be parsed: {exc}") from exc
 if not _db.get("NAME"):
-    raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r} names no database (…:3306/shop).")
+    raise ImproperlyConfigured(f"DATABASE_URL={_masked(DATABASE_URL)!r} names no database (…:3306/shop).")
 # The Redis lock must cover COMMIT, so a request must never be one big transaction.
 _db["ATOMIC_REQUESTS"] = False
 # Persistent connections: a new MySQL connection per request cost a sold-out storm most of its
@@ -148,9 +154,14 @@ if LOCKS_BACKEND not in {"redis", "redlock", "zookeeper", "mysql"}:
 LOCKS_REDLOCK_URLS = env.list("LOCKS_REDLOCK_URLS", default=[])
 _REDLOCK_EXAMPLE = "LOCKS_REDLOCK_URLS=redis://10.0.0.1:6379/0,redis://10.0.0.2:6379/0,redis://10.0.0.3:6379/0"
 for _url in LOCKS_REDLOCK_URLS:
-    _parts = urlsplit(_url)
-    if _parts.scheme not in {"redis", "rediss"} or not _parts.hostname:
-        raise ImproperlyConfigured(f"LOCKS_REDLOCK_URLS has {_url!r}, not a redis:// URL (e.g. {_REDLOCK_EXAMPLE}).")
+    try:
+        _parts = urlsplit(_url)
+        _fine = _parts.scheme in {"redis", "rediss"} and bool(_parts.hostname)
+    except ValueError:
+        _fine = False
+    if not _fine:
+        raise ImproperlyConfigured(
+            f"LOCKS_REDLOCK_URLS has {_masked(_url)!r}, not a redis:// URL (e.g. {_REDLOCK_EXAMPLE}).")
 if LOCKS_BACKEND == "redlock" and len(LOCKS_REDLOCK_URLS) < 3:
     raise ImproperlyConfigured(
         f"LOCKS_BACKEND=redlock needs at least 3 independent Redis masters in LOCKS_REDLOCK_URLS "
@@ -160,15 +171,22 @@ LOCKS_ZOOKEEPER_HOSTS = env.str("LOCKS_ZOOKEEPER_HOSTS", default="127.0.0.1:2181
 for _host in LOCKS_ZOOKEEPER_HOSTS.split("/", 1)[0].split(","):
     _h, _, _p = _host.strip().rpartition(":")
     if not _h or not _p.isdigit():
+        _shown = _masked(f"zk://{LOCKS_ZOOKEEPER_HOSTS}").removeprefix("zk://")  # the mask wants a scheme
         raise ImproperlyConfigured(
-            f"LOCKS_ZOOKEEPER_HOSTS={LOCKS_ZOOKEEPER_HOSTS!r}: use host:port[,host:port...] "
-            "(e.g. LOCKS_ZOOKEEPER_HOSTS=127.0.0.1:2181)."
+            f"LOCKS_ZOOKEEPER_HOSTS={_shown!r}: use host:port[,host:port...] "
+            "(e.g. LOCKS_ZOOKEEPER_HOSTS=127.0.0.1:2181); credentials go in LOCKS_ZOOKEEPER_AUTH."
         )
+# ZooKeeper digest auth, "user:password": the lock nodes are then created readable and writable
+# by that user only (locks/backends/zookeeper.py). Never printed.
+LOCKS_ZOOKEEPER_AUTH = env.str("LOCKS_ZOOKEEPER_AUTH", default="") or None
+if LOCKS_ZOOKEEPER_AUTH is not None and not all(LOCKS_ZOOKEEPER_AUTH.partition(":")):
+    raise ImproperlyConfigured("LOCKS_ZOOKEEPER_AUTH must be user:password (digest auth); the value is not shown.")
 
 LOCKS = {
     "BACKEND": LOCKS_BACKEND,
     "REDLOCK_URLS": LOCKS_REDLOCK_URLS,
     "ZOOKEEPER_HOSTS": LOCKS_ZOOKEEPER_HOSTS,
+    "ZOOKEEPER_AUTH": LOCKS_ZOOKEEPER_AUTH,
     "ZOOKEEPER_SESSION_TIMEOUT": env.float("LOCKS_ZOOKEEPER_SESSION_TIMEOUT", default=4.0),
     # Redis with replicas (Sentinel, Cluster): grant a lock only once this many replicas have it.
     "WAIT_REPLICAS": env.int("LOCKS_WAIT_REPLICAS", default=0),

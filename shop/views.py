@@ -22,8 +22,10 @@ from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 
 
-def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None) -> str:
-    """What a shopper should read for each error code."""
+def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, staff: bool = False) -> str:
+    """What a shopper should read for each error code (a hidden product reads as a missing one,
+    except to staff: `errors.as_seen_by`)."""
+    exc = errors.as_seen_by(exc, staff=staff)
     names = names or {}
     if isinstance(exc, errors.OutOfStock):
         parts = []
@@ -66,10 +68,14 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         problem = cart.add_problem(request.session, product, form.cleaned_data["quantity"])
         if not problem:
-            qty = cart.add(request.session, product.pk, form.cleaned_data["quantity"],
-                           maximum=int(shop_settings.MAX_QUANTITY_PER_LINE))
-            messages.success(request, f"{product.name}: {qty} in your cart.")
-            return redirect("cart")
+            try:
+                qty = cart.add(request.session, product.pk, form.cleaned_data["quantity"],
+                               maximum=int(shop_settings.MAX_QUANTITY_PER_LINE))
+            except errors.CartFull as exc:
+                problem = plain_words(exc)
+            else:
+                messages.success(request, f"{product.name}: {qty} in your cart.")
+                return redirect("cart")
         form.add_error("quantity", problem)  # re-rendered with the message
     return render(request, "shop/product.html", {"product": product, "form": form})
 
@@ -77,20 +83,32 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
 def _cart_rows(request: HttpRequest) -> list[cart.Line]:
     """The cart's lines, flagged (never silently dropped) when they can no longer be bought."""
     ids = [pid for pid, _ in cart.lines(request.session)]
-    return cart.review(request.session, selectors.products_by_id(ids))
+    return cart.review(request.session, selectors.products_by_id(ids, include_inactive=request.user.is_staff))
+
+
+def _posted_id(request: HttpRequest, field: str) -> int:
+    """A positive id from the POST that MySQL's BIGINT holds, or 0."""
+    raw = request.POST.get(field, "")
+    value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 19 else 0
+    return value if value < 2**63 else 0
 
 
 @require_http_methods(["GET", "HEAD", "POST"])
 def cart_view(request: HttpRequest) -> HttpResponse:
-    """The cart; a POST sets one line's quantity (0 or a Remove button: removes it)."""
+    """The cart; a POST sets one line's quantity (0 or a Remove button: removes it). Only a
+    product the shopper can see goes in: a hidden id is answered as a missing one."""
     if request.method == "POST":
-        try:
-            pid = int(request.POST.get("product_id", ""))
-        except ValueError:
-            pid = 0
+        pid = _posted_id(request, "product_id")
         form = QuantityForm(request.POST)
-        if pid > 0 and form.is_valid():
-            cart.set_quantity(request.session, pid, form.cleaned_data["quantity"])
+        if form.is_valid():
+            quantity = form.cleaned_data["quantity"]
+            try:
+                if quantity > 0:
+                    selectors.product_detail(id=pid)  # the product page's own check (no id: unknown)
+                if pid:
+                    cart.set_quantity(request.session, pid, quantity)
+            except errors.ShopError as exc:
+                messages.error(request, plain_words(exc))
         else:
             messages.error(request, f"Pick a quantity from 0 to {shop_settings.MAX_QUANTITY_PER_LINE}.")
         return redirect("checkout" if request.POST.get("next") == "checkout" else "cart")
@@ -153,7 +171,8 @@ def checkout(request: HttpRequest) -> HttpResponse:
                 idempotency_key=form.cleaned_data["idempotency_key"],
             )
         except errors.ShopError as exc:
-            messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows}))
+            messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows},
+                                                staff=request.user.is_staff))
             if exc.status == 503:  # retryable: the same key, so a resubmit never orders twice
                 form = CheckoutForm(codes=codes, initial={"idempotency_key": key,
                                                           "coupon_code": form.cleaned_data["coupon_code"]})
@@ -187,6 +206,7 @@ def _own_order(request: HttpRequest, order_id: int):
 
 @login_required
 @require_POST
+@ratelimits.limit_posts("pay")
 def order_pay(request: HttpRequest, order_id: int) -> HttpResponse:
     """The "Pay" button (simulated provider): pay, then back to the order."""
     order = _own_order(request, order_id)
@@ -200,6 +220,7 @@ def order_pay(request: HttpRequest, order_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
+@ratelimits.limit_posts("cancel")
 def order_cancel(request: HttpRequest, order_id: int) -> HttpResponse:
     """The "Cancel" button of an unpaid order: its stock and coupon go back."""
     order = _own_order(request, order_id)
@@ -263,9 +284,7 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
     new_token = None
     if request.method == "POST":
         if "revoke" in request.POST:
-            raw = request.POST.get("revoke", "")
-            token_id = int(raw) if raw.isdigit() and len(raw) < 19 else 0
-            token = ApiToken.objects.filter(user=request.user, pk=token_id).first()
+            token = ApiToken.objects.filter(user=request.user, pk=_posted_id(request, "revoke")).first()
             if token is not None:
                 revoke(token=token)
                 messages.success(request, f"Token {token.prefix}... revoked.")

@@ -36,6 +36,15 @@ for IDLE_DELETE; `held()` (the dashboard) deletes any such node it reads, which 
 nodes of processes that exited first. Nodes we could not delete because ZooKeeper was away are
 deleted once it is back.
 
+Auth (LOCKS["ZOOKEEPER_AUTH"] = "user:password", env LOCKS_ZOOKEEPER_AUTH): every session
+authenticates with ZooKeeper's digest scheme, and every node we create (the root, the lock dirs,
+the holders' nodes, .clock) carries one ACL: that user may do everything, nobody else anything.
+Once per session the root is checked: created with that ACL if missing; if it was created open
+(before auth was turned on) it and its lock dirs get the ACL. The `.clock` child keeps the root
+from ever being empty, so nobody can delete it (which `/` would allow) and create it open again.
+A client without the credentials (or with others) is refused every read and write (NoAuth);
+our own refusal is a LockUnavailable that says so, at once (no waiting for a connection).
+
 Sessions: one KazooClient per process (a forked child starts its own). A call waits for a
 connection and a reply for at most a session timeout, then LockUnavailable. A holder that has
 been disconnected for a whole session timeout treats its lock as lost (the server has, or will
@@ -57,10 +66,12 @@ from urllib.parse import quote, unquote
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
+    AuthFailedError,
     BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
     KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -70,6 +81,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL, make_digest_acl
 
 from locks.backends.base import Grant, HeldLock, LockBackend, Released
 from locks.conf import locks_settings
@@ -102,6 +114,20 @@ _T = TypeVar("_T")
 
 class _Down(Exception):
     """ZooKeeper did not answer in time (turned into LockUnavailable with the lock's name)."""
+
+
+class _Refused(_Down):
+    """ZooKeeper answered NoAuth: waiting will not help (turned into LockUnavailable at once)."""
+
+
+def digest_acl(auth: str | None) -> list[ACL] | None:
+    """The ACL of every node we create with auth "user:password": all rights to that user only."""
+    if not auth:
+        return None
+    user, sep, password = auth.partition(":")
+    if not (user and sep and password):
+        raise ValueError("LOCKS['ZOOKEEPER_AUTH'] must be user:password (the value is not shown)")
+    return [make_digest_acl(user, password, all=True)]
 
 
 def _escape(name: str) -> str:
@@ -168,16 +194,20 @@ class _Node:
 class _Session:
     """This process's KazooClient (a forked child builds its own), and who to wake on a state change."""
 
-    def __init__(self, hosts: str, timeout: float, on_connected: Callable[[KazooClient], None]) -> None:
+    def __init__(self, hosts: str, timeout: float, on_connected: Callable[[KazooClient], None],
+                 auth: str | None = None) -> None:
         self.on_connected = on_connected
         self.connected = threading.Event()
         self.suspended_since: float | None = time.monotonic()
         self.wakes: set[threading.Event] = set()
+        self.root_guarded = False  # with auth: the root's ACL was checked (see the module doc)
         self.client = KazooClient(
             hosts=_short_connect(hosts, timeout), timeout=timeout,
             # Reconnect quickly and forever in the background: a restarted server is found again
             # within ~0.25 s, and a caller decides itself how long it waits (LockUnavailable).
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=0.25),
+            # Sent again on every reconnection; nodes are created with default_acl.
+            auth_data=[("digest", auth)] if auth else None, default_acl=digest_acl(auth),
         )
         self.client.add_listener(self._changed)
         self.client.start_async()
@@ -206,8 +236,10 @@ class ZooKeeperBackend(LockBackend):
     supports_combining = False
 
     def __init__(self, zookeeper_hosts: str = "127.0.0.1:2181", zookeeper_session_timeout: float = 4.0,
-                 zookeeper_root: str = "/locks") -> None:
+                 zookeeper_root: str = "/locks", zookeeper_auth: str | None = None) -> None:
         self.hosts = zookeeper_hosts
+        self.auth = zookeeper_auth or None
+        self.acl = digest_acl(self.auth)
         self.session_timeout = float(zookeeper_session_timeout)
         if not zookeeper_root.strip("/"):
             raise ValueError("LOCKS['ZOOKEEPER_ROOT'] must be a znode below /, e.g. /locks")
@@ -238,7 +270,8 @@ class ZooKeeperBackend(LockBackend):
                     if self._sessions:  # forked: the parent's nodes and clients are not ours
                         self._sessions, self._nodes, self._orphans, self._emptied = {}, {}, [], {}
                         self._given_up = set()
-                    session = self._sessions[pid] = _Session(self.hosts, self.session_timeout, self._reconnected)
+                    session = self._sessions[pid] = _Session(self.hosts, self.session_timeout, self._reconnected,
+                                                             self.auth)
         return session
 
     def _dir(self, name: str, prefix: str | None = None) -> str:
@@ -257,12 +290,34 @@ class ZooKeeperBackend(LockBackend):
         session = self._session()
         if not session.connected.wait(self.op_timeout if budget is None else max(budget, 0.0)):
             raise _Down(f"not connected to ZooKeeper at {self.hosts}")
+        if self.acl is not None and not session.root_guarded:
+            self._guard_root(session)
+        return self._answer(send(session.client))
+
+    def _answer(self, pending: Any) -> Any:
         try:
-            return send(session.client).get(timeout=self.op_timeout)
+            return pending.get(timeout=self.op_timeout)
         except _EXPECTED:
             raise
+        except (NoAuthError, AuthFailedError) as exc:
+            raise _Refused(f"ZooKeeper at {self.hosts} refused access under {self.root} ({type(exc).__name__}): "
+                           "LOCKS_ZOOKEEPER_AUTH is missing or is not the user its lock nodes belong to") from exc
         except (*_DOWN, KazooException) as exc:  # never a raw driver error to the caller
             raise _Down(f"{type(exc).__name__} from ZooKeeper at {self.hosts}") from exc
+
+    def _guard_root(self, session: _Session) -> None:
+        """With auth, once per session: the root exists with our ACL, and never empty (module doc)."""
+        client = session.client
+        self._answer(client.ensure_path_async(self.root))  # created with default_acl if missing
+        acl, _ = self._answer(client.get_acls_async(self.root))
+        if list(acl) != self.acl:  # created open, before auth was turned on: close it and its dirs
+            self._answer(client.set_acls_async(self.root, self.acl))
+            for child in self._answer(client.get_children_async(self.root)):
+                with contextlib.suppress(NoNodeError):
+                    self._answer(client.set_acls_async(f"{self.root}/{child}", self.acl))
+        with contextlib.suppress(NodeExistsError):
+            self._answer(client.create_async(f"{self.root}/.clock", b""))
+        session.root_guarded = True
 
     def _write(self, method: str, *args: Any, **kwargs: Any) -> ZnodeStat:
         """A write that returns a Stat: also a sample of the server's clock."""
@@ -283,7 +338,7 @@ class ZooKeeperBackend(LockBackend):
         return self.clock
 
     def _unavailable(self, name: str, exc: Exception) -> LockUnavailable:
-        return LockUnavailable(f"ZooKeeper unreachable: {exc}", name=name)
+        return LockUnavailable(str(exc) if isinstance(exc, _Refused) else f"ZooKeeper unreachable: {exc}", name=name)
 
     def _children(self, path: str) -> list[str]:
         try:
@@ -392,11 +447,12 @@ class ZooKeeperBackend(LockBackend):
                     if node is None or node.session != self._session().id:
                         node = self._enqueue(lock.name, parent, token, owner, retried=down_since is not None)
                     result = self._take_turn(lock, node, token, owner, blocking, deadline, cancel)
-                except _Down:
+                except _Down as exc:
                     # Ride out a short outage (a server restart) while the caller would wait anyway.
                     now = time.monotonic()
                     down_since = attempt if down_since is None else down_since
-                    if not blocking or now >= deadline or now - down_since >= self.op_timeout:
+                    if (isinstance(exc, _Refused) or not blocking or now >= deadline
+                            or now - down_since >= self.op_timeout):
                         raise
                     self._session().connected.wait(min(deadline - now, 0.5))
                     continue

@@ -59,6 +59,8 @@ def server_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
         "PYTHONWARNINGS": "ignore",
         "PYTHONPATH": str(settings.BASE_DIR),
     }
+    if locks_conf.get("ZOOKEEPER_AUTH"):
+        env["LOCKS_ZOOKEEPER_AUTH"] = locks_conf["ZOOKEEPER_AUTH"]
     if locks_conf.get("REDLOCK_URLS"):
         env["LOCKS_REDLOCK_URLS"] = ",".join(locks_conf["REDLOCK_URLS"])
     for key in ("ZOOKEEPER_SESSION_TIMEOUT", "DEFAULT_TTL", "DEFAULT_WAIT"):

@@ -109,12 +109,11 @@ def place_order(
                               digest=digest)
 
     products = Product.objects.only("id", "price", "active", "max_per_user").in_bulk([pid for pid, _ in lines])
-    unknown = [pid for pid, _ in lines if pid not in products]
-    if unknown:
-        raise errors.UnknownProduct(details={"product_ids": unknown})
-    inactive = [pid for pid, _ in lines if not products[pid].active]
-    if inactive:
-        raise errors.InactiveProduct(details={"product_ids": inactive})
+    # Hidden and missing ids in one list: to non-staff both read as unknown (errors.as_seen_by).
+    unsold = [pid for pid, _ in lines if pid not in products or not products[pid].active]
+    if unsold:
+        hidden = any(pid in products for pid in unsold)
+        raise (errors.InactiveProduct if hidden else errors.UnknownProduct)(details={"product_ids": unsold})
 
     claim = _usable_claim(user=user, code=code) if code is not None else None
     names = [product_lock(pid) for pid, _ in lines]

@@ -1,4 +1,4 @@
-"""Stock refills: restock (operators) and the stock half of cancel_order.
+"""Stock refills: restock (operators) and the stock half of cancel_order; hiding a product.
 
 A refill takes the product lock, removes the sold-out marker and raises the product's refill
 floor to its fence *before* its COMMIT (so no order can re-mark the product: see
@@ -53,6 +53,21 @@ def unmark_sold_out(product_ids: list[int], holds: dict) -> None:
             soldout.refilled([pid], fence=hold.fence if hold is not None else None)
     except Exception as exc:
         raise errors.LockUnavailable() from exc
+
+
+def hidden(*, product_id: int) -> None:
+    """Call once hiding a product has committed (the admin does, on commit).
+
+    A hidden product must answer as a missing one, never `out_of_stock` from a sold-out marker
+    the fast path would read without MySQL. So, like a refill: under the product's lock, drop
+    the marker and raise the refill floor to this hold's fence. Every buyer that read the
+    product on sale held the lock before us (an older fence: its mark is refused now); every
+    later one reads it hidden and marks nothing. Raises LockTimeout/LockUnavailable if the lock
+    cannot be had (then the marker lapses after SHOP["SOLDOUT_TTL"]).
+    """
+    refuse_outer_transaction("hidden")
+    with held([product_lock(product_id)]) as holds:
+        unmark_sold_out([product_id], holds)
 
 
 @connection_errors()

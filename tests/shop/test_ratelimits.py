@@ -154,3 +154,53 @@ def test_a_redis_outage_never_turns_the_limiter_into_a_500(limits, client, user,
     response = api_post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token)
     assert response.status_code == 503  # the lock's own answer, not a limiter crash
     assert response.json()["error"]["code"] == "lock_unavailable"
+
+
+def test_api_pay_and_cancel_are_limited_per_user(limits, client, user, other_user, make_product):
+    from shop.services import place_order
+
+    limits(pay="2/h", cancel="1/h")
+    p = make_product(stock=20)
+    token, other = ApiToken.issue(user_id=user.pk, name="t"), ApiToken.issue(user_id=other_user.pk, name="t")
+    a, b, c, d = (place_order(user=user, lines=[(p.pk, 1)]) for _ in range(4))
+    assert api_post(client, f"/api/orders/{a.pk}/pay/", {}, token).status_code == 200
+    assert api_post(client, f"/api/orders/{a.pk}/pay/", {}, token).status_code == 200  # paying again counts too
+    assert_api_rate_limited(api_post(client, f"/api/orders/{b.pk}/pay/", {}, token), "pay")
+    assert api_post(client, f"/api/orders/{c.pk}/cancel/", {}, token).status_code == 200
+    assert_api_rate_limited(api_post(client, f"/api/orders/{d.pk}/cancel/", {}, token), "cancel")
+    statuses = dict(Order.objects.filter(user=user).values_list("pk", "status"))
+    assert statuses == {a.pk: "paid", b.pk: "pending_payment", c.pk: "cancelled", d.pk: "pending_payment"}
+    # Another buyer's budget is their own.
+    theirs = place_order(user=other_user, lines=[(p.pk, 1)])
+    assert api_post(client, f"/api/orders/{theirs.pk}/pay/", {}, other).status_code == 200
+
+
+def test_web_pay_and_cancel_are_limited(limits, client, user, make_product):
+    from django.urls import reverse
+
+    from shop.services import place_order
+
+    limits(pay="1/h", cancel="1/h")
+    client.force_login(user)
+    p = make_product(stock=20)
+    a, b, c, d = (place_order(user=user, lines=[(p.pk, 1)]) for _ in range(4))
+    assert client.post(reverse("order_pay", args=[a.pk])).status_code == 302
+    assert_web_rate_limited(client.post(reverse("order_pay", args=[b.pk])))
+    assert client.post(reverse("order_cancel", args=[c.pk])).status_code == 302
+    assert_web_rate_limited(client.post(reverse("order_cancel", args=[d.pk])))
+    statuses = dict(Order.objects.filter(user=user).values_list("pk", "status"))
+    assert statuses == {a.pk: "paid", b.pk: "pending_payment", c.pk: "cancelled", d.pk: "pending_payment"}
+    assert client.get(reverse("order", args=[b.pk])).status_code == 200  # looking is never limited
+
+
+def test_default_pay_and_cancel_limits_leave_room_for_the_load_test():
+    """`loadtest --url --pay 1` pays every order it places: pay may not be tighter than checkout."""
+    from shop.ratelimits import rate_for
+
+    def per_minute(name: str) -> int:
+        count, _, period = rate_for(name).partition("/")
+        assert period == "m"
+        return int(count)
+
+    assert per_minute("pay") >= per_minute("checkout")
+    assert 10 <= per_minute("cancel") <= per_minute("checkout")

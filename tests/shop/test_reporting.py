@@ -38,3 +38,10 @@ def test_mask_url_credentials():
     masked = mask_url_credentials(f"mysql://shop:{PASSWORD}@db:3306/shop and redis://:{PASSWORD}@r:6379/0")
     assert PASSWORD not in masked and "mysql://shop:" in masked and "@db:3306/shop" in masked
     assert PASSWORD not in mask_url_credentials(f"redis://r:6379/0?db=1&password={PASSWORD}")
+
+
+def test_a_password_with_an_unescaped_at_sign_is_masked_whole():
+    """redis-py and MySQLdb read 'u:a@b@host' as password 'a@b' (the host follows the last '@')."""
+    masked = mask_url_credentials(f"mysql://shop:a@{PASSWORD}@db:3306/shop, redis://:{PASSWORD}@x@r:6379")
+    assert PASSWORD not in masked and "@db:3306/shop" in masked and "@r:6379" in masked
+    assert SafeUrlExceptionReporterFilter.cleansed_substitute in masked  # the one mask, reports and start-up alike

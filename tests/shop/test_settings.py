@@ -165,3 +165,40 @@ def test_the_image_never_loads_demo_data_unless_asked(tmp_path):
     assert calls[-1].startswith("gunicorn shop.wsgi")
     (tmp_path / "calls.log").unlink()
     assert "python manage.py seed_demo" in _run_image_start(tmp_path, SEED_DEMO="1")
+
+
+SECRET = "S3cr3tPW"
+MASK = "********************"  # Django's SafeExceptionReporterFilter.cleansed_substitute
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"DATABASE_URL": f"postgres://shop:{SECRET}@db/shop"}, "DATABASE_URL"),
+    ({"DATABASE_URL": f"mysql://shop:{SECRET}@db:3306/"}, "DATABASE_URL"),
+    ({"DATABASE_URL": f"mysql://shop:{SECRET}@db:notaport/shop"}, "DATABASE_URL"),
+    ({"DATABASE_URL": f"mysql://shop:{SECRET}@[::1/shop"}, "DATABASE_URL"),
+    ({"DATABASE_URL": f"mysql://shop:a@{SECRET}@db:3306/"}, "DATABASE_URL"),  # an unescaped @ in it
+    ({"REDIS_URL": f"http://:{SECRET}@127.0.0.1:6379"}, "REDIS_URL"),
+    ({"REDIS_URL": f"unix://?password={SECRET}"}, "REDIS_URL"),
+    ({"LOCKS_REDIS_URL": f"redis+sentinel://:{SECRET}@127.0.0.1:26379"}, "LOCKS_REDIS_URL"),
+    ({"LOCKS_REDIS_URL": f"redis+cluster://:{SECRET}@127.0.0.1:7000/3"}, "LOCKS_REDIS_URL"),
+    ({"LOCKS_REDLOCK_URLS": f"http://:{SECRET}@a:1,redis://b:1/0,redis://c:1/0"}, "LOCKS_REDLOCK_URLS"),
+    ({"LOCKS_ZOOKEEPER_HOSTS": f"shop:{SECRET}@zookeeper"}, "LOCKS_ZOOKEEPER_HOSTS"),
+])
+def test_a_start_up_error_never_prints_a_password(env, named):
+    """Issue 20: these messages go to stderr and container logs; the URL is shown, its password not."""
+    result = start(**{"DEBUG": "true", **env})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and named in result.stderr, result.stderr
+    assert SECRET not in result.stderr, result.stderr
+    assert MASK in result.stderr.strip().splitlines()[-1]  # shown masked, the rest of the URL kept
+
+
+def test_a_bad_zookeeper_auth_is_refused_without_printing_it():
+    result = start(DEBUG="true", LOCKS_ZOOKEEPER_AUTH=SECRET)  # no "user:"
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "LOCKS_ZOOKEEPER_AUTH" in result.stderr, result.stderr
+    assert SECRET not in result.stderr
+    good = start("settings.LOCKS['ZOOKEEPER_AUTH']", DEBUG="true", LOCKS_ZOOKEEPER_AUTH=f"shop:{SECRET}")
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.split() == [f"shop:{SECRET}"]
+    assert start("settings.LOCKS['ZOOKEEPER_AUTH']", DEBUG="true").stdout.split() == ["None"]

@@ -4,30 +4,18 @@ a holder that dies or freezes loses the lock with its session; a server restart 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 
 import pytest
 
 from locks import Lock, LockLost, LockNotOwned, LockUnavailable, inspect
-from locks.backends import get_backend, reset
-from locks.servers.zookeeper import ZooKeeperProcess
+from locks.backends import get_backend
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
 from tests.locks.conftest import FORK
 
 SESSION = 2.0  # the session timeout the backend fixture sets: a crashed holder's lock lasts this long
 SLACK = 10.0  # a loaded machine
-
-
-@pytest.fixture(scope="module")
-def zookeeper():
-    server = ZooKeeperProcess()
-    server.start()
-    yield server
-    reset()
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
 
 
 @pytest.fixture
