@@ -174,10 +174,12 @@ EOC
 }
 
 ensure_venv() {
-  local reqs=$1 stamp
+  local reqs=$1 sum stamp
   [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
-  stamp="$VENV/.installed-$(basename "$reqs")-$(cat requirements*.txt | sha1sum | cut -c1-12)"
-  if [ ! -f "$stamp" ]; then
+  sum=$(cat requirements*.txt | sha1sum | cut -c1-12)
+  stamp="$VENV/.installed-$(basename "$reqs")-$sum"
+  # requirements-dev.txt includes the others: a venv set up for the tests serves `run` as it is.
+  if [ ! -f "$stamp" ] && [ ! -f "$VENV/.installed-requirements-dev.txt-$sum" ]; then
     say "installing $reqs"
     "$VENV/bin/pip" install -q --upgrade pip >/dev/null
     "$VENV/bin/pip" install -q -r "$reqs"
