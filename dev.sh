@@ -130,8 +130,9 @@ serve() {
   "$VENV/bin/python" manage.py run_jobs & serve_pids+=($!)
   "$VENV/bin/python" manage.py runserver "127.0.0.1:$port" & serve_pids+=($!)
   wait -n -p ended "${serve_pids[@]}" || rc=$?
-  if [ "$ended" = "${serve_pids[0]}" ]; then say "run_jobs stopped (status $rc): stopping the server"
-  else say "the server stopped (status $rc): stopping run_jobs"; fi
+  # (On Ctrl-C run_jobs ends first: it stops on SIGINT, the server ignores it as a background job.)
+  if [ "$ended" = "${serve_pids[0]}" ]; then say "run_jobs ended (status $rc): stopping the server too"
+  else say "the server ended (status $rc): stopping run_jobs too"; fi
   exit "$rc"
 }
 
