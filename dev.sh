@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine:
-#   ./dev.sh run    set everything up (services, venv, database, migrations, demo data), serve :8000
+#   ./dev.sh run    set everything up (services, venv, database, migrations, demo data), then serve
+#                   on 127.0.0.1:$PORT (default 8000) with the jobs runner beside the server
 #   ./dev.sh test   set everything up the same way, then run the whole test suite
 #   ./dev.sh setup  only the set-up part
 # Idempotent: safe to run again and again.
@@ -14,6 +15,9 @@ export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-shop.settings}
 # A development machine: DEBUG on (settings default to off) and, with it, Django's dev-only key.
 # The test suite uses tests.settings (pyproject.toml), which brings its own throwaway key.
 export DEBUG=${DEBUG:-true}
+# What other shells get: settings read this file when present (environment variables win), so the
+# README's `.venv/bin/python manage.py ...` works from any shell after `./dev.sh run`.
+dev_env_file=.env.dev
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -70,12 +74,84 @@ ensure_redis() {
   fi
 }
 
+# DEBUG on and a SECRET_KEY generated once for this checkout (kept: sessions survive a re-run).
+ensure_dev_env_file() {
+  [ -f "$dev_env_file" ] && return
+  say "writing $dev_env_file (DEBUG=true and a generated SECRET_KEY, for manage.py in any shell)"
+  local key
+  key=$("$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(50))')
+  (umask 077; cat > "$dev_env_file" <<EOF
+# Written by ./dev.sh for this development checkout (git- and docker-ignored); never on a server.
+# shop/settings.py reads it when present, after .env; exported environment variables win.
+DEBUG=true
+SECRET_KEY=$key
+EOF
+  )
+}
+
+# PORT must be a port number that 127.0.0.1 can listen on now: checked before any set-up, and
+# again just before serving. The same bind as runserver's (SO_REUSEADDR, as socketserver does).
+check_port() {
+  local port=$1 why
+  if ! [[ $port =~ ^[0-9]{1,5}$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; then
+    echo "PORT=$port is not a port number (1-65535); e.g. PORT=8001 ./dev.sh run" >&2
+    exit 2
+  fi
+  if ! why=$("$PYTHON" - "$port" 2>&1 <<'PY'
+import socket, sys
+with socket.socket() as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", int(sys.argv[1])))
+    except OSError as exc:
+        sys.exit(exc.strerror)
+PY
+  ); then
+    echo "port $port on 127.0.0.1 is not free ($why): stop what listens there (ss -ltnp 'sport = :$port')" \
+      "or choose another port, e.g. PORT=$(( port < 65535 ? port + 1 : 8000 )) ./dev.sh run" >&2
+    exit 1
+  fi
+}
+
+# The dev server and the jobs runner (it expires unpaid orders, as on a real server), stopped
+# together: Ctrl-C, a SIGTERM to this script, or either of them exiting stops both.
+serve_pids=()
+stop_serving() {
+  [ ${#serve_pids[@]} -gt 0 ] || return 0
+  kill "${serve_pids[@]}" 2>/dev/null || true
+  wait "${serve_pids[@]}" 2>/dev/null || true
+  serve_pids=()
+}
+serve() {
+  local port=$1 rc=0 ended
+  trap stop_serving EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  "$VENV/bin/python" manage.py run_jobs & serve_pids+=($!)
+  "$VENV/bin/python" manage.py runserver "127.0.0.1:$port" & serve_pids+=($!)
+  wait -n -p ended "${serve_pids[@]}" || rc=$?
+  # (On Ctrl-C run_jobs ends first: it stops on SIGINT, the server ignores it as a background job.)
+  if [ "$ended" = "${serve_pids[0]}" ]; then say "run_jobs ended (status $rc): stopping the server too"
+  else say "the server ended (status $rc): stopping run_jobs too"; fi
+  exit "$rc"
+}
+
+configured_locks_backend() {
+  "$VENV/bin/python" -c 'from django.conf import settings; print(settings.LOCKS["BACKEND"])'
+}
+
 zk_ok() { [ "$(echo ruok | timeout 1 bash -c 'exec 3<>/dev/tcp/127.0.0.1/2181; cat >&3; cat <&3' 2>/dev/null)" = imok ]; }
 
-# ZooKeeper for LOCKS_BACKEND=zookeeper: Debian's package (not zookeeperd: no systemd here), a
-# standalone server on 127.0.0.1:2181 started with java directly (docs: scaleout.md section 4).
-ensure_zookeeper() {
+# ZooKeeper, an optional service (slow to install: Java): Debian's package (not zookeeperd: no
+# systemd here). The tests of its backend start their own servers from it (locks/servers/zookeeper.py).
+install_zookeeper() {
   [ -f /usr/share/java/zookeeper.jar ] || { say "installing zookeeper"; apt_install --no-install-recommends zookeeper; }
+}
+
+# For LOCKS_BACKEND=zookeeper only: a standalone server on 127.0.0.1:2181 started with java
+# directly (docs: scaleout.md section 4).
+ensure_zookeeper() {
+  install_zookeeper
   zk_ok && return
   local d=${TMPDIR:-/tmp}/shop-zookeeper
   mkdir -p "$d/data"
@@ -99,10 +175,12 @@ EOC
 }
 
 ensure_venv() {
-  local reqs=$1 stamp
+  local reqs=$1 sum stamp
   [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
-  stamp="$VENV/.installed-$(basename "$reqs")-$(cat requirements*.txt | sha1sum | cut -c1-12)"
-  if [ ! -f "$stamp" ]; then
+  sum=$(cat requirements*.txt | sha1sum | cut -c1-12)
+  stamp="$VENV/.installed-$(basename "$reqs")-$sum"
+  # requirements-dev.txt includes the others: a venv set up for the tests serves `run` as it is.
+  if [ ! -f "$stamp" ] && [ ! -f "$VENV/.installed-requirements-dev.txt-$sum" ]; then
     say "installing $reqs"
     "$VENV/bin/pip" install -q --upgrade pip >/dev/null
     "$VENV/bin/pip" install -q -r "$reqs"
@@ -112,11 +190,14 @@ ensure_venv() {
 
 setup() {
   local mode=${1:-run}
+  ensure_dev_env_file
   ensure_packages "$mode"
   ensure_redis
   ensure_mariadb
-  ensure_zookeeper
   if [ "$mode" = test ]; then ensure_venv requirements-dev.txt; else ensure_venv requirements.txt; fi
+  # Each optional service only where it is used: the ZooKeeper backend's tests, or the settings.
+  if [ "$mode" = test ]; then install_zookeeper; fi
+  if [ "$(configured_locks_backend)" = zookeeper ]; then ensure_zookeeper; fi
   "$VENV/bin/python" manage.py createdb
   "$VENV/bin/python" manage.py migrate --no-input -v 0
   # Static files the standard way: WhiteNoise serves STATIC_ROOT, so the stylesheet also loads
@@ -126,10 +207,14 @@ setup() {
 
 case "${1:-}" in
   run)
+    port=${PORT:-8000}
+    check_port "$port"
     setup run
     SEED_DEMO=1 "$VENV/bin/python" manage.py seed_demo
-    say "serving on http://127.0.0.1:8000 (admin: /admin/, user admin / password admin)"
-    exec "$VENV/bin/python" manage.py runserver 127.0.0.1:8000
+    check_port "$port"
+    say "serving on http://127.0.0.1:$port (admin: /admin/, user admin / password admin);" \
+      "run_jobs runs beside it (expires unpaid orders); Ctrl-C stops both"
+    serve "$port"
     ;;
   test)
     shift

@@ -1,7 +1,8 @@
 """Settings, read from the environment with working local defaults.
 
-Every value can be set as an environment variable (or in a `.env` file beside manage.py).
-A mistake fails at start with a message that names the variable, not deep inside a request.
+Every value can be set as an environment variable (or in a `.env` file beside manage.py; on a
+development checkout also in the `.env.dev` that `./dev.sh` writes). A mistake fails at start
+with a message that names the variable, not deep inside a request.
 """
 
 import ipaddress
@@ -17,7 +18,15 @@ from locks import redis_urls
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
-environ.Env.read_env(BASE_DIR / ".env")
+# Each file is read only when present and only fills names the environment lacks: exported
+# variables win, then `.env` (yours), then `.env.dev`. `./dev.sh` writes `.env.dev` (DEBUG on and
+# a generated SECRET_KEY, git- and docker-ignored) so that manage.py works from any shell on the
+# laptop; a server has no such file, so nothing changes there. DEV_ENV_FILE names another file
+# ("" for none: the test suite, which must not depend on a developer's file).
+DEFAULT_DEV_ENV_FILE = str(BASE_DIR / ".env.dev")
+for _env_file in (BASE_DIR / ".env", os.environ.get("DEV_ENV_FILE", DEFAULT_DEV_ENV_FILE)):
+    if _env_file and os.path.isfile(_env_file):
+        environ.Env.read_env(_env_file)
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -30,7 +39,7 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 # Off unless asked for: a forgotten variable must never expose tracebacks and settings.
-# `./dev.sh run` turns it on for the laptop.
+# `./dev.sh` turns it on for the laptop (its environment and `.env.dev`).
 DEBUG = _env_bool("DEBUG", False)
 SECRET_KEY = env.str("SECRET_KEY", default="")
 if not SECRET_KEY:

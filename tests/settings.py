@@ -8,6 +8,8 @@ inherit this environment) get a throwaway key instead of the developer having to
 import os
 
 os.environ.setdefault("SECRET_KEY", "tests-only-insecure-key-" + "x" * 40)
+# The same settings whether or not ./dev.sh wrote a .env.dev here (inherited by subprocesses).
+os.environ.setdefault("DEV_ENV_FILE", "")
 
 from shop.settings import *  # noqa: F403
 

@@ -170,17 +170,26 @@ def run_table(summaries: Sequence[Summary]) -> str:
 
 
 # --- progress -----------------------------------------------------------------------------
+# What the progress line counts, in the words of the run's final table: (label, outcomes summed).
+ORDER_COUNTS = (("placed", (PLACED,)), ("out_of_stock", (OUT_OF_STOCK,)), ("busy", (BUSY,)),
+                ("errors", (ERROR, REJECTED)))
+CLAIM_COUNTS = (("claimed", (PLACED,)), ("sold_out", (OUT_OF_STOCK,)), ("already_claimed", (REJECTED,)),
+                ("busy", (BUSY,)), ("errors", (ERROR,)))
+
+
 class ProgressLine:
     """One self-rewriting line on stderr (a plain line every few seconds when stderr is not a terminal)."""
 
     WIDTH = 24
 
-    def __init__(self, out: Any, label: str, *, final: bool = True) -> None:
+    def __init__(self, out: Any, label: str, *, final: bool = True,
+                 counts: Sequence[tuple[str, tuple[str, ...]]] = ORDER_COUNTS) -> None:
         """`out`: a management command's OutputWrapper (write(text, ending=...), flush(), isatty()).
 
-        `final`: when not on a terminal, print the last state at `done()`.
+        `final`: when not on a terminal, print the last state at `done()`. `counts`: the labels
+        shown, the same as the final table's (ORDER_COUNTS, CLAIM_COUNTS).
         """
-        self.out, self.label, self.final = out, label, final
+        self.out, self.label, self.final, self.counts = out, label, final, counts
         self.tty = out.isatty()
         self.last_plain = time.monotonic()
         self.text = ""
@@ -189,10 +198,8 @@ class ProgressLine:
         target = p.phase.requests
         fraction = p.done / target if target else p.elapsed / p.phase.duration if p.phase.duration else 0.0
         bar = "#" * int(min(1.0, fraction) * self.WIDTH)
-        c = p.counts
-        text = (f"{self.label} {p.phase.name:<8} [{bar:<{self.WIDTH}}] {p.done:>7,} req  "
-                f"placed {c['placed']:,}  out_of_stock {c['out_of_stock']:,}  busy {c['busy']:,}  "
-                f"errors {c['error'] + c['rejected']:,}  {p.elapsed:5.1f}s")
+        counts = "  ".join(f"{name} {sum(p.counts[o] for o in outcomes):,}" for name, outcomes in self.counts)
+        text = f"{self.label} {p.phase.name:<8} [{bar:<{self.WIDTH}}] {p.done:>7,} req  {counts}  {p.elapsed:5.1f}s"
         self.text = text
         if self.tty:
             self.out.write("\r" + text + "\033[K", ending="")

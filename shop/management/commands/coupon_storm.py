@@ -56,7 +56,9 @@ class Command(BaseCommand):
                              seed=opts["seed"])
         self.stdout.write(f"coupon_storm: {config.users:,} users x {config.attempts} claim(s), "
                           f"coupon total {config.total:,}, {config.processes} processes")
-        progress = None if opts["no_progress"] else report.ProgressLine(self.stderr, "claims")
+        progress = None
+        if not opts["no_progress"]:  # in the table's words: claimed, sold_out, already_claimed
+            progress = report.ProgressLine(self.stderr, "claims", counts=report.CLAIM_COUNTS)
         try:
             outcome = scenarios.coupon_storm(config, progress)
         except RunError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from io import StringIO
 
 import pytest
@@ -99,3 +100,18 @@ def test_the_table_has_a_legend_and_skipped_checks_say_so(tmp_path):
     assert "skip  sold-out refusals" in out and "coupon storm: PASS" in out
     checks = json.loads((tmp_path / "s.json").read_text())["checks"]
     assert [c["skipped"] for c in checks].count(True) == 1 and all(c["ok"] is not False for c in checks)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_progress_line_speaks_the_tables_vocabulary():
+    """Issue 23 item 14: the progress said "placed / out_of_stock" where the table says "claimed /
+    sold_out" (the API's coupon_sold_out, coupon_already_claimed)."""
+    out, err = StringIO(), StringIO()  # not a terminal: the last progress state is printed at the end
+    call_command("coupon_storm", "--users", "6", "--total", "4", "--processes", "2", "--attempts", "2",
+                 stdout=out, stderr=err)
+    progress = err.getvalue().strip().splitlines()[-1]
+    headers = next(line for line in out.getvalue().splitlines() if line.startswith("attempted")).split()
+    labels = re.findall(r"([a-z_]+) \d+", progress)
+    assert labels == ["claimed", "sold_out", "already_claimed", "busy", "errors"], progress
+    assert set(labels) <= set(headers)
+    assert "claimed 4 " in progress and "placed" not in progress and "out_of_stock" not in progress
