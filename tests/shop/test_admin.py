@@ -218,3 +218,97 @@ def test_staff_who_may_change_orders_get_the_cancel_tool_but_no_save(make_produc
     assert editor.post(f"/admin/shop/order/{order.pk}/cancel/").status_code == 302
     order.refresh_from_db()
     assert order.status == Order.Status.CANCELLED
+
+
+# --- issue 23 items 10-11: paid orders are refunded, never cancelled; a list that fits ----------
+def _paid(user, product, quantity: int = 2) -> Order:
+    from shop.services import pay_order
+
+    return pay_order(order=place_order(user=user, lines=[(product.pk, quantity)]), actor="test")
+
+
+def test_a_paid_order_offers_refund_and_never_cancel(admin_client, make_product, user):
+    p = make_product(stock=5, price="129.00")
+    paid = _paid(user, p)
+    pending = place_order(user=user, lines=[(p.pk, 1)])
+    refund, cancel = f"/admin/shop/order/{paid.pk}/refund/", f"/admin/shop/order/{paid.pk}/cancel/"
+    page = admin_client.get(f"/admin/shop/order/{paid.pk}/change/").content.decode()
+    assert f'href="{refund}"' in page and "Refund order…" in page
+    assert cancel not in page and "Cancel order…" not in page
+    listing = admin_client.get("/admin/shop/order/").content.decode()
+    assert f'href="{refund}"' in listing and cancel not in listing
+    assert f"/admin/shop/order/{pending.pk}/cancel/" in listing
+    assert f"/admin/shop/order/{pending.pk}/refund/" not in listing
+
+    # The cancel page of a paid order says it is paid and offers the refund instead; a POST is refused.
+    confirm = admin_client.get(cancel).content.decode()
+    assert "is paid" in confirm and 'value="Yes, cancel it"' not in confirm and f'href="{refund}"' in confirm
+    refused = admin_client.post(cancel, follow=True).content.decode()
+    assert "refund it instead" in refused
+    paid.refresh_from_db()
+    assert paid.status == Order.Status.PAID
+
+    confirm = admin_client.get(refund).content.decode()
+    assert "is paid" in confirm and "258.00" in confirm and 'value="Yes, refund it"' in confirm
+    assert admin_client.post(refund).status_code == 302
+    paid.refresh_from_db()
+    p.refresh_from_db()
+    assert paid.status == Order.Status.REFUNDED and p.stock == 4  # the pending order still holds 1
+    entry = StockLedger.objects.get(order=paid, reason=StockLedger.Reason.REFUND)
+    assert (entry.quantity, entry.actor) == (2, "admin:root")
+    again = admin_client.post(refund, follow=True).content.decode()
+    assert "can be refunded" in again
+    page = admin_client.get(f"/admin/shop/order/{paid.pk}/change/").content.decode()
+    assert refund not in page and cancel not in page  # nothing left to do
+    assert "is refunded" in admin_client.get(refund).content.decode()
+
+
+def test_the_cancel_page_says_what_state_the_order_is_in(admin_client, make_product, user):
+    order = place_order(user=user, lines=[(make_product(stock=5).pk, 1)])
+    page = admin_client.get(f"/admin/shop/order/{order.pk}/cancel/").content.decode()
+    assert "is awaiting payment" in page and 'value="Yes, cancel it"' in page
+    admin_client.post(f"/admin/shop/order/{order.pk}/cancel/")
+    page = admin_client.get(f"/admin/shop/order/{order.pk}/cancel/").content.decode()
+    assert "is cancelled" in page and 'value="Yes, cancel it"' not in page
+
+
+def test_view_only_staff_see_no_refund_and_cannot_post_one(make_product, user):
+    paid = _paid(user, make_product(stock=5))
+    viewer = Client()
+    viewer.force_login(_staff_with("view_order"))
+    for url in (f"/admin/shop/order/{paid.pk}/change/", "/admin/shop/order/"):
+        page = viewer.get(url)
+        assert page.status_code == 200 and "/refund/" not in page.content.decode(), url
+    assert viewer.get(f"/admin/shop/order/{paid.pk}/refund/").status_code == 403
+    assert viewer.post(f"/admin/shop/order/{paid.pk}/refund/").status_code == 403
+    paid.refresh_from_db()
+    assert paid.status == Order.Status.PAID
+    editor = Client()
+    editor.force_login(_staff_with("view_order", "change_order"))
+    assert editor.post(f"/admin/shop/order/{paid.pk}/refund/").status_code == 302
+    paid.refresh_from_db()
+    assert paid.status == Order.Status.REFUNDED
+
+
+def test_the_status_filter_offers_placed_only_while_legacy_orders_exist(admin_client, make_product, user):
+    import re
+
+    def offered() -> list[str]:
+        page = admin_client.get("/admin/shop/order/").content.decode()
+        filters = page[page.index('id="changelist-filter"'):]
+        return re.findall(r"status__exact=(\w+)", filters)
+
+    place_order(user=user, lines=[(make_product(stock=5).pk, 1)])
+    assert offered() == ["pending_payment", "paid", "refunded", "cancelled", "expired"]
+    Order.objects.create(user=user, status=Order.Status.PLACED, subtotal=1, total=1)  # from before payments
+    assert "placed" in offered()
+    assert admin_client.get("/admin/shop/order/?status__exact=placed").status_code == 200
+
+
+def test_the_orders_list_is_compact(admin_client, make_product, user):
+    """Money as money, dates short, one actions column (the browser test checks the width)."""
+    p = make_product(stock=5, price="1658.00")
+    _paid(user, p)
+    page = admin_client.get("/admin/shop/order/").content.decode()
+    assert "column-order_actions" in page and "column-cancel_link" not in page
+    assert "3,316.00" in page or "3316.00" in page  # the `money` filter, whatever its locale
