@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -25,7 +27,9 @@ from locks import inspect
 from locks.exceptions import LockUnavailable
 from shop import errors
 from shop.conf import shop_settings
-from shop.models import ApiToken, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+from shop.exports import order_csv
+from shop.models import ApiToken, Coupon, CouponClaim, Order, OrderLine, Product, ProductSales, StockLedger
+from shop.selectors import STOCK_LEVELS, by_stock_level, orders_in_chunks, product_sales
 from shop.services import cancel_order, refund_order, restock
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
@@ -272,8 +276,35 @@ class OrderAdmin(admin.ModelAdmin):
         return [
             path("<int:order_id>/cancel/", operate(self.cancel_view), name="shop_order_cancel"),
             path("<int:order_id>/refund/", operate(self.refund_view), name="shop_order_refund"),
+            path("export.csv", self.admin_site.admin_view(require_http_methods(["GET"])(self.export_view)),
+                 name="shop_order_export"),
             *super().get_urls(),
         ]
+
+    def may_export(self, request) -> bool:
+        return self.has_view_permission(request) and request.user.has_perm("shop.export_order")
+
+    def changelist_view(self, request, extra_context=None):
+        """The list offers "Export CSV" (with its current filters and search) to those allowed."""
+        extra = dict(extra_context or {})
+        if self.may_export(request):
+            query = request.GET.urlencode()
+            extra["export_url"] = reverse("admin:shop_order_export") + (f"?{query}" if query else "")
+        return super().changelist_view(request, extra)
+
+    def export_view(self, request):
+        """The orders the list shows (same filters and search), newest first, as a streamed CSV."""
+        if not self.may_export(request):
+            raise PermissionDenied
+        try:
+            orders = self.get_changelist_instance(request).queryset
+        except IncorrectLookupParameters:
+            return HttpResponseBadRequest("Unknown filter in the query string.")
+        response = StreamingHttpResponse(order_csv(orders_in_chunks(orders=orders)),
+                                         content_type="text/csv; charset=utf-8")
+        stamp = localtime().strftime("%Y%m%d-%H%M%S")
+        response["Content-Disposition"] = f'attachment; filename="orders-{stamp}.csv"'
+        return response
 
     def cancel_view(self, request, order_id: int):
         return self._operate(request, order_id, action="cancel", service=cancel_order,
@@ -302,6 +333,66 @@ class OrderAdmin(admin.ModelAdmin):
             "allowed": allowed is not None and allowed[0].endswith(f"/{action}/"), "other": allowed,
             "title": f"{action.capitalize()} order #{order.pk}?",
         })
+
+class StockLevelFilter(admin.SimpleListFilter):
+    title = "stock"
+    parameter_name = "stock"
+
+    def lookups(self, request, model_admin):
+        low = int(shop_settings.LOW_STOCK)
+        return [(k, f"{label} (1-{low} left)" if k == "low" else label) for k, label in STOCK_LEVELS.items()]
+
+    def queryset(self, request, queryset):
+        return by_stock_level(queryset, level=self.value())
+
+
+@admin.register(ProductSales)
+class ProductSalesAdmin(admin.ModelAdmin):
+    """Shop > Sales: per product, units sold and revenue (paid orders), units reserved by orders
+    awaiting payment, units refunded, stock left; filter sold out / low stock. Read-only, its own
+    view permission (`view_productsales`); the reading is `shop.selectors.product_sales`."""
+
+    list_display = ("name", "sku", "unit_price", "stock", "sold", "paid_revenue", "reserved", "refunded")
+    list_display_links = None
+    list_filter = (StockLevelFilter, "active")
+    search_fields = ("name", "sku")
+    list_per_page = 50
+
+    def get_queryset(self, request):
+        return product_sales(products=super().get_queryset(request))
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"title": "Sales by product", **(extra_context or {})})
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description="Price", ordering="price")
+    def unit_price(self, obj: Product) -> str:
+        return money(obj.price)
+
+    @admin.display(description="Sold", ordering="units_sold")
+    def sold(self, obj: Product) -> int:
+        return obj.units_sold
+
+    @admin.display(description="Revenue", ordering="revenue")
+    def paid_revenue(self, obj: Product) -> str:
+        return money(obj.revenue)
+
+    @admin.display(description="Reserved", ordering="units_reserved")
+    def reserved(self, obj: Product) -> int:
+        return obj.units_reserved
+
+    @admin.display(description="Refunded", ordering="units_refunded")
+    def refunded(self, obj: Product) -> int:
+        return obj.units_refunded
+
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:

@@ -122,6 +122,8 @@ class Order(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        # Exporting every order (buyers' names included) is its own permission, not "view".
+        permissions = [("export_order", "Can export orders as CSV")]
         indexes = [models.Index(fields=["status", "pay_by"], name="order_status_pay_by")]
         constraints = [
             models.UniqueConstraint(fields=["user", "idempotency_key"], name="order_idempotency_key_per_user"),
@@ -150,6 +152,18 @@ class Order(models.Model):
         """Unpaid and inside its window (the service re-checks in its guarded UPDATE)."""
         return (self.status == self.Status.PENDING_PAYMENT and self.pay_by is not None
                 and self.pay_by > timezone.now())
+
+
+class ProductSales(Product):
+    """No table of its own: the admin's Sales view (units sold, paid revenue, reserved units per
+    product; `shop.selectors.product_sales`), with its own view permission: revenue is not for
+    everyone who may look at the catalog."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ("view",)
+        verbose_name = "product's sales"
+        verbose_name_plural = "sales by product"
 
 
 # Orders that hold their stock: I2 counts their units as taken.

@@ -56,7 +56,7 @@ def _orders(make_product, make_coupon) -> list[Order]:
     return orders
 
 
-def test_the_orders_list_fits_1280_px_without_sideways_scrolling(live_server, make_product, make_coupon):
+def test_the_orders_and_sales_lists_fit_1280_px_without_sideways_scrolling(live_server, make_product, make_coupon):
     from playwright.sync_api import sync_playwright
 
     _orders(make_product, make_coupon)
@@ -69,8 +69,12 @@ def test_the_orders_list_fits_1280_px_without_sideways_scrolling(live_server, ma
         page.screenshot(path=str(ARTIFACTS / "admin-orders-1280.png"), full_page=True)
         text = page.inner_text("#changelist")
         filters = page.inner_text("#changelist-filter")
+        page.goto(f"{live_server.url}/admin/shop/productsales/")
+        sales = page.evaluate(OVERFLOW)
+        page.screenshot(path=str(ARTIFACTS / "admin-sales-1280.png"), full_page=True)
         browser.close()
     assert overflow == {"page": 0, "results": 0}, overflow
+    assert sales == {"page": 0, "results": 0}, sales
     assert "Refund…" in text and "Cancel…" in text  # the actions are there, in one column
     assert "Placed" not in filters and "Awaiting payment" in filters  # the legacy status is not offered
 
