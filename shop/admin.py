@@ -334,6 +334,17 @@ class OrderAdmin(admin.ModelAdmin):
             "title": f"{action.capitalize()} order #{order.pk}?",
         })
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 class StockLevelFilter(admin.SimpleListFilter):
     title = "stock"
     parameter_name = "stock"
@@ -346,13 +357,28 @@ class StockLevelFilter(admin.SimpleListFilter):
         return by_stock_level(queryset, level=self.value())
 
 
-@admin.register(ProductSales)
-class ProductSalesAdmin(admin.ModelAdmin):
-    """Shop > Sales: per product, units sold and revenue (paid orders), units reserved by orders
-    awaiting payment, units refunded, stock left; filter sold out / low stock. Read-only, its own
-    view permission (`view_productsales`); the reading is `shop.selectors.product_sales`."""
+def _sales_column(field: str, description: str, render=None):
+    """A Sales column showing the annotation `field` of `shop.selectors.product_sales`, sortable."""
 
-    list_display = ("name", "sku", "unit_price", "stock", "sold", "paid_revenue", "reserved", "refunded")
+    @admin.display(description=description, ordering=field)
+    def column(obj: Product):
+        value = getattr(obj, field)
+        return value if render is None else render(value)
+
+    column.__name__ = field
+    return column
+
+
+@admin.register(ProductSales)
+class ProductSalesAdmin(ReadOnlyAdmin):
+    """Shop > Sales by product: per product, units sold and revenue (paid orders), units reserved
+    by orders awaiting payment, units refunded, stock left; filter sold out / low stock.
+    Read-only, its own view permission (`view_productsales`); the reading is
+    `shop.selectors.product_sales`."""
+
+    list_display = ("name", "sku", _sales_column("price", "Price", money), "stock",
+                    _sales_column("units_sold", "Sold"), _sales_column("revenue", "Revenue", money),
+                    _sales_column("units_reserved", "Reserved"), _sales_column("units_refunded", "Refunded"))
     list_display_links = None
     list_filter = (StockLevelFilter, "active")
     search_fields = ("name", "sku")
@@ -363,46 +389,6 @@ class ProductSalesAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request, extra_context=None):
         return super().changelist_view(request, {"title": "Sales by product", **(extra_context or {})})
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-    @admin.display(description="Price", ordering="price")
-    def unit_price(self, obj: Product) -> str:
-        return money(obj.price)
-
-    @admin.display(description="Sold", ordering="units_sold")
-    def sold(self, obj: Product) -> int:
-        return obj.units_sold
-
-    @admin.display(description="Revenue", ordering="revenue")
-    def paid_revenue(self, obj: Product) -> str:
-        return money(obj.revenue)
-
-    @admin.display(description="Reserved", ordering="units_reserved")
-    def reserved(self, obj: Product) -> int:
-        return obj.units_reserved
-
-    @admin.display(description="Refunded", ordering="units_refunded")
-    def refunded(self, obj: Product) -> int:
-        return obj.units_refunded
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(CouponClaim)

@@ -8,6 +8,8 @@ changelist's results box.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -32,12 +34,28 @@ OVERFLOW = """() => {
 }"""
 
 
-def _login(page, url: str, next_url: str) -> None:
-    page.goto(f"{url}/admin/login/?next={next_url}")
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"**{next_url}")
+@contextmanager
+def _operator_page(url: str, next_url: str, *, width: int, height: int) -> Iterator:
+    """A superuser ("ops") signed in, at `next_url`, in a browser window of this size."""
+    from playwright.sync_api import sync_playwright
+
+    get_user_model().objects.create_superuser("ops", "ops@example.com", PASSWORD)
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": width, "height": height})
+        page.goto(f"{url}/admin/login/?next={next_url}")
+        page.fill("#id_username", "ops")
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_url(f"**{next_url}")
+        yield page
+        browser.close()
+
+
+def _overflow(page, shot: str) -> dict[str, int]:
+    """How far the page and the results box scroll sideways; a screenshot for the record."""
+    page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
+    return page.evaluate(OVERFLOW)
 
 
 def _orders(make_product, make_coupon) -> list[Order]:
@@ -57,22 +75,13 @@ def _orders(make_product, make_coupon) -> list[Order]:
 
 
 def test_the_orders_and_sales_lists_fit_1280_px_without_sideways_scrolling(live_server, make_product, make_coupon):
-    from playwright.sync_api import sync_playwright
-
     _orders(make_product, make_coupon)
-    get_user_model().objects.create_superuser("ops", "ops@example.com", PASSWORD)
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        _login(page, live_server.url, "/admin/shop/order/")
-        overflow = page.evaluate(OVERFLOW)
-        page.screenshot(path=str(ARTIFACTS / "admin-orders-1280.png"), full_page=True)
+    with _operator_page(live_server.url, "/admin/shop/order/", width=1280, height=800) as page:
+        overflow = _overflow(page, "admin-orders-1280.png")
         text = page.inner_text("#changelist")
         filters = page.inner_text("#changelist-filter")
         page.goto(f"{live_server.url}/admin/shop/productsales/")
-        sales = page.evaluate(OVERFLOW)
-        page.screenshot(path=str(ARTIFACTS / "admin-sales-1280.png"), full_page=True)
-        browser.close()
+        sales = _overflow(page, "admin-sales-1280.png")
     assert overflow == {"page": 0, "results": 0}, overflow
     assert sales == {"page": 0, "results": 0}, sales
     assert "Refund…" in text and "Cancel…" in text  # the actions are there, in one column
@@ -80,26 +89,18 @@ def test_the_orders_and_sales_lists_fit_1280_px_without_sideways_scrolling(live_
 
 
 def test_the_lock_dashboard_fits_a_375_px_phone(live_server, settings, make_product):
-    from playwright.sync_api import sync_playwright
-
     settings.LOCKS = {**settings.LOCKS, "KEY_PREFIX": settings.LOCKS["KEY_PREFIX"] + "phone:"}
     product = make_product(stock=5)
     with Lock(f"product:{product.pk}", ttl=30.0), Lock("report:a-rather-long-lock-name-for-a-phone", ttl=30.0):
         stats.flush()
-        get_user_model().objects.create_superuser("ops", "ops@example.com", PASSWORD)
-        with sync_playwright() as pw:
-            browser = launch(pw)
-            page = browser.new_page(viewport={"width": 375, "height": 740})
-            _login(page, live_server.url, "/admin/locks/lockdashboard/")
-            overflow = page.evaluate(OVERFLOW)
-            page.screenshot(path=str(ARTIFACTS / "lock-dashboard-375.png"), full_page=True)
+        with _operator_page(live_server.url, "/admin/locks/lockdashboard/", width=375, height=740) as page:
+            overflow = _overflow(page, "lock-dashboard-375.png")
             # Every table is inside a box no wider than the screen, which scrolls if it must.
             boxes = page.evaluate("""() => [...document.querySelectorAll('#locks-dashboard table')].map(t => {
                 const box = t.parentElement, style = getComputedStyle(box);
                 return {id: t.id, box: box.getBoundingClientRect().right, scrolls: style.overflowX};
             })""")
             held = page.inner_text("#held-locks")
-            browser.close()
     assert overflow["page"] == 0, overflow
     assert boxes and all(b["box"] <= 375 and b["scrolls"] in ("auto", "scroll") for b in boxes), boxes
     assert f"product:{product.pk}" in held
