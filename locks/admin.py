@@ -12,14 +12,9 @@ from locks import views
 from locks.models import ForceRelease, JobRun, LockDashboard
 
 
-class StaffReadOnlyAdmin(admin.ModelAdmin):
-    """Any staff member may look; nobody edits through the admin's forms."""
-
-    def has_module_permission(self, request) -> bool:
-        return request.user.is_active and request.user.is_staff
-
-    def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.is_active and request.user.is_staff
+class ReadOnlyLockAdmin(admin.ModelAdmin):
+    """Staff with the model's view permission may look (as in the shop's admin; is_staff alone is
+    not enough: job runs carry tracebacks); nobody edits through the admin's forms."""
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -32,8 +27,9 @@ class StaffReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(LockDashboard)
-class LockDashboardAdmin(StaffReadOnlyAdmin):
-    """The live dashboard; releasing needs the dedicated permission (see views)."""
+class LockDashboardAdmin(ReadOnlyLockAdmin):
+    """The live dashboard (`view_lockdashboard`); releasing and resetting the statistics need
+    their own permissions too (see views, which check them all)."""
 
     def changelist_view(self, request, extra_context=None):
         return views.dashboard(request)
@@ -52,13 +48,15 @@ class LockDashboardAdmin(StaffReadOnlyAdmin):
             path("events/", wrap(views.event_log), name="locks_lockdashboard_events"),
             path("release/<path:name>/", wrap(require_http_methods(["GET", "POST"])(views.force_release)),
                  name="locks_lockdashboard_release"),
+            path("reset-stats/", wrap(require_http_methods(["GET", "POST"])(views.reset_stats)),
+                 name="locks_lockdashboard_reset_stats"),
             *super().get_urls(),
         ]
 
 
 @admin.register(ForceRelease)
-class ForceReleaseAdmin(StaffReadOnlyAdmin):
-    """The audit is for everyone who watches the locks."""
+class ForceReleaseAdmin(ReadOnlyLockAdmin):
+    """The audit: who ended whose hold (`view_forcerelease`)."""
 
     list_display = ("released_at", "lock_name", "fence", "owner", "held_for", "waiters", "actor_name")
     list_filter = ("released_at",)
@@ -67,8 +65,9 @@ class ForceReleaseAdmin(StaffReadOnlyAdmin):
 
 
 @admin.register(JobRun)
-class JobRunAdmin(StaffReadOnlyAdmin):
-    """Who ran each tick of each scheduled job, when, how long, and how it ended (manage.py run_jobs --list)."""
+class JobRunAdmin(ReadOnlyLockAdmin):
+    """Who ran each tick of each scheduled job, when, how long, and how it ended (manage.py run_jobs --list).
+    `view_jobrun` only: a failed run's traceback may carry settings and data."""
 
     list_display = ("job", "tick", "due_at", "runner", "started_at", "duration", "outcome", "takeovers")
     list_filter = ("job", "outcome")

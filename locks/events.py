@@ -1,4 +1,5 @@
-"""A bounded log of noteworthy lock events (timeouts, lost locks, force releases, long waits).
+"""A bounded log of noteworthy lock events (timeouts, lost locks, force releases, long waits,
+statistics resets).
 
 Kept in one Redis list shared by every process. Writing is best effort: an event log must
 never turn a successful operation into a failure.
@@ -23,7 +24,8 @@ TIMEOUT = "timeout"
 LOST = "lost"
 FORCE_RELEASE = "force_release"
 LONG_WAIT = "long_wait"
-KINDS = (TIMEOUT, LOST, FORCE_RELEASE, LONG_WAIT)
+STATS_RESET = "stats_reset"  # an operator reset the statistics (name "*", the actor and families)
+KINDS = (TIMEOUT, LOST, FORCE_RELEASE, LONG_WAIT, STATS_RESET)
 
 
 def record_event(client: Redis, kind: str, name: str, **info: Any) -> None:

@@ -5,12 +5,15 @@ from django.db import models
 
 
 class LockDashboard(models.Model):
-    """No table: an entry on the admin index for the live lock dashboard, and its permissions."""
+    """No table: an entry on the admin index for the live lock dashboard, and its permissions:
+    `view_lockdashboard` to look (the dashboard, its JSON, the event log), `force_release_lock`
+    and `reset_lock_stats` for the two operator actions (each needs the view permission too)."""
 
     class Meta:
         managed = False
-        default_permissions = ()
-        permissions = [("force_release_lock", "Can force-release locks")]
+        default_permissions = ("view",)
+        permissions = [("force_release_lock", "Can force-release locks"),
+                       ("reset_lock_stats", "Can reset lock statistics")]
         verbose_name = "lock dashboard"
         verbose_name_plural = "lock dashboard"
 

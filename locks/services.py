@@ -5,8 +5,9 @@ from __future__ import annotations
 import getpass
 import socket
 
-from locks import inspect
+from locks import events, inspect, stats
 from locks.inspect import HeldLock
+from locks.lock import default_client
 from locks.models import ForceRelease
 
 
@@ -33,3 +34,12 @@ def force_release_lock(*, name: str, expected_fence: int | None, actor_name: str
             waiters=waiters, actor=actor, actor_name=actor_name,
         )
     return released
+
+
+def reset_lock_stats(*, actor_name: str) -> list[str]:
+    """Forget every family's statistics (`locks.stats.reset`) and say who did, in the event log
+    (kind `stats_reset`), so a dashboard that suddenly shows zeros is explained. Returns the
+    families reset."""
+    families = stats.reset()
+    events.record_event(default_client(), events.STATS_RESET, "*", actor=actor_name, families=len(families))
+    return families

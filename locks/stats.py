@@ -43,6 +43,7 @@ from redis.exceptions import RedisError
 
 from locks import histogram, metrics
 from locks.conf import locks_settings
+from locks.exceptions import LockUnavailable
 from locks.keys import families_key, held_key, held_member, hot_key, stats_key
 
 if TYPE_CHECKING:
@@ -370,6 +371,34 @@ def recorder() -> Recorder:
 def flush() -> None:
     """Write this process's pending lock statistics to Redis now."""
     _recorder.flush()
+
+
+def reset(*, client: Redis | None = None, prefix: str | None = None) -> list[str]:
+    """Forget the statistics of every family (counters, histograms, busiest names): after a
+    load test, so the dashboard shows the sale and not the test. Returns the families reset.
+
+    Held locks, fences and the event log are state, not statistics: untouched. Counts that a
+    process recorded but had not flushed yet arrive after the reset (at most one flush interval
+    of activity). One DEL per key (never a multi-key DEL): on Redis Cluster the keys of two
+    families live in different slots. Redis unreachable: `LockUnavailable`, nothing reset.
+    """
+    if client is None:
+        from locks.lock import default_client
+
+        client = default_client()
+    key = families_key(prefix)
+    try:
+        families = sorted(f.decode() if isinstance(f, bytes) else f for f in client.smembers(key))
+        if families:
+            pipe = client.pipeline(transaction=False)
+            for family in families:
+                pipe.delete(stats_key(family, prefix))
+                pipe.delete(hot_key(family, prefix))
+                pipe.srem(key, family)
+            pipe.execute()
+    except RedisError as exc:
+        raise LockUnavailable(f"Redis unreachable: {exc}", name="*") from exc
+    return families
 
 
 def _after_fork_in_child() -> None:

@@ -1,14 +1,19 @@
 """Admin views over live lock state (the django-rq idea: Redis state inside the admin).
 
-Staff may look; only superusers and holders of `locks.force_release_lock` may release, and only
-by POST with CSRF, after a confirmation page. Everything reads Redis through `locks.inspect`.
+Looking needs `locks.view_lockdashboard` (is_staff alone is not enough: issue 20); releasing a
+lock needs `locks.force_release_lock` and resetting the statistics `locks.reset_lock_stats`,
+each besides the view permission, and only by POST with CSRF, after a confirmation page.
+Everything reads Redis through `locks.inspect`.
 """
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -21,25 +26,82 @@ from locks import events, inspect
 from locks.exceptions import HolderChanged, LockUnavailable
 from locks.keys import validate_name
 from locks.models import ForceRelease, LockDashboard
-from locks.services import force_release_lock
+from locks.services import force_release_lock, reset_lock_stats
 
 PAGE_SIZE = 200
 STATS_ROWS = 100
 TOP_NAMES = 5  # busiest names shown per family (and looked up as held on the first page)
 
 
+VIEW = "locks.view_lockdashboard"
+RELEASE = "locks.force_release_lock"
+RESET = "locks.reset_lock_stats"
+
+
+def allowed(user, *perms: str) -> bool:
+    """Active staff holding every permission (superusers hold them all)."""
+    return user.is_active and user.is_staff and all(user.has_perm(p) for p in (VIEW, *perms))
+
+
 def can_release(user) -> bool:
-    return user.is_active and (user.is_superuser or user.has_perm("locks.force_release_lock"))
+    return allowed(user, RELEASE)
+
+
+def require(request: HttpRequest, *perms: str) -> None:
+    """Every lock page checks here, not only in the admin's wiring: a view reached another way
+    (a test, a project's own URL) still refuses a user without the view permission."""
+    if not allowed(request.user, *perms):
+        raise PermissionDenied("You may not see the lock dashboard." if not perms
+                               else "You may look at locks, not do this.")
+
+
+# Lock name kinds that name a row of the shop, linked from the dashboard to its admin page.
+TARGETS = {"product": ("shop", "Product"), "coupon": ("shop", "Coupon")}
+
+
+def _target(name: str) -> tuple[str, int] | None:
+    kind, _, rest = name.partition(":")
+    return (kind, int(rest)) if kind in TARGETS and rest.isdigit() and len(rest) < 19 else None
+
+
+def link_targets(names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """name -> {"url": its admin change page or None, "gone": True if its row was deleted}.
+
+    Load tests delete their products when they end, while their stats stay for the metrics TTL:
+    such names are marked gone and not linked (a link would lead to "doesn't exist"). One query
+    per kind of name, whatever the number of names.
+    """
+    wanted: dict[str, set[int]] = defaultdict(set)
+    names = list(dict.fromkeys(names))
+    for name in names:
+        if (target := _target(name)) is not None:
+            wanted[target[0]].add(target[1])
+    existing: dict[str, set[int]] = {}
+    for kind, ids in wanted.items():
+        try:
+            model = apps.get_model(*TARGETS[kind])
+        except LookupError:  # the shop is not installed beside the locks app
+            continue
+        existing[kind] = set(model._default_manager.filter(pk__in=ids).values_list("pk", flat=True))
+    out = {}
+    for name in names:
+        target = _target(name)
+        if target is None or target[0] not in existing:
+            out[name] = {"url": None, "gone": False}
+        elif target[1] in existing[target[0]]:
+            out[name] = {"url": object_url(name), "gone": False}
+        else:
+            out[name] = {"url": None, "gone": True}
+    return out
 
 
 def object_url(name: str) -> str | None:
-    """product:42 -> its admin change page (coupon:7 likewise)."""
-    kind, _, rest = name.partition(":")
-    model = {"product": "shop_product", "coupon": "shop_coupon"}.get(kind)
-    if model is None or not rest.isdigit():
+    """product:42 -> its admin change page (coupon:7 likewise); existence is not checked here."""
+    target = _target(name)
+    if target is None:
         return None
     try:
-        return reverse(f"admin:{model}_change", args=[int(rest)])
+        return reverse(f"admin:{TARGETS[target[0]][0]}_{TARGETS[target[0]][1].lower()}_change", args=[target[1]])
     except NoReverseMatch:
         return None
 
@@ -69,23 +131,25 @@ def snapshot(*, prefix: str, cursor: int) -> dict[str, Any]:
     stats.sort(key=lambda s: s.counters.get("acquired", 0), reverse=True)
     now = time.time()
     combining = sorted((s for s in stats if s.counters.get("batches")), key=lambda s: -(s.last_batch_ms or 0))
+    shown = stats[:STATS_ROWS]
+    targets = link_targets([h.name for h in held] + [n for s in shown for n, _ in s.top_names])
     return {
         "at": now,
         "prefix": prefix,
         "cursor": cursor,
         "next_cursor": next_cursor,
-        "held": [{**h.as_dict(), "url": object_url(h.name)} for h in held],
-        "stats": [_stats_row(s, now) for s in stats[:STATS_ROWS]],
+        "held": [{**h.as_dict(), **targets[h.name]} for h in held],
+        "stats": [_stats_row(s, now, targets) for s in shown],
         "stats_families": len(stats),
-        "combining": [_stats_row(s, now) for s in combining[:STATS_ROWS]],
+        "combining": [_stats_row(s, now, targets) for s in combining[:STATS_ROWS]],
         "totals": _with_ago(total.as_dict(), now),
         "backend": inspect.backend_info(),
     }
 
 
-def _stats_row(stats: inspect.LockStats, now: float) -> dict[str, Any]:
+def _stats_row(stats: inspect.LockStats, now: float, targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
     row = _with_ago(_with_ms(stats.as_dict()), now)
-    row["top_names"] = [{**n, "url": object_url(n["name"])} for n in row["top_names"]]
+    row["top_names"] = [{**n, **targets.get(n["name"], {"url": None, "gone": False})} for n in row["top_names"]]
     return row
 
 
@@ -105,26 +169,30 @@ def _with_ms(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
-    return {**admin.site.each_context(request), "opts": LockDashboard._meta, "can_release": can_release(request.user),
-            **extra}
+    user = request.user
+    return {**admin.site.each_context(request), "opts": LockDashboard._meta, "can_release": can_release(user),
+            "can_reset": allowed(user, RESET), "can_view_audit": user.has_perm("locks.view_forcerelease"), **extra}
 
 
 @never_cache
 def dashboard(request: HttpRequest) -> HttpResponse:
+    require(request)
     prefix, cursor = _prefix(request), _cursor(request)
     try:
         data = snapshot(prefix=prefix, cursor=cursor)
         error = None
     except LockUnavailable as exc:
         data, error = None, f"The lock backend is unreachable: {exc}"
+    may_audit = request.user.has_perm("locks.view_forcerelease")
+    audits = ForceRelease.objects.select_related("actor")[:10] if may_audit else []
     return TemplateResponse(request, "admin/locks/dashboard.html", _context(
-        request, title="Locks", data=data, error=error, prefix=prefix, backend=inspect.backend_info(),
-        audits=ForceRelease.objects.select_related("actor")[:10],
+        request, title="Locks", data=data, error=error, prefix=prefix, backend=inspect.backend_info(), audits=audits,
     ))
 
 
 @never_cache
 def dashboard_data(request: HttpRequest) -> JsonResponse:
+    require(request)
     try:
         return JsonResponse(snapshot(prefix=_prefix(request), cursor=_cursor(request)))
     except LockUnavailable as exc:
@@ -133,16 +201,18 @@ def dashboard_data(request: HttpRequest) -> JsonResponse:
 
 @never_cache
 def event_log(request: HttpRequest) -> HttpResponse:
+    require(request)
     kind = request.GET.get("kind", "")
     kinds = (kind,) if kind in events.KINDS else events.KINDS
     try:
         rows, error = inspect.recent_events(limit=500, kinds=kinds), None
     except LockUnavailable as exc:
         rows, error = [], f"Redis is unreachable: {exc}"
+    targets = link_targets(row["name"] for row in rows)
     for row in rows:
         row["when"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
-        row["url"] = object_url(row["name"])
-        row["extra"] = {k: v for k, v in row.items() if k not in {"at", "kind", "name", "when", "url"}}
+        row.update(targets[row["name"]])
+        row["extra"] = {k: v for k, v in row.items() if k not in {"at", "kind", "name", "when", "url", "gone"}}
     return TemplateResponse(request, "admin/locks/events.html", _context(
         request, title="Lock events", rows=rows, error=error, kinds=events.KINDS, kind=kind,
     ))
@@ -150,8 +220,7 @@ def event_log(request: HttpRequest) -> HttpResponse:
 
 @never_cache
 def force_release(request: HttpRequest, name: str) -> HttpResponse:
-    if not can_release(request.user):
-        raise PermissionDenied("You may look at locks, not release them.")
+    require(request, RELEASE)
     try:
         validate_name(name)
         info = inspect.lock_info(name)
@@ -194,3 +263,26 @@ def _confirmed_release(request: HttpRequest, name: str) -> HttpResponse:
         messages.success(request, f"Released {name} (held by {released.owner}, fence {released.fence}). "
                                   "The next waiter has it now; the old holder's writes will be refused.")
     return redirect("admin:locks_lockdashboard_changelist")
+
+
+@never_cache
+def reset_stats(request: HttpRequest) -> HttpResponse:
+    """GET: what a reset forgets, and a confirmation; POST with confirm=yes: reset, audited in the
+    event log (who, how many families). The CLI twin: `manage.py locks reset-stats`."""
+    require(request, RESET)
+    try:
+        if request.method == "POST":
+            if request.POST.get("confirm") != "yes":
+                messages.error(request, "Confirm the reset on this page.")
+                return redirect("admin:locks_lockdashboard_reset_stats")
+            families = reset_lock_stats(actor_name=request.user.get_username())
+            messages.success(request, f"Reset the statistics of {len(families)} lock famil"
+                                      f"{'y' if len(families) == 1 else 'ies'}; they count from zero now.")
+            return redirect("admin:locks_lockdashboard_changelist")
+        families = inspect.families()
+    except LockUnavailable as exc:
+        messages.error(request, f"Redis is unreachable: {exc}")
+        return redirect("admin:locks_lockdashboard_changelist")
+    return TemplateResponse(request, "admin/locks/confirm_reset.html", _context(
+        request, title="Reset lock statistics?", families=families,
+    ))

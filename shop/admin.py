@@ -3,8 +3,13 @@
 The change forms keep `stock`, `remaining` and `fence` read-only, and saves write only the
 fields that changed (`update_fields`), so an operator renaming a product can never write back a
 stock value read minutes ago. Restock and cancel are custom admin views (not actions or change
+<<<<<<< HEAD
 forms, which Django wraps in a transaction) that call the services under the same locks; hiding
 a product (clearing Active) drops its sold-out marker under its lock once the save commits.
+=======
+forms, which Django wraps in a transaction) that call the services under the same locks. A paid
+order offers Refund, never Cancel (issue 23).
+>>>>>>> h23ops
 """
 
 from __future__ import annotations
@@ -13,21 +18,36 @@ from functools import partial
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
+<<<<<<< HEAD
 from django.db import transaction
+=======
+from django.http import HttpResponseBadRequest, StreamingHttpResponse
+>>>>>>> h23ops
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.formats import date_format
 from django.utils.html import format_html
+from django.utils.timezone import localtime
 from django.views.decorators.http import require_http_methods
 
 from locks import inspect
 from locks.exceptions import LockUnavailable
 from shop import errors
 from shop.conf import shop_settings
+<<<<<<< HEAD
 from shop.models import RESERVING_STATUSES, ApiToken, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
 from shop.services import cancel_order, inventory, restock
+=======
+from shop.exports import order_csv
+from shop.models import ApiToken, Coupon, CouponClaim, Order, OrderLine, Product, ProductSales, StockLedger
+from shop.selectors import STOCK_LEVELS, by_stock_level, orders_in_chunks, product_sales
+from shop.services import cancel_order, refund_order, restock
+from shop.templatetags.shop_tags import money
+>>>>>>> h23ops
 from shop.tokens import revoke
 
 
@@ -176,15 +196,52 @@ class OrderLineInline(admin.TabularInline):
         return False
 
 
+class OrderStatusFilter(admin.SimpleListFilter):
+    """The lifecycle's statuses; the legacy "placed" only while such orders exist (issue 23)."""
+
+    title = "status"
+    parameter_name = "status__exact"
+
+    def lookups(self, request, model_admin):
+        legacy = Order.objects.filter(status=Order.Status.PLACED).exists()
+        return [(value, label) for value, label in Order.Status.choices
+                if value != Order.Status.PLACED or legacy]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(status=self.value()) if self.value() else queryset
+
+
+def _short_time(value) -> str:
+    """"25 Nov 14:03" in the site's time zone, which may wrap before the time: dates that fit a
+    1280 px list."""
+    if value is None:
+        return "-"
+    value = localtime(value)
+    return format_html('<span class="nowrap">{}</span> {}', date_format(value, "j M"), date_format(value, "H:i"))
+
+
+# What an operator may do to an order in each status (the services re-check under the locks).
+ORDER_ACTIONS = {
+    Order.Status.PENDING_PAYMENT: ("cancel", "Cancel"),
+    Order.Status.PLACED: ("cancel", "Cancel"),
+    Order.Status.PAID: ("refund", "Refund"),
+}
+
+
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
-    list_display = ("id", "user", "status", "total", "coupon", "created_at", "pay_by", "cancel_link")
-    list_filter = ("status",)
+    list_display = ("id", "user", "state", "amount", "coupon", "ordered", "order_actions")
+    list_display_links = ("id",)
+    list_filter = (OrderStatusFilter,)
+    list_select_related = ("user", "coupon")
     search_fields = ("id", "user__username", "idempotency_key")
     inlines = [OrderLineInline]
     readonly_fields = ("user", "status", "subtotal", "discount", "total", "coupon", "idempotency_key",
-                       "created_at", "pay_by", "paid_at", "cancelled_at")
+                       "created_at", "pay_by", "paid_at", "refunded_at", "cancelled_at")
     exclude = ("request_digest",)
+
+    class Media:
+        css = {"all": ["shop/admin-orders.css"]}
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -194,53 +251,118 @@ class OrderAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         """An order is never edited in a form: its change page is read-only (no Save buttons).
-        Changes go through the services (cancel); `may_operate` is the permission for those."""
+        Changes go through the services (cancel, refund); `may_operate` is the permission for those."""
         return False if obj is not None else self.may_operate(request)
 
     def may_operate(self, request, obj=None) -> bool:
-        """Whether the user holds the change permission on orders (needed to cancel one)."""
+        """Whether the user holds the change permission on orders (needed to cancel or refund one)."""
         return super().has_change_permission(request, obj)
 
-    def get_list_display(self, request):
-        """No cancel column for staff who may only view orders."""
-        shown = super().get_list_display(request)
-        return shown if self.may_operate(request) else [f for f in shown if f != "cancel_link"]
+    @admin.display(description="Total", ordering="total")
+    def amount(self, obj: Order) -> str:
+        return money(obj.total)
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        """The read-only change page offers Cancel among its object tools while the order holds stock."""
-        order = self.get_object(request, unquote(object_id))
-        extra = dict(extra_context or {})
-        if order is not None and order.status in RESERVING_STATUSES and self.may_operate(request, order):
-            extra["cancel_url"] = reverse("admin:shop_order_cancel", args=[order.pk])
-        return super().change_view(request, object_id, form_url, extra)
+    @admin.display(description="Ordered", ordering="created_at")
+    def ordered(self, obj: Order) -> str:
+        return _short_time(obj.created_at)
+
+    @admin.display(description="Status", ordering="status")
+    def state(self, obj: Order) -> str:
+        """The status, and under it the pay-by time of an unpaid order (one column, not two)."""
+        if obj.status != Order.Status.PENDING_PAYMENT:
+            return obj.get_status_display()
+        return format_html('{}<br><span class="pay-by">pay by <span class="nowrap">{}</span></span>',
+                           obj.get_status_display(), date_format(localtime(obj.pay_by), "j M H:i"))
+
+    def action_url(self, order: Order) -> tuple[str, str] | None:
+        """(url, label) of what the order's status allows (cancel or refund), or None."""
+        action = ORDER_ACTIONS.get(order.status)
+        if action is None:
+            return None
+        return reverse(f"admin:shop_order_{action[0]}", args=[order.pk]), action[1]
 
     @admin.display(description="")
-    def cancel_link(self, obj: Order) -> str:
-        if obj.status not in RESERVING_STATUSES:
-            return ""
-        return format_html('<a href="{}">Cancel…</a>', reverse("admin:shop_order_cancel", args=[obj.pk]))
+    def order_actions(self, obj: Order) -> str:
+        found = self.action_url(obj)
+        return "" if found is None else format_html('<a href="{}">{}…</a>', *found)
+
+    def get_list_display(self, request):
+        """No actions column for staff who may only view orders."""
+        shown = super().get_list_display(request)
+        return shown if self.may_operate(request) else [f for f in shown if f != "order_actions"]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The read-only change page offers Cancel (unpaid) or Refund (paid) among its object tools."""
+        order = self.get_object(request, unquote(object_id))
+        extra = dict(extra_context or {})
+        if order is not None and self.may_operate(request, order) and (found := self.action_url(order)):
+            extra["action_url"], extra["action_label"] = found
+        return super().change_view(request, object_id, form_url, extra)
 
     def get_urls(self):
-        view = self.admin_site.admin_view(require_http_methods(["GET", "POST"])(self.cancel_view))
-        return [path("<int:order_id>/cancel/", view, name="shop_order_cancel"), *super().get_urls()]
+        def operate(view):
+            return self.admin_site.admin_view(require_http_methods(["GET", "POST"])(view))
+
+        return [
+            path("<int:order_id>/cancel/", operate(self.cancel_view), name="shop_order_cancel"),
+            path("<int:order_id>/refund/", operate(self.refund_view), name="shop_order_refund"),
+            path("export.csv", self.admin_site.admin_view(require_http_methods(["GET"])(self.export_view)),
+                 name="shop_order_export"),
+            *super().get_urls(),
+        ]
+
+    def may_export(self, request) -> bool:
+        return self.has_view_permission(request) and request.user.has_perm("shop.export_order")
+
+    def changelist_view(self, request, extra_context=None):
+        """The list offers "Export CSV" (with its current filters and search) to those allowed."""
+        extra = dict(extra_context or {})
+        if self.may_export(request):
+            query = request.GET.urlencode()
+            extra["export_url"] = reverse("admin:shop_order_export") + (f"?{query}" if query else "")
+        return super().changelist_view(request, extra)
+
+    def export_view(self, request):
+        """The orders the list shows (same filters and search), newest first, as a streamed CSV."""
+        if not self.may_export(request):
+            raise PermissionDenied
+        try:
+            orders = self.get_changelist_instance(request).queryset
+        except IncorrectLookupParameters:
+            return HttpResponseBadRequest("Unknown filter in the query string.")
+        response = StreamingHttpResponse(order_csv(orders_in_chunks(orders=orders)),
+                                         content_type="text/csv; charset=utf-8")
+        stamp = localtime().strftime("%Y%m%d-%H%M%S")
+        response["Content-Disposition"] = f'attachment; filename="orders-{stamp}.csv"'
+        return response
 
     def cancel_view(self, request, order_id: int):
-        order = get_object_or_404(Order, pk=order_id)
+        return self._operate(request, order_id, action="cancel", service=cancel_order,
+                             done="cancelled; stock and coupon returned")
+
+    def refund_view(self, request, order_id: int):
+        return self._operate(request, order_id, action="refund", service=refund_order,
+                             done="refunded; the payment goes back, stock and coupon returned")
+
+    def _operate(self, request, order_id: int, *, action: str, service, done: str):
+        """GET: a confirmation page that says the order's state; POST: the service, once."""
+        order = get_object_or_404(Order.objects.select_related("user"), pk=order_id)
         if not self.may_operate(request, order):
             raise PermissionDenied
         if request.method == "POST":
             try:
-                cancel_order(order=order, actor=f"admin:{request.user.get_username()}")
+                service(order=order, actor=f"admin:{request.user.get_username()}")
             except errors.ShopError as exc:
                 messages.error(request, exc.message)
             else:
-                messages.success(request, f"Order #{order.pk} cancelled; stock and coupon returned.")
+                messages.success(request, f"Order #{order.pk} {done}.")
             return redirect("admin:shop_order_changelist")
-        return TemplateResponse(request, "admin/shop/cancel_order.html", {
-            **self.admin_site.each_context(request), "opts": self.model._meta, "order": order,
-            "title": f"Cancel order #{order.pk}?",
+        allowed = self.action_url(order)
+        return TemplateResponse(request, "admin/shop/order_action.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "order": order, "action": action,
+            "allowed": allowed is not None and allowed[0].endswith(f"/{action}/"), "other": allowed,
+            "title": f"{action.capitalize()} order #{order.pk}?",
         })
-
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
@@ -251,6 +373,52 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+class StockLevelFilter(admin.SimpleListFilter):
+    title = "stock"
+    parameter_name = "stock"
+
+    def lookups(self, request, model_admin):
+        low = int(shop_settings.LOW_STOCK)
+        return [(k, f"{label} (1-{low} left)" if k == "low" else label) for k, label in STOCK_LEVELS.items()]
+
+    def queryset(self, request, queryset):
+        return by_stock_level(queryset, level=self.value())
+
+
+def _sales_column(field: str, description: str, render=None):
+    """A Sales column showing the annotation `field` of `shop.selectors.product_sales`, sortable."""
+
+    @admin.display(description=description, ordering=field)
+    def column(obj: Product):
+        value = getattr(obj, field)
+        return value if render is None else render(value)
+
+    column.__name__ = field
+    return column
+
+
+@admin.register(ProductSales)
+class ProductSalesAdmin(ReadOnlyAdmin):
+    """Shop > Sales by product: per product, units sold and revenue (paid orders), units reserved
+    by orders awaiting payment, units refunded, stock left; filter sold out / low stock.
+    Read-only, its own view permission (`view_productsales`); the reading is
+    `shop.selectors.product_sales`."""
+
+    list_display = ("name", "sku", _sales_column("price", "Price", money), "stock",
+                    _sales_column("units_sold", "Sold"), _sales_column("revenue", "Revenue", money),
+                    _sales_column("units_reserved", "Reserved"), _sales_column("units_refunded", "Refunded"))
+    list_display_links = None
+    list_filter = (StockLevelFilter, "active")
+    search_fields = ("name", "sku")
+    list_per_page = 50
+
+    def get_queryset(self, request):
+        return product_sales(products=super().get_queryset(request))
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"title": "Sales by product", **(extra_context or {})})
 
 
 @admin.register(CouponClaim)

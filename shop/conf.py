@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
     # and coupon go back. Checked when the order is paid, so a late payment is refused.
     "PAYMENT_WINDOW": 15 * 60,
+    # The admin's Sales view (Shop > Sales) calls a product with 1 to LOW_STOCK units left "low".
+    "LOW_STOCK": 10,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.
     "RETRIES": 5,
     # Sold-out markers live in this cache's Redis, with this TTL (seconds). Services keep them

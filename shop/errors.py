@@ -117,9 +117,20 @@ class OrderNotFound(ShopError):
 
 
 class OrderNotCancellable(ShopError):
+    """details = {"order_id", "status"}: already cancelled, expired or refunded, or paid (a paid
+    order is refunded, not cancelled)."""
+
     code = "order_not_cancellable"
     status = 409
     default_message = "This order cannot be cancelled."
+
+
+class OrderNotRefundable(ShopError):
+    """details = {"order_id", "status"}: only a paid order is refunded (once)."""
+
+    code = "order_not_refundable"
+    status = 409
+    default_message = "Only a paid order can be refunded, and only once."
 
 
 class OrderNotPayable(ShopError):

@@ -104,14 +104,17 @@ def check_invariants(
     return violations
 
 
-RELEASED = (Order.Status.CANCELLED, Order.Status.EXPIRED)
-RETURN_REASONS = (StockLedger.Reason.CANCEL, StockLedger.Reason.EXPIRE)
-REASON_OF = {Order.Status.CANCELLED: StockLedger.Reason.CANCEL, Order.Status.EXPIRED: StockLedger.Reason.EXPIRE}
+# Orders that gave their stock back, and the ledger reason each wrote when it did.
+REASON_OF = {Order.Status.CANCELLED: StockLedger.Reason.CANCEL, Order.Status.EXPIRED: StockLedger.Reason.EXPIRE,
+             Order.Status.REFUNDED: StockLedger.Reason.REFUND}
+RELEASED = tuple(REASON_OF)
+RETURN_REASONS = tuple(REASON_OF.values())
 
 
 def release_violations(product_ids: Iterable[int]) -> list[str]:
-    """Payment lifecycle (issue 13): every cancelled or expired order gave back exactly what it
-    reserved, once, and nothing else did; no order is both paid and expired."""
+    """Payment lifecycle (issues 13, 23): every cancelled, expired or refunded order gave back
+    exactly what it reserved, once, for its own reason, and nothing else did; no order is both
+    paid and expired (the database checks that a refunded order was paid)."""
     product_ids = list(product_ids)
     out = []
     reserved = {(oid, pid): n for oid, pid, n in OrderLine.objects.filter(
@@ -123,7 +126,8 @@ def release_violations(product_ids: Iterable[int]) -> list[str]:
     if wrong:
         shown = ", ".join(f"order {o} product {p}: reserved {reserved.get((o, p), 0)}, "
                           f"returned {returned.get((o, p), 0)}" for o, p in wrong[:3])
-        out.append(f"returns: {len(wrong)} cancelled/expired order lines gave back other than they reserved ({shown})")
+        out.append(f"returns: {len(wrong)} cancelled/expired/refunded order lines gave back other than they "
+                   f"reserved ({shown})")
     orders = Order.objects.filter(lines__product_id__in=product_ids).distinct()
     mismatched = sum(
         StockLedger.objects.filter(product_id__in=product_ids, order__status=status)
@@ -133,9 +137,10 @@ def release_violations(product_ids: Iterable[int]) -> list[str]:
     if mismatched:
         out.append(f"returns: {mismatched} ledger rows give stock back for the wrong reason")
     paid_and_expired = orders.filter(paid_at__isnull=False).exclude(
-        status__in=[Order.Status.PAID, Order.Status.CANCELLED]).count()
+        status__in=[Order.Status.PAID, Order.Status.REFUNDED, Order.Status.CANCELLED]).count()
     if paid_and_expired:
-        out.append(f"payments: {paid_and_expired} orders carry a payment but are neither paid nor cancelled (expired?)")
+        out.append(f"payments: {paid_and_expired} orders carry a payment but are neither paid, refunded nor "
+                   "cancelled (expired?)")
     unpaid_returns = StockLedger.objects.filter(product_id__in=product_ids, reason__in=RETURN_REASONS,
                                                 order__status__in=RESERVING_STATUSES).count()
     if unpaid_returns:

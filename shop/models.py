@@ -81,21 +81,25 @@ class Coupon(models.Model):
 
 
 class Order(models.Model):
-    """An order reserves its stock from checkout until it is cancelled or expires.
+    """An order reserves its stock from checkout until it is cancelled, expires or is refunded.
 
-    Lifecycle (issue 13): checkout -> pending_payment (with a `pay_by` deadline) -> paid, or
-    -> cancelled (buyer or staff) / expired (unpaid past `pay_by`; `shop.expire_unpaid`). Both
-    of the last two give the stock and the coupon back exactly once.
+    Lifecycle (issues 13, 23): checkout -> pending_payment (with a `pay_by` deadline) -> paid
+    -> refunded (staff; the provider pays the money back), or pending_payment -> cancelled
+    (buyer or staff) / expired (unpaid past `pay_by`; `shop.expire_unpaid`). Cancel, expire and
+    refund each give the stock and the coupon back exactly once. A paid order is never cancelled:
+    its money must go back too, so it is refunded.
 
     "placed" is the status of orders from before the payment step: they are kept as they are and
     count as settled (paid-equivalent): they reserve stock, cannot be paid or expire, and staff
-    can still cancel them. New orders are never "placed".
+    can still cancel them. New orders are never "placed"; the admin's status filter offers it only
+    while such orders exist.
     """
 
     class Status(models.TextChoices):
-        PLACED = "placed", "Placed"  # legacy: settled before the payment step existed
+        PLACED = "placed", "Placed (legacy)"  # settled before the payment step existed
         PENDING_PAYMENT = "pending_payment", "Awaiting payment"
         PAID = "paid", "Paid"
+        REFUNDED = "refunded", "Refunded"
         CANCELLED = "cancelled", "Cancelled"
         EXPIRED = "expired", "Expired"
 
@@ -117,17 +121,28 @@ class Order(models.Model):
     # Unpaid past this, the order expires and its stock goes back (SHOP["PAYMENT_WINDOW"]).
     pay_by = models.DateTimeField(null=True, blank=True)
     paid_at = models.DateTimeField(null=True, blank=True)
+    refunded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
+        # Exporting every order (buyers' names included) is its own permission, not "view".
+        permissions = [("export_order", "Can export orders as CSV")]
         indexes = [models.Index(fields=["status", "pay_by"], name="order_status_pay_by")]
         constraints = [
             models.UniqueConstraint(fields=["user", "idempotency_key"], name="order_idempotency_key_per_user"),
             models.CheckConstraint(condition=Q(total__gte=0), name="order_total_not_negative"),
-            # No order is both paid and expired: paid_at belongs to paid orders (and to paid ones
-            # staff cancelled since: the payment stays on record, for the refund).
-            models.CheckConstraint(condition=Q(paid_at__isnull=True) | Q(status__in=["paid", "cancelled"]),
-                                   name="order_paid_at_only_when_paid"),
+            # No order is both paid and expired: paid_at belongs to paid and refunded orders (and to
+            # paid ones staff cancelled before refunds existed: the payment stays on record).
+            models.CheckConstraint(
+                condition=Q(paid_at__isnull=True) | Q(status__in=["paid", "refunded", "cancelled"]),
+                name="order_paid_at_only_when_paid"),
+            # A refund pays back a payment: a refunded order was paid and says when it was refunded;
+            # refunded_at belongs to refunded orders only.
+            models.CheckConstraint(
+                condition=~Q(status="refunded") | Q(paid_at__isnull=False, refunded_at__isnull=False),
+                name="order_refunded_was_paid"),
+            models.CheckConstraint(condition=Q(refunded_at__isnull=True) | Q(status="refunded"),
+                                   name="order_refunded_at_only_when_refunded"),
             models.CheckConstraint(condition=~Q(status="pending_payment") | Q(pay_by__isnull=False),
                                    name="order_pending_has_pay_by"),
         ]
@@ -140,6 +155,18 @@ class Order(models.Model):
         """Unpaid and inside its window (the service re-checks in its guarded UPDATE)."""
         return (self.status == self.Status.PENDING_PAYMENT and self.pay_by is not None
                 and self.pay_by > timezone.now())
+
+
+class ProductSales(Product):
+    """No table of its own: the admin's Sales view (units sold, paid revenue, reserved units per
+    product; `shop.selectors.product_sales`), with its own view permission: revenue is not for
+    everyone who may look at the catalog."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ("view",)
+        verbose_name = "product's sales"
+        verbose_name_plural = "sales by product"
 
 
 # Orders that hold their stock: I2 counts their units as taken.
@@ -205,6 +232,7 @@ class StockLedger(models.Model):
         ORDER = "order", "Order"
         CANCEL = "cancel", "Cancel"
         EXPIRE = "expire", "Expired unpaid"
+        REFUND = "refund", "Refund"
         RESTOCK = "restock", "Restock"
         ADMIN = "admin", "Admin"
 

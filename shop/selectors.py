@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch, QuerySet
+from collections.abc import Iterator
+from decimal import Decimal
+
+from django.db.models import Count, DecimalField, F, OuterRef, Prefetch, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
 
 from shop import errors
+from shop.conf import shop_settings
 from shop.models import Coupon, CouponClaim, Order, OrderLine, Product
 
 
@@ -56,3 +61,61 @@ def products_by_id(ids: list[int], *, include_inactive: bool = False) -> dict[in
     them as gone rather than dropping them)."""
     qs = Product.objects.all() if include_inactive else Product.objects.filter(active=True)
     return qs.in_bulk(ids)
+
+
+# --- the operator's views (issue 23 item 13) --------------------------------------------------
+# Sold: paid orders, and the legacy "placed" ones (settled before the payment step existed).
+SOLD_STATUSES = (Order.Status.PAID, Order.Status.PLACED)
+STOCK_LEVELS = {"sold_out": "Sold out", "low": "Low stock", "in_stock": "In stock"}
+_MONEY = DecimalField(max_digits=14, decimal_places=2)
+
+
+def _lines_total(expression, statuses: tuple[str, ...], output_field=None):
+    """Per product (a correlated subquery: evaluated for the rows shown, not the whole catalog)."""
+    lines = (OrderLine.objects.filter(product=OuterRef("pk"), order__status__in=statuses)
+             .order_by().values("product").annotate(n=Sum(expression, output_field=output_field)).values("n"))
+    zero = Value(Decimal("0.00"), output_field=_MONEY) if output_field is not None else Value(0)
+    return Coalesce(Subquery(lines, output_field=output_field), zero, output_field=output_field)
+
+
+def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:
+    """Sold out (0 left), low (1 to SHOP["LOW_STOCK"] left) or in stock (more); None: all."""
+    low = int(shop_settings.LOW_STOCK)
+    if level == "sold_out":
+        return products.filter(stock=0)
+    if level == "low":
+        return products.filter(stock__gt=0, stock__lte=low)
+    if level == "in_stock":
+        return products.filter(stock__gt=low)
+    return products
+
+
+def product_sales(*, stock: str | None = None, products: QuerySet[Product] | None = None) -> QuerySet[Product]:
+    """Products annotated with what an operator asks during a sale: `units_sold` and `revenue`
+    (paid orders, at the lines' list prices: a coupon's discount belongs to its order, not to a
+    line), `units_reserved` (awaiting payment: they return if unpaid) and `units_refunded`.
+    `stock`: a key of STOCK_LEVELS, or None for all."""
+    products = Product.objects.all() if products is None else products
+    products = products.annotate(
+        units_sold=_lines_total("quantity", SOLD_STATUSES),
+        revenue=_lines_total(F("quantity") * F("unit_price"), SOLD_STATUSES, _MONEY),
+        units_reserved=_lines_total("quantity", (Order.Status.PENDING_PAYMENT,)),
+        units_refunded=_lines_total("quantity", (Order.Status.REFUNDED,)),
+    )
+    return by_stock_level(products, level=stock).order_by("id")
+
+
+def orders_in_chunks(*, orders: QuerySet[Order], chunk_size: int = 1000) -> Iterator[Order]:
+    """Every order of `orders`, newest first, with buyer, coupon and lines (their products), read
+    `chunk_size` at a time by keyset (id < the last one seen): an export of a million orders
+    holds one chunk in memory, and each chunk is one indexed range read plus one for its lines
+    (MySQL drivers buffer a whole result set, so one big query would not stream)."""
+    base = orders.order_by("-pk").select_related("user", "coupon").prefetch_related(
+        Prefetch("lines", queryset=OrderLine.objects.select_related("product").order_by("id")))
+    last: int | None = None
+    while True:
+        chunk = list((base if last is None else base.filter(pk__lt=last))[:chunk_size])
+        yield from chunk
+        if len(chunk) < chunk_size:
+            return
+        last = chunk[-1].pk

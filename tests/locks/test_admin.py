@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 
@@ -9,6 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
+from django.utils import timezone
 from django_redis import get_redis_connection
 
 from locks import Lock, LockLost, stats
@@ -24,12 +26,21 @@ pytestmark = pytest.mark.django_db(transaction=True)
 DASHBOARD = "/admin/locks/lockdashboard/"
 
 
-def make_user(username: str, *, staff: bool = False, superuser: bool = False, can_release: bool = False):
+def make_user(username: str, *, staff: bool = False, superuser: bool = False, can_release: bool = False,
+              perms: tuple[str, ...] = ()):
+    """A user; `can_release` also lets them see the dashboard (view_lockdashboard)."""
     user = get_user_model().objects.create_user(username, password="pw", is_staff=staff or superuser,
                                                 is_superuser=superuser)
-    if can_release:
-        user.user_permissions.add(Permission.objects.get(codename="force_release_lock"))
+    codenames = [*perms, *(("view_lockdashboard", "force_release_lock") if can_release else ())]
+    if codenames:
+        user.user_permissions.add(*Permission.objects.filter(content_type__app_label="locks",
+                                                             codename__in=codenames))
     return user
+
+
+def make_viewer(username: str = "viewer"):
+    """Staff who may look at the dashboard (issue 20: is_staff alone is not enough)."""
+    return make_user(username, staff=True, perms=("view_lockdashboard",))
 
 
 def client_for(user) -> Client:
@@ -42,6 +53,7 @@ def test_permission_matrix(name):
     anonymous = Client()
     plain = client_for(make_user("plain"))
     staff = client_for(make_user("staff", staff=True))
+    viewer = client_for(make_viewer())
     releaser = client_for(make_user("releaser", staff=True, can_release=True))
     root = client_for(make_user("root", superuser=True))
     release_url = f"{DASHBOARD}release/{name}/"
@@ -51,18 +63,63 @@ def test_permission_matrix(name):
             response = client.get(url)
             assert response.status_code == 302 and "/admin/login/" in response["Location"]
         assert client.post(release_url).status_code == 302
-    for client in (staff, releaser, root):
+    for client in (viewer, releaser, root):
         assert client.get(DASHBOARD).status_code == 200
         assert client.get(f"{DASHBOARD}data/").status_code == 200
         assert client.get(f"{DASHBOARD}events/").status_code == 200
-    assert staff.get(release_url).status_code == 403
-    assert staff.post(release_url).status_code == 403
+    for client in (staff, viewer):
+        assert client.get(release_url).status_code == 403
+        assert client.post(release_url).status_code == 403
     assert releaser.get(release_url).status_code == 200
     assert root.get(release_url).status_code == 200
-    assert 'data-can-release="0"' in staff.get(DASHBOARD).content.decode()
+    assert 'data-can-release="0"' in viewer.get(DASHBOARD).content.decode()
     assert 'data-can-release="1"' in releaser.get(DASHBOARD).content.decode()
     # The dashboard is linked from the admin index.
     assert DASHBOARD in root.get("/admin/").content.decode()
+
+
+# --- issue 20: the lock pages need the lock models' view permissions, not just is_staff --------
+def test_staff_without_the_lock_view_permissions_see_no_lock_page(name):
+    from locks.models import JobRun
+
+    run = JobRun.objects.create(job="t.secret", tick=1, due_at=timezone.now(), runner="host:1", fence=1,
+                                started_at=timezone.now(), lease_until=timezone.now(), outcome=JobRun.ERROR,
+                                error="Traceback (most recent call last):\n  DATABASE_PASSWORD=hunter2")
+    ForceRelease.objects.create(lock_name=name, fence=1, owner="host:1", held_for=1.0, actor_name="ops")
+    pages = {"view_lockdashboard": [DASHBOARD, f"{DASHBOARD}data/", f"{DASHBOARD}events/"],
+             "view_forcerelease": ["/admin/locks/forcerelease/"],
+             "view_jobrun": ["/admin/locks/jobrun/", f"/admin/locks/jobrun/{run.pk}/change/"]}
+    staff = client_for(make_user("staff", staff=True))
+    for url in [u for urls in pages.values() for u in urls]:
+        page = staff.get(url)
+        assert page.status_code == 403, url
+        assert "hunter2" not in page.content.decode(), url
+    index = staff.get("/admin/").content.decode()
+    assert DASHBOARD not in index and "/admin/locks/jobrun/" not in index
+    for perm, urls in pages.items():
+        client = client_for(make_user(f"only-{perm}", staff=True, perms=(perm,)))
+        for url in urls:
+            assert client.get(url).status_code == 200, (perm, url)
+        others = [u for p, us in pages.items() if p != perm for u in us]
+        for url in others:
+            assert client.get(url).status_code == 403, (perm, url)
+    # The traceback is shown to those who may view job runs, and only on the run's page.
+    runs = client_for(make_user("runs", staff=True, perms=("view_jobrun",)))
+    assert "hunter2" in runs.get(f"/admin/locks/jobrun/{run.pk}/change/").content.decode()
+    # The dashboard links only the pages the user may open (the audit needs its own permission).
+    page = client_for(make_viewer("dash")).get(DASHBOARD).content.decode()
+    assert "/admin/locks/forcerelease/" not in page and "Recent force releases" not in page
+    both = client_for(make_user("both", staff=True, perms=("view_lockdashboard", "view_forcerelease")))
+    page = both.get(DASHBOARD).content.decode()
+    assert "/admin/locks/forcerelease/" in page and "Recent force releases" in page
+
+
+def test_force_release_needs_the_dashboard_view_permission_too(held_elsewhere):
+    name, _, fence = held_elsewhere
+    blind = client_for(make_user("blind", staff=True, perms=("force_release_lock",)))
+    assert blind.get(f"{DASHBOARD}release/{name}/").status_code == 403
+    assert blind.post(f"{DASHBOARD}release/{name}/", {"fence": fence}).status_code == 403
+    assert Lock(name).locked() and not ForceRelease.objects.exists()
 
 
 def test_release_needs_post_with_csrf(held_elsewhere):
@@ -79,7 +136,7 @@ def test_release_needs_post_with_csrf(held_elsewhere):
 
 def test_dashboard_shows_a_lock_held_by_another_process(held_elsewhere):
     name, pid, fence = held_elsewhere
-    client = client_for(make_user("staff", staff=True))
+    client = client_for(make_viewer())
     data = client.get(f"{DASHBOARD}data/", {"prefix": name}).json()
     (row,) = data["held"]
     assert row["name"] == name
@@ -93,7 +150,7 @@ def test_dashboard_shows_a_lock_held_by_another_process(held_elsewhere):
 def test_force_release_frees_it_wakes_a_waiter_and_is_audited(held_elsewhere):
     name, pid, fence = held_elsewhere
     waiter, queue = start_waiter(name)
-    user = make_user("releaser", staff=True, can_release=True)
+    user = make_user("releaser", staff=True, can_release=True, perms=("view_forcerelease",))  # and reads the audit
     client = client_for(user)
     confirm = client.get(f"{DASHBOARD}release/{name}/").content.decode()
     assert "Force-release" in confirm and f":{pid}" in confirm and "1 waiting" in confirm
@@ -145,7 +202,7 @@ def test_force_release_post_without_a_fence_is_refused(name):
 def test_event_log_shows_timeouts(name):
     with Lock(name, ttl=5.0):
         assert not Lock(name, wait=0.02).acquire()
-    page = client_for(make_user("staff", staff=True)).get(f"{DASHBOARD}events/", {"kind": TIMEOUT})
+    page = client_for(make_viewer()).get(f"{DASHBOARD}events/", {"kind": TIMEOUT})
     assert name in page.content.decode()
 
 
@@ -160,7 +217,7 @@ def test_ten_thousand_held_locks_are_paged_not_listed_at_once(name):
         # ... and published in the held index, as the holders' stats flushes would do.
         pipe.zadd(held_key(), {held_member(f"{name}:{i}", f"x{i}"): now_us // 1000 + 60_000})
     pipe.execute()
-    client = client_for(make_user("staff", staff=True))
+    client = client_for(make_viewer())
     seen, cursor, pages = set(), 0, 0
     while True:
         data = client.get(f"{DASHBOARD}data/", {"prefix": name, "cursor": cursor}).json()
@@ -177,7 +234,7 @@ def test_ten_thousand_held_locks_are_paged_not_listed_at_once(name):
 def test_redis_down_shows_an_error_not_a_500(settings, redis_server):
     settings.CACHES = {**settings.CACHES, "locks": {**settings.CACHES["locks"], "LOCATION": redis_server.url}}
     redis_server.stop()
-    client = client_for(make_user("staff", staff=True))
+    client = client_for(make_viewer())
     assert "unreachable" in client.get(DASHBOARD).content.decode()
     assert client.get(f"{DASHBOARD}data/").status_code == 503
 
@@ -192,7 +249,7 @@ def test_the_dashboard_never_scans_the_keyspace(settings, redis_server):
     long_one = Lock("report:nightly", ttl=30.0)
     long_one.acquire()
     stats.flush()
-    staff = client_for(make_user("staff", staff=True))
+    staff = client_for(make_viewer())
     before = client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
     data = staff.get(f"{DASHBOARD}data/").json()
     page = staff.get(DASHBOARD).content.decode()
@@ -209,7 +266,7 @@ def test_the_dashboard_shows_queued_requests_then_the_batch_that_served_them(nam
     from locks.combining import submit
     from tests.locks.test_combining import start_submitter
 
-    staff = client_for(make_user("staff", staff=True))
+    staff = client_for(make_viewer())
     turn = submit(Lock(name, ttl=10.0), "mine")
     stats.flush()  # publish our hold in the held index
     waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(3)]
@@ -236,3 +293,117 @@ def test_the_dashboard_shows_queued_requests_then_the_batch_that_served_them(nam
     page = staff.get(DASHBOARD, {"prefix": name}).content.decode()
     assert f'<tr><td>{name}</td><td class="num">1</td><td class="num">4</td>' in page
     assert "3-4: 1" in page and " s ago</td>" in page
+
+
+# --- issue 23 item 12: legend, gone targets, a permissioned statistics reset ---------------------
+@pytest.fixture
+def own_prefix(settings):
+    """A key prefix of this test's own: a reset here must not wipe other tests' statistics."""
+    settings.LOCKS = {**settings.LOCKS, "KEY_PREFIX": f"{settings.LOCKS['KEY_PREFIX']}{time.monotonic_ns()}:"}
+    return settings.LOCKS["KEY_PREFIX"]
+
+
+def _families() -> set[str]:
+    from locks import inspect
+
+    return {s.name for s in inspect.lock_stats()}
+
+
+def test_the_dashboard_explains_its_numbers_and_what_to_do(name):
+    page = client_for(make_viewer()).get(DASHBOARD).content.decode()
+    legend = page[page.index('id="lock-legend"'):]
+    for term in ("Fence", "Contention", "p99", "Combining", "Timeouts", "Lost"):
+        assert term in legend, term
+    assert "What to do" in legend or "what to do" in legend
+    for column in ("Fence", "Contention", "Wait p99", "Mean batch"):
+        assert re.search(rf'<th[^>]* title="[^"]{{20,}}"[^>]*>{column}</th>', page), column
+
+
+def test_locks_of_deleted_products_are_marked_gone_and_not_linked(own_prefix):
+    from shop.models import Product
+
+    kept = Product.objects.create(sku="KEPT", name="Kept", price=1, stock=1)
+    gone = Product.objects.create(sku="GONE", name="Gone", price=1, stock=1)
+    for product in (kept, gone):
+        with Lock(f"product:{product.pk}", ttl=5.0):
+            pass
+    held = Lock(f"product:{gone.pk}", ttl=30.0)
+    held.acquire()
+    stats.flush()
+    gone_pk = gone.pk
+    gone.delete()
+    viewer = client_for(make_viewer())
+    data = viewer.get(f"{DASHBOARD}data/").json()
+    [family] = [s for s in data["stats"] if s["name"] == "product:*"]
+    names = {n["name"]: n for n in family["top_names"]}
+    assert names[f"product:{gone_pk}"]["gone"] and names[f"product:{gone_pk}"]["url"] is None
+    assert not names[f"product:{kept.pk}"]["gone"]
+    assert names[f"product:{kept.pk}"]["url"] == f"/admin/shop/product/{kept.pk}/change/"
+    [row] = [h for h in data["held"] if h["name"] == f"product:{gone_pk}"]
+    assert row["gone"] and row["url"] is None
+    page = viewer.get(DASHBOARD).content.decode()
+    assert f'href="/admin/shop/product/{gone_pk}/change/"' not in page
+    assert '<span class="gone" title="' in page and f"product:{gone_pk} (gone)" in page
+    assert f'href="/admin/shop/product/{kept.pk}/change/"' in page
+    held.release()
+
+
+def test_reset_statistics_needs_its_permission_a_confirmation_and_a_post(name, own_prefix):
+    with Lock(name, ttl=5.0):
+        pass
+    stats.flush()
+    assert name in _families()
+    url = f"{DASHBOARD}reset-stats/"
+    viewer = client_for(make_viewer())
+    assert url not in viewer.get(DASHBOARD).content.decode()
+    assert viewer.get(url).status_code == 403 and viewer.post(url).status_code == 403
+    resetter = make_user("resetter", staff=True, perms=("view_lockdashboard", "reset_lock_stats"))
+    blind = client_for(make_user("blind", staff=True, perms=("reset_lock_stats",)))
+    assert blind.post(url).status_code == 403  # the dashboard's view permission too
+    assert name in _families()
+
+    client = client_for(resetter)
+    assert f'href="{url}"' in client.get(DASHBOARD).content.decode()
+    confirm = client.get(url).content.decode()
+    assert "Reset lock statistics?" in confirm and "1 lock famil" in confirm and 'name="confirm"' in confirm
+    csrf = Client(enforce_csrf_checks=True)
+    csrf.force_login(resetter)
+    assert csrf.post(url, {"confirm": "yes"}).status_code == 403  # no CSRF token
+    assert client.get(url).status_code == 200 and name in _families()  # a GET changes nothing
+    assert client.post(url).status_code == 302 and name in _families()  # not confirmed
+    done = client.post(url, {"confirm": "yes"}, follow=True).content.decode()
+    assert "Reset the statistics of 1 lock famil" in done
+    assert _families() == set()
+    assert "No lock activity yet." in done
+    # New activity counts from zero.
+    with Lock(name, ttl=5.0):
+        pass
+    stats.flush()
+    from locks import inspect
+
+    [row] = inspect.lock_stats()
+    assert row.counters["acquired"] == 1
+    events = client.get(f"{DASHBOARD}events/", {"kind": "stats_reset"}).content.decode()
+    assert "resetter" in events  # who reset them, in the event log
+
+
+def test_the_locks_command_resets_the_statistics(name, own_prefix, monkeypatch):
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with Lock(name, ttl=5.0):
+        pass
+    stats.flush()
+    out = StringIO()
+    call_command("locks", "reset-stats", "--yes", stdout=out)
+    assert "reset the statistics of 1 lock famil" in out.getvalue()
+    assert _families() == set()
+    with Lock(name, ttl=5.0):
+        pass
+    stats.flush()
+    monkeypatch.setattr("builtins.input", lambda prompt="": "n")
+    with pytest.raises(CommandError, match="not reset"):
+        call_command("locks", "reset-stats", stdout=StringIO())
+    assert name in _families()

@@ -300,12 +300,16 @@ def test_prune_drops_old_runs_and_expired_families(make_job):
 
 
 # --- admin ---------------------------------------------------------------------------------
-def test_admin_lists_runs_read_only_for_staff(make_job):
+def test_admin_lists_runs_read_only_for_staff_who_may_view_them(make_job):
+    from django.contrib.auth.models import Permission
+
     job = make_job(record, every=3600, lease=5.0)
     Runner([job])._claim(job, 5, fence=1)
     staff = get_user_model().objects.create_user("watcher", password="pw", is_staff=True)
     client = Client()
     client.force_login(staff)
+    assert client.get("/admin/locks/jobrun/").status_code == 403  # is_staff alone (issue 20)
+    staff.user_permissions.add(Permission.objects.get(content_type__app_label="locks", codename="view_jobrun"))
     page = client.get("/admin/locks/jobrun/")
     assert page.status_code == 200 and job.name in page.content.decode()
     filtered = client.get(f"/admin/locks/jobrun/?outcome__exact=running&job={job.name}")

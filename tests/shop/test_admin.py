@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from locks import Lock
-from shop.models import Order, StockLedger
+from shop.models import Order, Product, StockLedger
 from shop.services import place_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -218,3 +218,215 @@ def test_staff_who_may_change_orders_get_the_cancel_tool_but_no_save(make_produc
     assert editor.post(f"/admin/shop/order/{order.pk}/cancel/").status_code == 302
     order.refresh_from_db()
     assert order.status == Order.Status.CANCELLED
+
+
+# --- issue 23 items 10-11: paid orders are refunded, never cancelled; a list that fits ----------
+def _paid(user, product, quantity: int = 2) -> Order:
+    from shop.services import pay_order
+
+    return pay_order(order=place_order(user=user, lines=[(product.pk, quantity)]), actor="test")
+
+
+def test_a_paid_order_offers_refund_and_never_cancel(admin_client, make_product, user):
+    p = make_product(stock=5, price="129.00")
+    paid = _paid(user, p)
+    pending = place_order(user=user, lines=[(p.pk, 1)])
+    refund, cancel = f"/admin/shop/order/{paid.pk}/refund/", f"/admin/shop/order/{paid.pk}/cancel/"
+    page = admin_client.get(f"/admin/shop/order/{paid.pk}/change/").content.decode()
+    assert f'href="{refund}"' in page and "Refund order…" in page
+    assert cancel not in page and "Cancel order…" not in page
+    listing = admin_client.get("/admin/shop/order/").content.decode()
+    assert f'href="{refund}"' in listing and cancel not in listing
+    assert f"/admin/shop/order/{pending.pk}/cancel/" in listing
+    assert f"/admin/shop/order/{pending.pk}/refund/" not in listing
+
+    # The cancel page of a paid order says it is paid and offers the refund instead; a POST is refused.
+    confirm = admin_client.get(cancel).content.decode()
+    assert "is paid" in confirm and 'value="Yes, cancel it"' not in confirm and f'href="{refund}"' in confirm
+    refused = admin_client.post(cancel, follow=True).content.decode()
+    assert "refund it instead" in refused
+    paid.refresh_from_db()
+    assert paid.status == Order.Status.PAID
+
+    confirm = admin_client.get(refund).content.decode()
+    assert "is paid" in confirm and "258.00" in confirm and 'value="Yes, refund it"' in confirm
+    assert admin_client.post(refund).status_code == 302
+    paid.refresh_from_db()
+    p.refresh_from_db()
+    assert paid.status == Order.Status.REFUNDED and p.stock == 4  # the pending order still holds 1
+    entry = StockLedger.objects.get(order=paid, reason=StockLedger.Reason.REFUND)
+    assert (entry.quantity, entry.actor) == (2, "admin:root")
+    again = admin_client.post(refund, follow=True).content.decode()
+    assert "can be refunded" in again
+    page = admin_client.get(f"/admin/shop/order/{paid.pk}/change/").content.decode()
+    assert refund not in page and cancel not in page  # nothing left to do
+    assert "is refunded" in admin_client.get(refund).content.decode()
+
+
+def test_the_cancel_page_says_what_state_the_order_is_in(admin_client, make_product, user):
+    order = place_order(user=user, lines=[(make_product(stock=5).pk, 1)])
+    page = admin_client.get(f"/admin/shop/order/{order.pk}/cancel/").content.decode()
+    assert "is awaiting payment" in page and 'value="Yes, cancel it"' in page
+    admin_client.post(f"/admin/shop/order/{order.pk}/cancel/")
+    page = admin_client.get(f"/admin/shop/order/{order.pk}/cancel/").content.decode()
+    assert "is cancelled" in page and 'value="Yes, cancel it"' not in page
+
+
+def test_view_only_staff_see_no_refund_and_cannot_post_one(make_product, user):
+    paid = _paid(user, make_product(stock=5))
+    viewer = Client()
+    viewer.force_login(_staff_with("view_order"))
+    for url in (f"/admin/shop/order/{paid.pk}/change/", "/admin/shop/order/"):
+        page = viewer.get(url)
+        assert page.status_code == 200 and "/refund/" not in page.content.decode(), url
+    assert viewer.get(f"/admin/shop/order/{paid.pk}/refund/").status_code == 403
+    assert viewer.post(f"/admin/shop/order/{paid.pk}/refund/").status_code == 403
+    paid.refresh_from_db()
+    assert paid.status == Order.Status.PAID
+    editor = Client()
+    editor.force_login(_staff_with("view_order", "change_order"))
+    assert editor.post(f"/admin/shop/order/{paid.pk}/refund/").status_code == 302
+    paid.refresh_from_db()
+    assert paid.status == Order.Status.REFUNDED
+
+
+def test_the_status_filter_offers_placed_only_while_legacy_orders_exist(admin_client, make_product, user):
+    import re
+
+    def offered() -> list[str]:
+        page = admin_client.get("/admin/shop/order/").content.decode()
+        filters = page[page.index('id="changelist-filter"'):]
+        return re.findall(r"status__exact=(\w+)", filters)
+
+    place_order(user=user, lines=[(make_product(stock=5).pk, 1)])
+    assert offered() == ["pending_payment", "paid", "refunded", "cancelled", "expired"]
+    Order.objects.create(user=user, status=Order.Status.PLACED, subtotal=1, total=1)  # from before payments
+    assert "placed" in offered()
+    assert admin_client.get("/admin/shop/order/?status__exact=placed").status_code == 200
+
+
+def test_the_orders_list_is_compact(admin_client, make_product, user):
+    """Money as money, dates short, one actions column (the browser test checks the width)."""
+    p = make_product(stock=5, price="1658.00")
+    _paid(user, p)
+    page = admin_client.get("/admin/shop/order/").content.decode()
+    assert "column-order_actions" in page and "column-cancel_link" not in page
+    assert "3,316.00" in page or "3316.00" in page  # the `money` filter, whatever its locale
+
+
+# --- issue 23 item 13: a sales view per product; orders as CSV -----------------------------------
+def _sales_fixture(make_product, make_coupon, user, other_user):
+    """A: 2 paid, 1 awaiting payment, 1 refunded; B: 3 paid with a coupon, 1 cancelled; C: sold out."""
+    from shop.services import cancel_order, claim_coupon, pay_order, refund_order
+
+    a = make_product(stock=20, price="1250.00")
+    b = make_product(stock=6, price="5.00")
+    c = make_product(stock=1, price="9.00")
+    coupon = make_coupon(total=5, discount="2.00")
+    pay_order(order=place_order(user=user, lines=[(a.pk, 2)]), actor="t")
+    place_order(user=other_user, lines=[(a.pk, 1)])
+    refund_order(order=pay_order(order=place_order(user=other_user, lines=[(a.pk, 1)]), actor="t"), actor="t")
+    claim_coupon(user=user, code=coupon.code)
+    pay_order(order=place_order(user=user, lines=[(b.pk, 3), (c.pk, 1)], coupon_code=coupon.code), actor="t")
+    cancel_order(order=place_order(user=other_user, lines=[(b.pk, 1)]), actor="t")
+    return a, b, c
+
+
+def test_the_sales_selector_counts_sold_paid_revenue_and_reserved_units(make_product, make_coupon, user,
+                                                                         other_user, settings):
+    from decimal import Decimal
+
+    from shop.selectors import product_sales
+
+    a, b, c = _sales_fixture(make_product, make_coupon, user, other_user)
+    rows = {p.pk: p for p in product_sales()}
+    assert (rows[a.pk].units_sold, rows[a.pk].revenue, rows[a.pk].units_reserved, rows[a.pk].units_refunded) == (
+        2, Decimal("2500.00"), 1, 1)
+    assert (rows[b.pk].units_sold, rows[b.pk].revenue, rows[b.pk].units_reserved, rows[b.pk].units_refunded) == (
+        3, Decimal("15.00"), 0, 0)  # list prices: the coupon's discount is the order's, not a line's
+    assert (rows[c.pk].units_sold, rows[c.pk].stock) == (1, 0)
+    assert [Product.objects.get(pk=p.pk).stock for p in (a, b, c)] == [17, 3, 0]
+    settings.SHOP = {"LOW_STOCK": 3}  # low: 1 to 3 left
+    assert [p.pk for p in product_sales(stock="sold_out")] == [c.pk]
+    assert [p.pk for p in product_sales(stock="low")] == [b.pk]
+    assert [p.pk for p in product_sales(stock="in_stock")] == [a.pk]
+    settings.SHOP = {"LOW_STOCK": 2}
+    assert [p.pk for p in product_sales(stock="low")] == []
+
+
+def test_the_sales_page_lists_products_with_their_sales_and_filters_by_stock(admin_client, make_product,
+                                                                             make_coupon, user, other_user):
+    a, b, c = _sales_fixture(make_product, make_coupon, user, other_user)
+    page = admin_client.get("/admin/shop/productsales/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    for column in ("Sold", "Revenue", "Reserved", "Refunded", "Stock", "units in paid orders", "awaiting payment"):
+        assert column in text, column
+    assert "2,500.00" in text or "2500.00" in text
+    sold_out = admin_client.get("/admin/shop/productsales/?stock=sold_out").content.decode()
+    assert c.name in sold_out and a.name not in sold_out and b.name not in sold_out
+    low = admin_client.get("/admin/shop/productsales/?stock=low").content.decode()
+    assert b.name in low and a.name not in low and c.name not in low  # LOW_STOCK 10 by default; c is sold out
+    assert admin_client.get("/admin/shop/productsales/?o=-4").status_code == 200  # sortable by its columns
+    assert admin_client.get("/admin/shop/productsales/add/").status_code == 403
+    assert "/admin/shop/productsales/" in admin_client.get("/admin/").content.decode()
+
+
+def test_the_sales_page_needs_its_own_view_permission(make_product, user):
+    make_product(stock=1)
+    products_only = Client()
+    products_only.force_login(_staff_with("view_product"))
+    assert products_only.get("/admin/shop/productsales/").status_code == 403
+    sales = Client()
+    sales.force_login(_staff_with("view_productsales"))
+    assert sales.get("/admin/shop/productsales/").status_code == 200
+
+
+def test_orders_export_as_csv_with_the_list_filters_for_those_allowed(make_product, user, other_user):
+    import csv
+    import io
+
+    from django.http import StreamingHttpResponse
+
+    from shop.services import pay_order
+
+    p, q = make_product(stock=20, price="1250.00"), make_product(stock=20)
+    formula = get_user_model().objects.create_user("=HYPERLINK(evil)", password="x")
+    paid = pay_order(order=place_order(user=formula, lines=[(p.pk, 2), (q.pk, 1)]), actor="t")
+    place_order(user=other_user, lines=[(p.pk, 1)])
+    url = "/admin/shop/order/export.csv"
+
+    viewer = Client()
+    viewer.force_login(_staff_with("view_order"))
+    assert url not in viewer.get("/admin/shop/order/").content.decode()
+    assert viewer.get(url).status_code == 403
+
+    exporter = Client()
+    exporter.force_login(_staff_with("view_order", "export_order"))
+    listing = exporter.get("/admin/shop/order/?status__exact=paid").content.decode()
+    assert f'href="{url}?status__exact=paid"' in listing  # the export keeps the list's filter
+    response = exporter.get(url, {"status__exact": "paid"})
+    assert response.status_code == 200 and isinstance(response, StreamingHttpResponse)
+    assert response["Content-Type"].startswith("text/csv")
+    assert response["Content-Disposition"].startswith('attachment; filename="orders-')
+    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    header, body = rows[0], rows[1:]
+    assert header[:4] == ["order", "created_at", "status", "buyer"]
+    assert [r[0] for r in body] == [str(paid.pk)]  # only the paid one
+    row = dict(zip(header, body[0], strict=True))
+    assert row["buyer"] == "'=HYPERLINK(evil)"  # a spreadsheet must not run a buyer's name as a formula
+    assert row["total"] == "2510.00" and row["status"] == "paid" and row["paid_at"]
+    assert row["items"] == f"2 x {p.sku} @ 1250.00; 1 x {q.sku} @ 10.00"
+    everything = exporter.get(url)
+    assert len(list(csv.reader(io.StringIO(b"".join(everything.streaming_content).decode())))) == 3
+
+
+def test_the_export_reads_orders_in_bounded_chunks(make_product, user, django_assert_max_num_queries):
+    from shop.selectors import orders_in_chunks
+
+    p = make_product(stock=50)
+    placed = [place_order(user=user, lines=[(p.pk, 1)]).pk for _ in range(7)]
+    with django_assert_max_num_queries(2 * 4 + 1):  # 4 chunks of 2: each an order page and its lines
+        seen = [(o.pk, [line.quantity for line in o.lines.all()]) for o in
+                orders_in_chunks(orders=Order.objects.all(), chunk_size=2)]
+    assert seen == [(pk, [1]) for pk in sorted(placed, reverse=True)]

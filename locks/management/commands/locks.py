@@ -10,6 +10,9 @@ a lock appears once its holder's stats flush ran (<= LOCKS["STATS_FLUSH_INTERVAL
     manage.py locks events               recent timeouts, lost locks, force releases, long waits
     manage.py locks release product:42   force-release after confirmation (--yes to skip it;
                                          --fence F: only the holder with fence F)
+    manage.py locks reset-stats          forget every family's statistics (after a load test), after
+                                         confirmation (--yes to skip it); the admin's "Reset
+                                         statistics" twin, written to the event log
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from locks import inspect
 from locks.exceptions import HolderChanged, LockUnavailable
-from locks.services import cli_actor_name, force_release_lock
+from locks.services import cli_actor_name, force_release_lock, reset_lock_stats
 
 
 def _ms(seconds: float | None) -> str:
@@ -51,8 +54,9 @@ class Command(BaseCommand):
     help = "Show held locks and lock statistics, or force-release a lock."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", nargs="?", default="show", choices=["show", "events", "release"],
-                            help="show held locks and stats (default), the event log, or release a lock")
+        parser.add_argument("action", nargs="?", default="show", choices=["show", "events", "release", "reset-stats"],
+                            help="show held locks and stats (default), the event log, release a lock, or reset "
+                                 "the statistics")
         parser.add_argument("name", nargs="?", help="lock name, for release (e.g. product:42)")
         parser.add_argument("--prefix", default="", help="only locks whose name starts with this")
         parser.add_argument("--limit", type=int, default=50, help="rows per table (default 50)")
@@ -64,9 +68,10 @@ class Command(BaseCommand):
         parser.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
         parser.add_argument("--iterations", type=int, default=0, help="with --watch: stop after N refreshes")
         parser.add_argument("--json", action="store_true", help="machine-readable output")
-        parser.add_argument("--yes", action="store_true", help="release without asking")
+        parser.add_argument("--yes", action="store_true", help="release or reset without asking")
         parser.add_argument("--fence", type=int, help="release: only if the holder still has this fence")
-        parser.add_argument("--actor", help="release: the name written to the audit trail (default user@host)")
+        parser.add_argument("--actor", help="release, reset-stats: the name written to the audit trail / event log "
+                                            "(default user@host)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["limit"] < 1:
@@ -76,6 +81,8 @@ class Command(BaseCommand):
         try:
             if opts["action"] == "release":
                 self._release(opts)
+            elif opts["action"] == "reset-stats":
+                self._reset_stats(opts)
             elif opts["action"] == "events":
                 self._events(opts)
             elif opts["watch"]:
@@ -211,3 +218,15 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS(
                 f"released {name} (was {released.owner}, fence {released.fence}); next waiter woken"
             ))
+
+    def _reset_stats(self, opts: dict[str, Any]) -> None:
+        if not opts["yes"]:
+            families = inspect.families()
+            self.stdout.write(f"{len(families)} lock families have statistics: {', '.join(families[:10]) or '-'}"
+                              f"{', ...' if len(families) > 10 else ''}")
+            answer = input("Reset them? Held locks, fences and the event log are kept. [y/N] ")
+            if answer.strip().lower() not in {"y", "yes"}:
+                raise CommandError("not reset")
+        families = reset_lock_stats(actor_name=opts["actor"] or cli_actor_name())
+        self.stdout.write(self.style.SUCCESS(
+            f"reset the statistics of {len(families)} lock famil{'y' if len(families) == 1 else 'ies'}"))

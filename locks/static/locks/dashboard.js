@@ -6,7 +6,12 @@
   var every = 3000, canRelease = root.dataset.canRelease === "1";
   function esc(s) { return String(s).replace(/[&<>"']/g, function (c) { return "&#" + c.charCodeAt(0) + ";"; }); }
   function ms(x) { return x === null || x === undefined ? "-" : (x * 1000).toFixed(1); }
-  function link(row) { return row.url ? '<a href="' + esc(row.url) + '">' + esc(row.name) + "</a>" : esc(row.name); }
+  var goneTitle = "Its row was deleted (a load test's product, say): nothing to open. Its statistics stay until they expire or are reset.";
+  function link(row) {
+    if (row.url) return '<a href="' + esc(row.url) + '">' + esc(row.name) + "</a>";
+    if (row.gone) return '<span class="gone" title="' + esc(goneTitle) + '">' + esc(row.name) + " (gone)</span>";
+    return esc(row.name);
+  }
   function render(data) {
     var held = data.held.map(function (h) {
       var release = canRelease ? '<a href="' + esc(root.dataset.releaseUrl.replace("NAME", encodeURIComponent(h.name))) + '">Force release…</a>' : "";
