@@ -3,13 +3,9 @@
 The change forms keep `stock`, `remaining` and `fence` read-only, and saves write only the
 fields that changed (`update_fields`), so an operator renaming a product can never write back a
 stock value read minutes ago. Restock and cancel are custom admin views (not actions or change
-<<<<<<< HEAD
 forms, which Django wraps in a transaction) that call the services under the same locks; hiding
-a product (clearing Active) drops its sold-out marker under its lock once the save commits.
-=======
-forms, which Django wraps in a transaction) that call the services under the same locks. A paid
-order offers Refund, never Cancel (issue 23).
->>>>>>> h23ops
+a product (clearing Active) drops its sold-out marker under its lock once the save commits. A
+paid order offers Refund, never Cancel.
 """
 
 from __future__ import annotations
@@ -21,11 +17,8 @@ from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-<<<<<<< HEAD
 from django.db import transaction
-=======
 from django.http import HttpResponseBadRequest, StreamingHttpResponse
->>>>>>> h23ops
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -38,16 +31,20 @@ from locks import inspect
 from locks.exceptions import LockUnavailable
 from shop import errors
 from shop.conf import shop_settings
-<<<<<<< HEAD
-from shop.models import RESERVING_STATUSES, ApiToken, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import cancel_order, inventory, restock
-=======
 from shop.exports import order_csv
-from shop.models import ApiToken, Coupon, CouponClaim, Order, OrderLine, Product, ProductSales, StockLedger
+from shop.models import (
+    ApiToken,
+    Coupon,
+    CouponClaim,
+    Order,
+    OrderLine,
+    Product,
+    ProductSales,
+    StockLedger,
+)
 from shop.selectors import STOCK_LEVELS, by_stock_level, orders_in_chunks, product_sales
-from shop.services import cancel_order, refund_order, restock
+from shop.services import cancel_order, inventory, refund_order, restock
 from shop.templatetags.shop_tags import money
->>>>>>> h23ops
 from shop.tokens import revoke
 
 
