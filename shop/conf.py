@@ -47,6 +47,10 @@ DEFAULTS: dict[str, Any] = {
     # API tokens: a verified token's user is cached this long (seconds; 0 = off). Revoking a
     # token drops it at once; deactivating a user takes effect within this time.
     "TOKEN_CACHE_TTL": 60,
+    # Orders awaiting payment one buyer may have at once (None: no limit). Without it one account
+    # can reserve a whole drop for the payment window and order it again when it expires.
+    # Env: SHOP_MAX_UNPAID_ORDERS (a number or "off"). Load tests switch it off for their buyers.
+    "MAX_UNPAID_ORDERS": 5,
     # A holder paused past its lease (GC, SIGSTOP, a stalled VM) keeps its MySQL transaction and
     # InnoDB row locks open; the next holder would wait for the whole pause. How that transaction
     # is ended (shop/services/stale_transactions.py): "timeout" (MariaDB's idle_transaction_timeout,

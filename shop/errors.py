@@ -78,6 +78,14 @@ class CartFull(ShopError):
     default_message = "Your cart is full."
 
 
+class UnpaidOrdersLimit(ShopError):
+    """details = {"limit", "unpaid"}: pay or cancel an unpaid order first (SHOP["MAX_UNPAID_ORDERS"])."""
+
+    code = "unpaid_limit"
+    status = 409
+    default_message = "You have too many unpaid orders: pay or cancel one first."
+
+
 # --- coupons ---------------------------------------------------------------------------------
 class CouponUnknown(ShopError):
     code = "coupon_unknown"
@@ -216,9 +224,10 @@ class Conflict(ShopError):
 ERRORS_BY_CODE: dict[str, type[ShopError]] = {
     cls.code: cls
     for cls in (
-        InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock, PurchaseLimitExceeded, CartFull,
-        CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed, CouponNotClaimed,
-        OrderNotFound, OrderNotCancellable, OrderNotPayable, OrderNotWritable, IdempotencyConflict, RateLimited,
+        InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock, PurchaseLimitExceeded,
+        UnpaidOrdersLimit, CartFull, CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed,
+        CouponNotClaimed, OrderNotFound, OrderNotCancellable, OrderNotRefundable, OrderNotPayable, OrderNotWritable,
+        IdempotencyConflict, RateLimited,
         LockTimeout, LockUnavailable, DatabaseUnavailable, Conflict,
     )
 }

@@ -224,6 +224,13 @@ SHOP_CURRENCY = os.environ.get("SHOP_CURRENCY", "$")  # not env.str: django-envi
 SHOP = {
     "COMBINING": _env_bool("SHOP_COMBINING", True),
 }
+if _unpaid := env.str("SHOP_MAX_UNPAID_ORDERS", default=""):
+    if _unpaid.lower() in {"off", "none"}:
+        SHOP["MAX_UNPAID_ORDERS"] = None
+    elif _unpaid.isdigit() and int(_unpaid) > 0:
+        SHOP["MAX_UNPAID_ORDERS"] = int(_unpaid)
+    else:
+        raise ImproperlyConfigured(f"SHOP_MAX_UNPAID_ORDERS={_unpaid!r}: a positive number or 'off'.")
 if _rate_limit_env := _rate_overrides(env.str("RATE_LIMITS", default="")):
     SHOP["RATE_LIMITS"] = _rate_limit_env
 

@@ -15,3 +15,7 @@ from shop.settings import *  # noqa: F403
 
 # Password hashing is not what these tests test: the fast hasher saves seconds per created user.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Test buyers place many orders and rarely pay; the unpaid-orders limit (default 5) is switched on
+# by the tests of that limit (tests/shop/services/test_unpaid_limit.py).
+SHOP = {**SHOP, "MAX_UNPAID_ORDERS": None}  # noqa: F405

@@ -56,6 +56,7 @@ def server_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
         "SHOP_COMBINING": "true" if getattr(settings, "SHOP", {}).get("COMBINING", True) else "false",
         "DEBUG": "false",
         "RATELIMIT_ENABLE": "false",
+        "SHOP_MAX_UNPAID_ORDERS": "off",  # load-test buyers never pay: no hoarding limit for them
         "PYTHONWARNINGS": "ignore",
         "PYTHONPATH": str(settings.BASE_DIR),
     }

@@ -6,6 +6,8 @@ or stopped buyer could leave taken). A few seconds in, the parent injects one fa
 
     kill-holder            SIGKILL a buyer inside its critical section (lock held, row updated)
     pause-holder           SIGSTOP a buyer inside its critical section past its lease, then SIGCONT
+    long-pause             the same for 10 s, far past the lock wait: its open MySQL transaction
+                           is ended within a second of its lease (shop/services/stale_transactions.py)
     kill-waiter            SIGKILL a buyer while it is queued for the lock (found in the lock's
                            waiters hash in Redis)
     kill-mysql-connection  KILL a buyer's MySQL connection from an admin connection
@@ -68,6 +70,8 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("kill-holder", "SIGKILL a buyer holding the product lock (after its UPDATE, before COMMIT)"),
     Scenario("pause-holder", "SIGSTOP a buyer holding the product lock past its lease, then SIGCONT"),
+    # Far past the lease AND the lock wait: its open MySQL transaction must not stall the product.
+    Scenario("long-pause", "SIGSTOP a buyer mid-transaction for 10 s, then SIGCONT", length=10.0),
     Scenario("kill-waiter", "SIGKILL a buyer while it is queued for the product lock"),
     Scenario("kill-mysql-connection", "KILL a buyer's MySQL connection mid-run"),
     Scenario("restart-redis", "kill the run's Redis and restart it empty", redis=True, outage=True),
@@ -410,7 +414,7 @@ def _inject(scenario: Scenario, config: FaultConfig, journal: _Journal, procs: d
     """Inject the scenario's fault. Returns (faults injected, when it healed, notes, restock window)."""
     name = scenario.name
     length = config.fault_length
-    if name in ("kill-holder", "pause-holder"):
+    if name in ("kill-holder", "pause-holder", "long-pause"):
         armed.value = ARMED_KILL if name == "kill-holder" else ARMED_PAUSE
         event = journal.wait_for_event(10)
         if event is None:

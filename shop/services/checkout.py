@@ -195,6 +195,7 @@ def _write_order(*, user, lines, products, claim, key, digest, holds, use_locks)
         caps = {pid: products[pid].max_per_user for pid, _ in lines if products[pid].max_per_user is not None}
         if caps:
             limits.check(user_id=user.pk, lines=lines, limits=caps)
+        limits.check_unpaid(user_id=user.pk)
 
         subtotal = sum((products[pid].price * qty for pid, qty in lines), Decimal("0"))
         discount = Decimal("0")

@@ -300,15 +300,20 @@ def _commit(*, product_id: int, pending: list[BatchRequest], hold: locks.Hold,
         # Purchase caps: counted under the row lock taken above, then kept up to date per buyer
         # as the batch is allocated, so two requests of one buyer in a batch count together.
         have = limits.bought(product_id=product_id, user_ids={r.user_id for r in live}) if cap is not None else {}
+        max_unpaid = limits.max_unpaid()
+        unpaid = limits.unpaid(user_ids={r.user_id for r in live}) if max_unpaid is not None and live else {}
         placed: list[BatchRequest] = []
         for r in live:  # FIFO: ours first, then in queue order
-            if cap is not None and have.get(r.user_id, 0) + r.quantity > cap:
+            if max_unpaid is not None and unpaid.get(r.user_id, 0) >= max_unpaid:
+                results[r.id] = _failed(limits.too_many_unpaid(limit=max_unpaid, unpaid=unpaid[r.user_id]))
+            elif cap is not None and have.get(r.user_id, 0) + r.quantity > cap:
                 results[r.id] = _failed(limits.exceeded(product_id=product_id, limit=cap,
                                                         bought=have.get(r.user_id, 0), requested=r.quantity))
             elif r.quantity <= left:
                 placed.append(r)
                 left -= r.quantity
                 have[r.user_id] = have.get(r.user_id, 0) + r.quantity
+                unpaid[r.user_id] = unpaid.get(r.user_id, 0) + 1
             else:
                 state = "sold out" if left == 0 else f"only {left} left"
                 results[r.id] = _failed(errors.OutOfStock(

@@ -9,10 +9,11 @@ and the count is exact, even if the Redis lock was lost meanwhile.
 
 from __future__ import annotations
 
-from django.db.models import Sum
+from django.db.models import Count, Sum
 
 from shop import errors
-from shop.models import RESERVING_STATUSES, OrderLine
+from shop.conf import shop_settings
+from shop.models import RESERVING_STATUSES, Order, OrderLine
 
 
 def bought(*, product_id: int, user_ids: set[int] | list[int]) -> dict[int, int]:
@@ -39,3 +40,34 @@ def check(*, user_id: int, lines: list[tuple[int, int]], limits: dict[int, int])
         have = bought(product_id=product_id, user_ids=[user_id]).get(user_id, 0)
         if have + quantity > limit:
             raise exceeded(product_id=product_id, limit=limit, bought=have, requested=quantity)
+
+
+# --- unpaid orders: one account must not hoard a drop by reserving it for the payment window --
+def max_unpaid() -> int | None:
+    limit = shop_settings.MAX_UNPAID_ORDERS
+    return None if limit is None else int(limit)
+
+
+def unpaid(*, user_ids: set[int] | list[int]) -> dict[int, int]:
+    """How many orders awaiting payment each of these buyers has."""
+    rows = (Order.objects.filter(user_id__in=user_ids, status=Order.Status.PENDING_PAYMENT)
+            .values_list("user_id").annotate(n=Count("id")).values_list("user_id", "n"))
+    return dict(rows)
+
+
+def too_many_unpaid(*, limit: int, unpaid: int) -> errors.UnpaidOrdersLimit:
+    return errors.UnpaidOrdersLimit(
+        f"You have {unpaid} unpaid orders (at most {limit}): pay or cancel one first.",
+        details={"limit": limit, "unpaid": unpaid})
+
+
+def check_unpaid(*, user_id: int) -> None:
+    """Refuse another order while the buyer has MAX_UNPAID_ORDERS awaiting payment. Counted
+    under the products' locks: across products the count may run over by the orders in flight
+    at the same moment on other products' locks (at most one per product), never more."""
+    limit = max_unpaid()
+    if limit is None:
+        return
+    have = unpaid(user_ids=[user_id]).get(user_id, 0)
+    if have >= limit:
+        raise too_many_unpaid(limit=limit, unpaid=have)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from shop.loadtest import appservers, faults, httpfaults, report, scenarios, strategies, workload
@@ -102,6 +103,8 @@ class Command(BaseCommand):
         cmp.add_argument("--sellout-stock", type=int, default=50, help="stock in 'sellout' (default 50)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        # Load-test buyers never pay: the unpaid-orders limit would refuse them after a few orders.
+        settings.SHOP = {**getattr(settings, "SHOP", {}), "MAX_UNPAID_ORDERS": None}
         if opts["fault_list"]:
             for scenario in [*faults.SCENARIOS.values(), *httpfaults.SCENARIOS.values()]:
                 self.stdout.write(f"{scenario.name:<22} {scenario.description}")

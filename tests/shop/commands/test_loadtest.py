@@ -143,7 +143,7 @@ def test_coupon_mode_claims_then_uses_the_coupon_within_its_total():
 
 def test_fault_list_names_every_scenario():
     out = run("--fault-list")
-    for name in ("kill-holder", "pause-holder", "kill-waiter", "kill-mysql-connection", "restart-redis",
+    for name in ("kill-holder", "pause-holder", "long-pause", "kill-waiter", "kill-mysql-connection", "restart-redis",
                  "freeze-redis", "restock-in-pause"):
         assert name in out
 
