@@ -23,3 +23,21 @@ def money(value) -> str:
     sign = "-" if amount < 0 else ""
     digits = number_format(abs(amount), decimal_pos=2, use_l10n=True, force_grouping=True)
     return f"{sign}{getattr(settings, 'SHOP_CURRENCY', '$')}{digits}"
+
+
+# Pages of the account itself: their Log in / Sign up links pass on the page the buyer was heading
+# for, never the account page (back to /login/ after logging in would be a loop).
+ACCOUNT_PAGES = frozenset({"login", "signup", "password_reset", "password_reset_done", "password_reset_confirm",
+                           "password_reset_complete"})
+
+
+@register.simple_tag(takes_context=True)
+def return_to(context) -> str:
+    """Where the header's Log in / Sign up should bring the buyer back to ("" for the default)."""
+    request = context.get("request")
+    match = getattr(request, "resolver_match", None)
+    if match is None:  # no request, or a 404
+        return ""
+    if match.url_name in ACCOUNT_PAGES:
+        return context.get("next") or ""
+    return request.get_full_path()
