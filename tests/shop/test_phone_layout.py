@@ -176,5 +176,12 @@ def test_every_shopper_page_fits_the_window_without_broken_words(live_server, wi
         check(page, "orders", "/orders/")
         check(page, "coupons", "/coupons/")
         check(page, "tokens", "/account/tokens/")
+        if phone:  # the header's links, behind its Menu button
+            page.click("header details.menu > summary")
+            assert page.locator("header .menu-panel a[href='/orders/']").is_visible()
+            check(page, "menu-open")
+            guest.click("header details.menu > summary")
+            assert guest.locator("header .menu-panel a.login").is_visible()
+            check(guest, "guest-menu-open")
         browser.close()
     assert not problems, "\n".join(problems)
