@@ -167,11 +167,13 @@ def test_every_shopper_page_fits_the_window_without_broken_words(live_server, wi
             page.click("#add-to-cart")
             page.wait_for_load_state()
         check(page, "catalog", "/")
+        assert "$1,658.00" in page.inner_text("main")  # item 8: grouped money, in the browser too
         check(page, "product", f"/products/{headphones.pk}/")
         check(page, "product-long-name", f"/products/{sneaker.pk}/")
         check(page, "cart", "/cart/")
         check(page, "checkout", "/checkout/")
         check(page, "order", f"/orders/{data['unpaid'].pk}/")
+        assert page.inner_text("#order-total") == "$3,445.00"
         check(page, "order-cancel", f"/orders/{data['unpaid'].pk}/cancel/")
         check(page, "orders", "/orders/")
         check(page, "coupons", "/coupons/")
