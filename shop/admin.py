@@ -48,6 +48,17 @@ from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 
 
+def money_column(field: str, description: str):
+    """A changelist column showing `field` as the shop's pages do ("$1,658.00"), still sortable."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self, obj) -> str:
+        return money(getattr(obj, field))
+
+    column.__name__ = f"{field}_money"
+    return column
+
+
 class GuardedSaveMixin:
     """Save only what the form changed; never the guarded counters."""
 
@@ -78,11 +89,12 @@ class RestockForm(forms.Form):
 
 @admin.register(Product)
 class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
-    list_display = ("name", "sku", "price", "stock", "max_per_user", "active", "lock", "restock_link")
+    list_display = ("name", "sku", "price_money", "stock", "max_per_user", "active", "lock", "restock_link")
     list_filter = ("active",)
     search_fields = ("name", "sku")
     readonly_fields = ("stock", "fence", "created_at", "updated_at")
     guarded_fields = ("stock", "fence")
+    price_money = money_column("price", "Price")
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
@@ -154,10 +166,12 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
 
 @admin.register(Coupon)
 class CouponAdmin(GuardedSaveMixin, admin.ModelAdmin):
-    list_display = ("code", "discount", "total", "remaining", "claims", "valid_from", "valid_until", "active", "lock")
+    list_display = ("code", "discount_money", "total", "remaining", "claims", "valid_from", "valid_until", "active",
+                    "lock")
     list_filter = ("active",)
     search_fields = ("code",)
     guarded_fields = ("total", "remaining", "fence")
+    discount_money = money_column("discount", "Discount")
 
     def get_readonly_fields(self, request, obj=None):
         return ("fence", "created_at") if obj is None else ("total", "remaining", "fence", "created_at")
@@ -183,7 +197,8 @@ class OrderLineInline(admin.TabularInline):
     model = OrderLine
     extra = 0
     can_delete = False
-    readonly_fields = ("product", "quantity", "unit_price")
+    readonly_fields = ("product", "quantity", "unit_price_money")
+    unit_price_money = money_column("unit_price", "Unit price")
     template = "admin/shop/order/lines_inline.html"  # labels each line "2 x Name @ 129.00"
 
     def get_queryset(self, request):
@@ -233,9 +248,12 @@ class OrderAdmin(admin.ModelAdmin):
     list_select_related = ("user", "coupon")
     search_fields = ("id", "user__username", "idempotency_key")
     inlines = [OrderLineInline]
-    readonly_fields = ("user", "status", "subtotal", "discount", "total", "coupon", "idempotency_key",
-                       "created_at", "pay_by", "paid_at", "refunded_at", "cancelled_at")
+    readonly_fields = ("user", "status", "subtotal_money", "discount_money", "total_money", "coupon",
+                       "idempotency_key", "created_at", "pay_by", "paid_at", "refunded_at", "cancelled_at")
     exclude = ("request_digest",)
+    subtotal_money = money_column("subtotal", "Subtotal")
+    discount_money = money_column("discount", "Discount")
+    total_money = money_column("total", "Total")
 
     class Media:
         css = {"all": ["shop/admin-orders.css"]}

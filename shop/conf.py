@@ -67,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
         "login": "20/m",  # POST /login/, per client IP
         "login_account": "10/m",  # POST /login/, per username tried
         "signup": "10/h",  # POST /signup/, per client IP
+        "password_reset": "10/h",  # POST /password-reset/ (each may send a mail), per client IP
         "token_create": "20/h",  # new API tokens on /account/tokens/, per user
         "coupon_claim": "30/m",  # coupon claims (web and API), per user
         "checkout": "600/m",  # orders (web and API), per user

@@ -32,7 +32,9 @@ class AddToCartForm(QuantityForm):
 
 
 class CheckoutForm(forms.Form):
-    coupon_code = forms.ChoiceField(required=False, label="Coupon")
+    # Radio buttons, not a select: each choice says what it does to this cart, and a select cuts
+    # such a label off on a phone.
+    coupon_code = forms.ChoiceField(required=False, label="Coupon", widget=forms.RadioSelect)
     # Generated when the page renders: a double click or a resubmit posts the same key.
     idempotency_key = forms.CharField(widget=forms.HiddenInput, max_length=128)
 
@@ -44,7 +46,11 @@ class CheckoutForm(forms.Form):
 
 
 class SignUpForm(UserCreationForm):
-    pass
+    """Username and password; an e-mail address is optional (order confirmations, password resets)."""
+
+    class Meta(UserCreationForm.Meta):
+        fields = ("username", "email")
+        help_texts = {"email": "Optional: for your order confirmations and to reset a forgotten password."}
 
 
 class TokenForm(forms.Form):

@@ -1,5 +1,5 @@
-"""Rate limits for the endpoints worth hammering: login, signup, token creation, coupon claims,
-checkout, pay and cancel, on the web and in the API.
+"""Rate limits for the endpoints worth hammering: login, signup, password reset, token creation,
+coupon claims, checkout, pay and cancel, on the web and in the API.
 
 Counting is django-ratelimit's (fixed windows, one atomic INCR in the default Redis cache); the
 rates are SHOP["RATE_LIMITS"] (defaults in shop/conf.py), looked up by name on every request so
@@ -41,6 +41,7 @@ LIMITS: dict[str, Limit] = {
     "login": Limit("login", "ip"),
     "login_account": Limit("login_account", "post:username"),
     "signup": Limit("signup", "ip"),
+    "password_reset": Limit("password_reset", "ip"),
     "token_create": Limit("token_create", "user_or_ip"),
     "coupon_claim": Limit("coupon_claim", "user_or_ip"),
     "checkout": Limit("checkout", "user_or_ip"),

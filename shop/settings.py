@@ -245,6 +245,35 @@ for _net in METRICS_ALLOWED_IPS:
         raise ImproperlyConfigured(
             f"METRICS_ALLOWED_IPS: {_net!r} is not an address or CIDR (e.g. 10.0.0.0/8,127.0.0.1)") from None
 
+# --- Mail (order confirmations, password resets) -----------------------------------------------
+# EMAIL_URL (django-environ: smtp://user:pass@host:25, smtp+tls://...:587, smtps://...:465,
+# consolemail://) wins; otherwise EMAIL_HOST/EMAIL_PORT/EMAIL_HOST_USER/EMAIL_HOST_PASSWORD/
+# EMAIL_USE_TLS/EMAIL_USE_SSL configure SMTP; with neither, development (DEBUG) prints mail to the
+# console and production sends to SMTP on localhost:25.
+EMAIL_URL = env.str("EMAIL_URL", default="")
+if EMAIL_URL:
+    try:
+        globals().update(env.email_url_config(EMAIL_URL))
+    except Exception as exc:  # an unknown scheme or a malformed URL
+        raise ImproperlyConfigured(
+            f"EMAIL_URL: {exc} (e.g. EMAIL_URL=smtp+tls://user:password@smtp.example.com:587)") from exc
+else:
+    EMAIL_HOST = env.str("EMAIL_HOST", default="")
+    EMAIL_BACKEND = ("django.core.mail.backends.console.EmailBackend" if DEBUG and not EMAIL_HOST
+                     else "django.core.mail.backends.smtp.EmailBackend")
+    EMAIL_HOST = EMAIL_HOST or "localhost"
+    EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+    EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+    EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+    EMAIL_USE_TLS = _env_bool("EMAIL_USE_TLS", False)
+    EMAIL_USE_SSL = _env_bool("EMAIL_USE_SSL", False)
+# A slow mail server holds up the Pay request that sends the confirmation: bound it.
+EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Flash sale <noreply@localhost>")
+SERVER_EMAIL = env.str("SERVER_EMAIL", default=DEFAULT_FROM_EMAIL)
+# Links in mail sent outside a request (the order confirmation) start with this.
+SITE_URL = env.str("SITE_URL", default="http://127.0.0.1:8000").rstrip("/")
+
 SESSION_ENGINE = "django.contrib.sessions.backends.db"
 # Messages live in the session, not in a cookie the client can replay or forge.
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"

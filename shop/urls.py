@@ -35,6 +35,11 @@ urlpatterns = [
     path("coupons/<couponcode:code>/claim/", views.coupon_claim, name="coupon_claim"),
     path("signup/", views.signup, name="signup"),
     path("login/", views.login_view, name="login"),
+    path("password-reset/", views.password_reset, name="password_reset"),
+    path("password-reset/sent/", auth_views.PasswordResetDoneView.as_view(), name="password_reset_done"),
+    path("password-reset/done/", views.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
+    path("password-reset/<uidb64>/<token>/", auth_views.PasswordResetConfirmView.as_view(),
+         name="password_reset_confirm"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/tokens/", views.api_tokens, name="api_tokens"),
 ]

@@ -10,6 +10,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -219,11 +220,16 @@ def order_pay(request: HttpRequest, order_id: int) -> HttpResponse:
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "HEAD", "POST"])
 @ratelimits.limit_posts("cancel")
 def order_cancel(request: HttpRequest, order_id: int) -> HttpResponse:
-    """The "Cancel" button of an unpaid order: its stock and coupon go back."""
+    """Cancel an unpaid order: its stock and coupon go back. The order's Cancel is a link to this
+    page (GET), which asks first and works without JavaScript; only its POST cancels."""
     order = _own_order(request, order_id)
+    if request.method != "POST":
+        if order.status != order.Status.PENDING_PAYMENT:
+            return redirect("order", order_id=order.pk)
+        return render(request, "shop/order_cancel.html", {"order": order})
     try:
         cancel_order(order=order, actor=f"user:{request.user.pk}", unpaid_only=True)
         messages.success(request, f"Order #{order.pk} cancelled.")
@@ -260,20 +266,50 @@ def coupon_claim(request: HttpRequest, code: str) -> HttpResponse:
     return redirect("coupons")
 
 
+def safe_next(request: HttpRequest) -> str:
+    """The `next` page asked for (POST or GET), if it is on this site; "" otherwise. The same check
+    as Django's LoginView, so sign-up and password reset never redirect off-site."""
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    allowed = url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                              require_https=request.is_secure())
+    return target if allowed else ""
+
+
 @require_http_methods(["GET", "HEAD", "POST"])
 @ratelimits.limit_posts("signup")
 def signup(request: HttpRequest) -> HttpResponse:
+    """Create an account and log in; then back where the buyer was (`next`: the cart, a product...)."""
     form = SignUpForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         user = form.save()
         login(request, user)
         messages.success(request, f"Welcome, {user.username}!")
-        return redirect("catalog")
-    return render(request, "registration/signup.html", {"form": form})
+        return redirect(safe_next(request) or "catalog")
+    return render(request, "registration/signup.html", {"form": form, "next": safe_next(request)})
 
 
 # Login is Django's view; every POST counts per client IP and per username tried.
 login_view = ratelimits.limit_posts("login", "login_account")(auth_views.LoginView.as_view())
+
+# Password reset: Django's views and tokens, the site's templates. A request for a reset counts
+# per client IP (each one may send a mail). The page the buyer was heading for waits in the
+# session (the mail's link may not carry it) for the "log in" link at the end.
+NEXT_AFTER_RESET = "shop.next_after_reset"
+_password_reset = ratelimits.limit_posts("password_reset")(auth_views.PasswordResetView.as_view(
+    subject_template_name="registration/password_reset_subject.txt",
+    email_template_name="registration/password_reset_email.txt",
+))
+
+
+def password_reset(request: HttpRequest) -> HttpResponse:
+    if target := safe_next(request):
+        request.session[NEXT_AFTER_RESET] = target
+    return _password_reset(request)
+
+
+class PasswordResetCompleteView(auth_views.PasswordResetCompleteView):
+    def get_context_data(self, **kwargs):
+        return {**super().get_context_data(**kwargs), "next": self.request.session.pop(NEXT_AFTER_RESET, "")}
 
 
 @never_cache  # the page shows a new token once: no browser or proxy may keep a copy

@@ -20,3 +20,14 @@ def chromium_path() -> str:
 def launch(playwright):
     ARTIFACTS.mkdir(exist_ok=True)
     return playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
+
+
+def log_in(context, url: str, user) -> None:
+    """Give a Playwright browser context `user`'s session (made by Django's test client, no form)."""
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    name = settings.SESSION_COOKIE_NAME
+    context.add_cookies([{"name": name, "value": client.cookies[name].value, "url": url}])

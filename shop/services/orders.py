@@ -17,6 +17,7 @@ from django.utils import timezone
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
+from shop.services.emails import confirm_payment_on_commit
 from shop.services.inventory import return_stock, unmark_sold_out
 from shop.services.locking import check_before_commit, held, product_lock, refuse_outer_transaction, with_retries
 from shop.services.transactions import connection_errors, durable_transaction
@@ -120,7 +121,8 @@ def pay_order(*, order: Order, actor) -> Order:
     """Record a payment (the simulated provider always accepts). pending_payment -> paid with a
     guarded UPDATE (still pending AND pay_by > now), so a payment never lands on an order that
     expired or was cancelled, even one racing the expirer. Paying a paid order again is a no-op
-    that returns it (a client retrying after a timeout must not be told it failed)."""
+    that returns it (a client retrying after a timeout must not be told it failed). The buyer's
+    confirmation mail leaves after the commit; a mail failure never fails the payment."""
     refuse_outer_transaction("pay_order")
     now = timezone.now()
     paid = Order.objects.filter(pk=order.pk, status=Order.Status.PENDING_PAYMENT, pay_by__gt=now).update(
@@ -128,6 +130,8 @@ def pay_order(*, order: Order, actor) -> Order:
     order.refresh_from_db()
     if not paid and order.status != Order.Status.PAID:
         raise errors.OrderNotPayable(details={"order_id": order.pk, "status": order.status})
+    if paid:  # this call paid it (a retry of a paid order mails nothing)
+        confirm_payment_on_commit(order_id=order.pk)
     log.info("order %s paid by %s", order.pk, actor)
     return order
 

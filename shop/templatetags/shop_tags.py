@@ -2,19 +2,42 @@
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django import template
 from django.conf import settings
+from django.utils.formats import number_format
 
 register = template.Library()
 
 
 @register.filter
 def money(value) -> str:
-    """A price with the shop's currency (settings.SHOP_CURRENCY), e.g. "$12.50"; "-" for none."""
+    """A price with the shop's currency (settings.SHOP_CURRENCY) and the active locale's grouping,
+    e.g. "$1,658.00" ("-$5.00" below zero, "-" for none). The one money format of the web pages,
+    the e-mails and the admin: Django's number_format, so a locale's separators come for free."""
     try:
-        amount = Decimal(value).quantize(Decimal("0.01"))
+        amount = Decimal(value).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
     except (InvalidOperation, TypeError, ValueError):
         return "-"
-    return f"{getattr(settings, 'SHOP_CURRENCY', '$')}{amount}"
+    sign = "-" if amount < 0 else ""
+    digits = number_format(abs(amount), decimal_pos=2, use_l10n=True, force_grouping=True)
+    return f"{sign}{getattr(settings, 'SHOP_CURRENCY', '$')}{digits}"
+
+
+# Pages of the account itself: their Log in / Sign up links pass on the page the buyer was heading
+# for, never the account page (back to /login/ after logging in would be a loop).
+ACCOUNT_PAGES = frozenset({"login", "signup", "password_reset", "password_reset_done", "password_reset_confirm",
+                           "password_reset_complete"})
+
+
+@register.simple_tag(takes_context=True)
+def return_to(context) -> str:
+    """Where the header's Log in / Sign up should bring the buyer back to ("" for the default)."""
+    request = context.get("request")
+    match = getattr(request, "resolver_match", None)
+    if match is None:  # no request, or a 404
+        return ""
+    if match.url_name in ACCOUNT_PAGES:
+        return context.get("next") or ""
+    return request.get_full_path()

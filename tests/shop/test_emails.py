@@ -1,0 +1,179 @@
+"""Issue 23, item 9: mail. The order confirmation on payment (after the commit, never failing the
+payment), the password reset through Django's views, the mail settings from the environment, and
+`next` after sign-up checked like Django's login checks it."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core import mail
+from django.core.mail.backends.base import BaseEmailBackend
+
+from shop.models import ApiToken, Order
+from shop.services import pay_order, place_order
+from tests.shop.test_settings import start
+
+pytestmark = pytest.mark.django_db(transaction=True)
+PASSWORD = "a-long-pass-123"
+
+
+class BrokenBackend(BaseEmailBackend):
+    """An SMTP server that is down."""
+
+    def send_messages(self, messages):
+        raise ConnectionRefusedError("mail server down")
+
+
+class StatusAtSendBackend(BaseEmailBackend):
+    """Records the order's stored status at the moment its mail leaves."""
+
+    seen: list[str] = []
+
+    def send_messages(self, messages):
+        for message in messages:
+            number = int(re.search(r"#(\d+)", message.subject).group(1))
+            StatusAtSendBackend.seen.append(Order.objects.get(pk=number).status)
+        return len(messages)
+
+
+@pytest.fixture
+def buyer(db):
+    return get_user_model().objects.create_user("ann", email="ann@example.com", password=PASSWORD)
+
+
+def test_paying_sends_one_confirmation_with_the_order(buyer, make_product):
+    p = make_product(stock=9, price="1658.00")
+    order = place_order(user=buyer, lines=[(p.pk, 2)])
+    assert mail.outbox == []  # placing is not paying
+    pay_order(order=order, actor="test")
+    assert len(mail.outbox) == 1
+    sent = mail.outbox[0]
+    assert sent.to == ["ann@example.com"] and f"#{order.pk}" in sent.subject
+    assert "2 \u00d7 Product" in sent.body and "$3,316.00" in sent.body and f"/orders/{order.pk}/" in sent.body
+    pay_order(order=order, actor="test")  # a retried payment: already paid, no second mail
+    assert len(mail.outbox) == 1
+
+
+def test_the_confirmation_leaves_after_the_payment_is_committed(buyer, make_product, settings):
+    settings.EMAIL_BACKEND = f"{__name__}.StatusAtSendBackend"
+    StatusAtSendBackend.seen = []
+    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)])
+    pay_order(order=order, actor="test")
+    assert StatusAtSendBackend.seen == [Order.Status.PAID]
+
+
+def test_a_mail_failure_never_fails_the_payment(buyer, make_product, settings, caplog):
+    settings.EMAIL_BACKEND = f"{__name__}.BrokenBackend"
+    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)])
+    with caplog.at_level(logging.ERROR, logger="shop"):
+        paid = pay_order(order=order, actor="test")
+    assert paid.status == Order.Status.PAID
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
+    assert any(f"order {order.pk}" in r.getMessage() and "confirmation" in r.getMessage() for r in caplog.records)
+
+
+def test_no_address_no_mail_and_the_api_pays_with_the_same_service(user, make_product, client):
+    order = place_order(user=user, lines=[(make_product(stock=3).pk, 1)])  # `user` has no e-mail address
+    pay_order(order=order, actor="test")
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID and mail.outbox == []
+    user.email = "u@example.com"
+    user.save(update_fields=["email"])
+    second = place_order(user=user, lines=[(make_product(stock=3).pk, 1)])
+    token = ApiToken.issue(user_id=user.pk, name="test")
+    response = client.post(f"/api/orders/{second.pk}/pay/", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200, response.content
+    assert [m.to for m in mail.outbox] == [["u@example.com"]]
+
+
+def test_password_reset_through_djangos_views(client, buyer):
+    page = client.get("/login/").content.decode()
+    assert 'href="/password-reset/' in page
+    assert client.get("/password-reset/").status_code == 200
+    response = client.post("/password-reset/", {"email": "ann@example.com"})
+    assert response.status_code == 302 and response["Location"].startswith("/password-reset/sent/")
+    assert len(mail.outbox) == 1 and mail.outbox[0].to == ["ann@example.com"]
+    link = re.search(r"http://testserver(/password-reset/\S+/\S+/)", mail.outbox[0].body).group(1)
+    form = client.get(link, follow=True)
+    assert form.status_code == 200 and "new_password1" in form.content.decode()
+    done = client.post(form.redirect_chain[-1][0], {"new_password1": "brand-new-pass-789",
+                                                     "new_password2": "brand-new-pass-789"})
+    assert done.status_code == 302 and done["Location"] == "/password-reset/done/"
+    assert "Log in" in client.get("/password-reset/done/").content.decode()
+    buyer.refresh_from_db()
+    assert buyer.check_password("brand-new-pass-789")
+
+
+def test_password_reset_for_an_unknown_address_looks_the_same_and_sends_nothing(client, buyer):
+    response = client.post("/password-reset/", {"email": "nobody@example.com"})
+    assert response.status_code == 302 and response["Location"].startswith("/password-reset/sent/")
+    assert mail.outbox == []
+
+
+def test_password_reset_requests_are_rate_limited(client, buyer, settings):
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "RATE_LIMITS": {"password_reset": "2/h"}}
+    for _ in range(2):
+        assert client.post("/password-reset/", {"email": "ann@example.com"}).status_code == 302
+    assert client.post("/password-reset/", {"email": "ann@example.com"}).status_code == 429
+    assert len(mail.outbox) == 2
+
+
+@pytest.mark.parametrize("target,lands", [
+    ("/checkout/", "/checkout/"),
+    ("/products/7/", "/products/7/"),
+    ("https://evil.example/steal", "/"),
+    ("//evil.example/", "/"),
+    ("", "/"),
+])
+def test_signup_and_login_go_back_to_a_safe_next(client, target, lands):
+    page = client.get("/login/", {"next": target} if target else {}).content.decode()
+    if lands != "/":  # the login page's Sign up link carries a safe next only
+        assert f'href="/signup/?next={target.replace("/", "%2F")}"' in page
+    response = client.post("/signup/" + (f"?next={target}" if target else ""), {
+        "username": "returning", "email": "r@example.com", "password1": PASSWORD, "password2": PASSWORD})
+    assert response.status_code == 302 and response["Location"] == lands
+    client.post("/logout/")
+    response = client.post("/login/", {"username": "returning", "password": PASSWORD, "next": target})
+    assert response.status_code == 302 and response["Location"] == lands
+
+
+def test_signup_asks_for_an_optional_email(client):
+    page = client.get("/signup/").content.decode()
+    assert 'name="email"' in page
+    client.post("/signup/", {"username": "nomail", "password1": PASSWORD, "password2": PASSWORD})
+    assert get_user_model().objects.get(username="nomail").email == ""
+
+
+# --- mail settings from the environment -----------------------------------------------------------
+MAIL = ("settings.EMAIL_BACKEND, settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_USE_TLS, "
+        "settings.DEFAULT_FROM_EMAIL")
+
+
+def test_mail_goes_to_the_console_in_development():
+    result = start(MAIL, DEBUG="true")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "django.core.mail.backends.console.EmailBackend"
+
+
+def test_smtp_from_email_url():
+    result = start(MAIL, DEBUG="true", EMAIL_URL="smtp+tls://shop%40example.com:pw@mail.example.com:587",
+                   DEFAULT_FROM_EMAIL="Flash sale <shop@example.com>")
+    assert result.returncode == 0, result.stderr
+    backend, host, port, tls, *sender = result.stdout.split()
+    assert (backend, host, port, tls) == ("django.core.mail.backends.smtp.EmailBackend", "mail.example.com", "587",
+                                          "True")
+    assert " ".join(sender) == "Flash sale <shop@example.com>"
+
+
+def test_smtp_from_email_variables_in_production():
+    result = start(MAIL, SECRET_KEY="k" * 50, EMAIL_HOST="smtp.example.com", EMAIL_PORT="2525", EMAIL_USE_TLS="true")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[:4] == ["django.core.mail.backends.smtp.EmailBackend", "smtp.example.com", "2525",
+                                         "True"]
+
+
+def test_a_bad_email_url_is_refused_at_start():
+    result = start(MAIL, DEBUG="true", EMAIL_URL="http://mail.example.com")
+    assert result.returncode != 0 and "EMAIL_URL" in result.stderr
