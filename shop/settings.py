@@ -224,6 +224,8 @@ SHOP_CURRENCY = os.environ.get("SHOP_CURRENCY", "$")  # not env.str: django-envi
 SHOP = {
     "COMBINING": _env_bool("SHOP_COMBINING", True),
 }
+if _stale := env.str("SHOP_STALE_TRANSACTIONS", default=""):  # auto, timeout, kill, off (shop/conf.py)
+    SHOP["STALE_TRANSACTIONS"] = _stale
 if _unpaid := env.str("SHOP_MAX_UNPAID_ORDERS", default=""):
     if _unpaid.lower() in {"off", "none"}:
         SHOP["MAX_UNPAID_ORDERS"] = None
