@@ -31,7 +31,7 @@ def make_late(order: Order) -> None:
 
 @pytest.mark.parametrize("combining", [True, False])
 def test_checkout_creates_a_pending_order_with_a_deadline(user, make_product, settings, combining):
-    settings.SHOP = {"COMBINING": combining, "PAYMENT_WINDOW": 600}
+    settings.SHOP = {**settings.SHOP, "COMBINING": combining, "PAYMENT_WINDOW": 600}
     p = make_product(stock=5)
     before = timezone.now()
     order = place_order(user=user, lines=[(p.pk, 2)])
@@ -180,7 +180,7 @@ def expire_loop(seconds: float) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("combining", [True, False])
 def test_expiry_races_checkouts_and_payments_without_double_returns(make_product, settings, combining):
-    settings.SHOP = {"COMBINING": combining, "PAYMENT_WINDOW": 0.2}
+    settings.SHOP = {**settings.SHOP, "COMBINING": combining, "PAYMENT_WINDOW": 0.2}
     p = make_product(stock=60)
     users = make_users(4, prefix=f"payer-{combining}")
     results = run_processes(
