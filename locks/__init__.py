@@ -6,6 +6,7 @@
 """
 
 from locks.exceptions import HolderChanged, LockError, LockLost, LockNotOwned, LockTimeout, LockUnavailable
-from locks.lock import Hold, Lock
+from locks.hold import Hold
+from locks.lock import Lock
 
 __all__ = ["Hold", "HolderChanged", "Lock", "LockError", "LockLost", "LockNotOwned", "LockTimeout", "LockUnavailable"]
