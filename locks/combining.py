@@ -16,8 +16,11 @@ request, and a batch is exactly what queued while the previous one was being ser
         ...do our own request and the batch's, e.g. in one transaction...
         turn.reply({r.token: encode(result) for r, result in ...})
 
-No polling and no lost wake-ups: a waiter BLPOPs its own list, where either the lock (a
-hand-off) or its reply arrives. The ordering is the lock's: FIFO, so nobody starves.
+This is the public API of an optional backend capability (locks/backends/base.py: a backend
+with `supports_combining` implements `submit`, `take` and `reply`). The Redis backend has it:
+no polling and no lost wake-ups, a waiter BLPOPs its own list, where either the lock (a
+hand-off) or its reply arrives. The ordering is the lock's: FIFO, so nobody starves. On a
+backend without it, `submit` raises NotImplementedError: check `lock.backend.supports_combining`.
 
 Crashes. A request taken into a batch is recorded as the holder's (the lock's `taken` hash)
 until the holder replies. A waiter looks again by itself when the holder's lease ends (as every
@@ -33,27 +36,13 @@ nothing of what requests mean.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
-from locks.exceptions import LockNotOwned, LockUnavailable
-from locks.lock import _UNREACHABLE, Hold, Lock, Served, _clock_offsets, current_holder, pool_of, text
-from locks.scripts import script
+from locks.backends import Request
+from locks.exceptions import LockNotOwned
+from locks.hold import Hold, Served
+from locks.lock import Lock
 from locks.stats import recorder
 
 __all__ = ["Request", "Served", "Turn", "submit"]
-
-# A reply lives this long after its waiter's deadline, then Redis drops it.
-REPLY_GRACE_MS = 10_000
-
-
-@dataclass(frozen=True)
-class Request:
-    """A queued request the combiner took: answer it with `Turn.reply({token: ...})`."""
-
-    token: str
-    payload: str
-    deadline: float  # time.monotonic() in this process after which its waiter has given up
 
 
 class Turn:
@@ -63,28 +52,13 @@ class Turn:
         self.lock = lock
         self.hold = hold
         self.taken: list[Request] = []
-        self._deadlines: dict[str, int] = {}  # token -> deadline (Redis ms), for the reply's expiry
         self._recorded = False
 
     def take(self, limit: int) -> list[Request]:
         """Take up to `limit` requests queued behind us (FIFO; the first plain waiter stops it)."""
         if limit <= 0:
             return []
-        keys = self.lock.keys
-        sent = time.monotonic()
-        try:
-            got = script("take")(keys=[keys.lock, keys.queue, keys.waiters, keys.taken],
-                                 args=[self.hold.token, int(limit)], client=self.lock.client)
-        except _UNREACHABLE as exc:
-            raise LockUnavailable(f"take: Redis unreachable: {exc}", name=self.lock.name) from exc
-        if int(got[0]) == -1:
-            raise LockNotOwned("take: the lock is no longer ours", name=self.lock.name)
-        now_ms = int(got[0])
-        batch = []
-        for i in range(1, len(got), 3):
-            token, deadline_ms, payload = text(got[i]), int(got[i + 1]), text(got[i + 2])
-            self._deadlines[token] = deadline_ms
-            batch.append(Request(token=token, payload=payload, deadline=sent + (deadline_ms - now_ms) / 1000))
+        batch = self.lock.backend.take(self.lock, token=self.hold.token, limit=int(limit))
         self.taken.extend(batch)
         return batch
 
@@ -93,20 +67,8 @@ class Turn:
         hold gone without its reply queues again."""
         if not replies:
             return
-        keys = self.lock.keys
-        pipe = self.lock.client.pipeline(transaction=False)
-        offset = _clock_offsets.get(id(pool_of(self.lock.client, keys.lock)))  # the lock's server (cluster: its master)
-        now_ms = time.time() * 1000 + (offset or 0)
-        for token, reply in replies.items():
-            signal = keys.signal(token)
-            pipe.rpush(signal, "d|" + reply)
-            left = self._deadlines.get(token, now_ms) - now_ms
-            pipe.pexpire(signal, max(int(left), 0) + REPLY_GRACE_MS)
-        pipe.hdel(keys.taken, *replies)  # answered: no longer ours to orphan
-        try:
-            pipe.execute()
-        except _UNREACHABLE as exc:
-            raise LockUnavailable(f"reply: Redis unreachable: {exc}", name=self.lock.name) from exc
+        deadlines = {r.token: r.deadline_ms for r in self.taken if r.token in replies}
+        self.lock.backend.reply(self.lock, replies=replies, deadlines=deadlines)
 
     def release(self) -> None:
         """Release, and count this turn as one batch of 1 + len(taken) requests in the family's
@@ -133,11 +95,9 @@ class Turn:
 def submit(lock: Lock, payload: str, *, wait: float | None = None) -> Turn | Served:
     """Queue `payload` on `lock`: a `Turn` if we got the lock (serve ourselves and the batch),
     or `Served` with the reply a combiner sent. `LockTimeout` if neither came within `wait`:
-    the request may still have been worked on (see the module docstring)."""
-    if not payload:
-        raise ValueError("a combining request needs a non-empty payload")
-    wait = lock.wait if wait is None else wait
-    got = lock._acquire(current_holder(), blocking=True, wait=wait, payload=payload)
+    the request may still have been worked on (see the module docstring). The lock's backend
+    must support combining (`lock.backend.supports_combining`)."""
+    got = lock.submit(payload, wait=wait)
     if isinstance(got, Served):
         return got
     return Turn(lock, got)

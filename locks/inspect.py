@@ -1,60 +1,59 @@
-"""What is held, by whom, and how contended: read from Redis, so every process sees the same.
+"""What is held, by whom, and how contended: the same answer in every process.
 
-Two ways to list held locks. `held_index_page` reads the small index the stats recorders keep
-(`<p>lockheld`, holds published at each flush, see locks/stats.py) plus whatever names the
-caller passes (the busiest names of each family): what the dashboard uses on every refresh, so
-it never walks the keyspace. `held_locks` / `held_locks_page` SCAN the keyspace (never KEYS):
-complete and immediate (the index lags by up to a flush interval), for the CLI's `--all` and
-for one-off checks. Both pipeline the per-lock reads.
+Held locks are asked of the backend in use (locks/backends/): every read here dispatches to it
+(`client=`: the Redis backend on that client). Two ways to list them. `held_index_page` is
+what the dashboard uses on every refresh: cheap reads only (the Redis backend reads the small
+index the stats recorders keep, `<p>lockheld`, plus the names the caller passes, the busiest
+of each family; see locks/stats.py). `held_locks` / `held_locks_page` are complete and
+immediate (Redis: a SCAN of the keyspace, never KEYS; the index lags by up to a flush
+interval), for the CLI's `--all` and for one-off checks.
 
 Statistics are per lock family (`product:*`), with the top names of each family by
-acquisitions; see locks/stats.py for how they are counted and flushed.
+acquisitions, read from the Redis that every process flushes them to (locks/stats.py),
+whichever backend holds the locks. A force release is counted there by family too.
 
 Combining (locks/combining.py): a held lock's row says how many of its waiters queue a
-*request* for the holder to serve (`queued_requests`, the "p|<token>" fields of its waiters
-hash) and how many wait for the lock itself; a family's row has its batches (count, mean size,
-size histogram and quantiles, time of the last one).
+*request* for the holder to serve (`queued_requests`) and how many wait for the lock itself; a
+family's row has its batches (count, mean size, size histogram and quantiles, time of the last
+one).
+
+`ScrapeCollector`: the Prometheus gauges read from the lock service at scrape time (the
+backend in use, the queue depth of the hot locks); locks/metrics.py has the per-process
+counters.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from redis import Redis
-from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from locks import events, histogram
-from locks.backends import HeldLock, LockBackend, get_backend
+from locks.backends import HeldLock, LockBackend, every_held, get_backend
 from locks.conf import locks_settings
-from locks.exceptions import HolderChanged, LockUnavailable
-from locks.keys import (
-    LockKeys,
-    events_key,
-    families_key,
-    family_of,
-    held_key,
-    hot_key,
-    name_from_key,
-    name_from_member,
-    stats_key,
-)
-from locks.lock import Lock, default_client, text
-from locks.scripts import script
+from locks.connection import default_client, text
+from locks.exceptions import LockUnavailable
+from locks.keys import LockKeys, events_key, families_key, family_of, hot_key, stats_key
 from locks.stats import recorder
+
+__all__ = ["HeldLock", "LockStats", "ScrapeCollector"]
+
+log = logging.getLogger("locks")
 
 COUNTERS = ("acquired", "contended", "handoffs", "released", "timeouts", "lost", "force_released", "long_waits",
             "batches", "batched_requests")
-# One HSCAN page (MATCH "p|*") per held lock counts its queued requests: exact up to a few
-# hundred waiters (a listpack hash comes whole; a bigger one, one page of this many slots);
-# beyond, a lower bound (`queued_requests_more`, shown as "N+"), so a 10 000-waiter queue costs
-# one bounded read per refresh, not a walk of the whole hash.
-REQUESTS_SCAN = 1000
+# Scrape-time queue depth: families read, and how many of each family's busiest names.
+QUEUE_FAMILIES = ("product:*",)
+QUEUE_TOP = 10
 
 
 @dataclass
@@ -124,120 +123,34 @@ def _client(client: Redis | None) -> Redis:
     return client if client is not None else default_client()
 
 
-def _prefix() -> str:
-    return locks_settings.KEY_PREFIX
+def _backend(client: Redis | None) -> LockBackend:
+    """The backend in use, or the Redis backend on `client`."""
+    return get_backend(client=client)
 
 
 def backend_info() -> dict[str, str]:
     """Which backend holds the locks, and what it cannot show (the dashboard and `manage.py locks` say it)."""
     backend = get_backend()
-    label = backend.name
-    if backend.native:
-        client = default_client()
-        kind = type(client).__name__
-        if "Cluster" in kind:
-            label = "redis (cluster)"
-        elif "sentinel" in type(client.connection_pool).__name__.lower():
-            label = "redis (sentinel)"
-    return {"name": backend.name, "label": label, "limitations": backend.limitations}
-
-
-def _other_backend() -> LockBackend | None:
-    """The configured backend if it is not the built-in Redis one (whose state is read here)."""
-    backend = get_backend()
-    return None if backend.native else backend
+    return {"name": backend.name, "label": backend.label, "limitations": backend.limitations}
 
 
 def _decode(d: dict[bytes, bytes] | dict[str, str]) -> dict[str, str]:
     return {text(k): text(v) for k, v in d.items()}
 
 
-def _read_held(client: Redis, keys: list[str]) -> list[HeldLock]:
-    if not keys:
-        return []
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.hgetall(key)
-        pipe.pttl(key)
-        pipe.llen(f"{key}:queue")
-        pipe.hscan(f"{key}:waiters", 0, match="p|*", count=REQUESTS_SCAN)
-    cluster = isinstance(client, RedisCluster)
-    if not cluster:
-        pipe.time()
-    replies = pipe.execute()
-    # A cluster pipeline refuses keyless commands: TIME is asked of one node after it (the
-    # masters' clocks are NTP-close; held_for is a display figure).
-    secs, usecs = client.time() if cluster else replies[-1]
-    now = secs + usecs / 1e6
-    out = []
-    for i, key in enumerate(keys):
-        data, pttl, waiters, (more, requests) = replies[4 * i : 4 * i + 4]
-        if not data or pttl is None or pttl == -2:
-            continue  # released between SCAN and read
-        d = _decode(data)
-        since = int(d.get("since_us", 0)) / 1e6
-        out.append(HeldLock(
-            name=name_from_key(key),
-            owner=d.get("owner", "?"),
-            fence=int(d.get("fence", 0)),
-            held_since=since,
-            held_for=max(0.0, now - since),
-            ttl_left=pttl / 1000 if pttl >= 0 else -1.0,
-            waiters=int(waiters),
-            queued_requests=len(requests),
-            queued_requests_more=int(more) != 0,
-        ))
-    return out
-
-
 def held_locks_page(*, prefix: str = "", cursor: int = 0, count: int = 500,
                     client: Redis | None = None) -> tuple[int, list[HeldLock]]:
-    """One SCAN page of held locks whose name starts with `prefix`: (next_cursor, locks)."""
-    if client is None and (backend := _other_backend()) is not None:
-        return 0, backend.held(prefix=prefix)
-    c = _client(client)
-    match = f"{_prefix()}lock:{{{prefix}*}}"
-    try:
-        if isinstance(c, RedisCluster):
-            # One cursor per master: a single number cannot carry them, so a cluster's "page" is
-            # the whole walk, every master scanned to its end (scan_iter), and the cursor is 0.
-            keys = [text(k) for k in c.scan_iter(match=match, count=count, _type="hash")]
-            return 0, _read_held(c, keys)
-        # SCAN's COUNT bounds the keys examined, not the matches returned: in a big keyspace a
-        # call may match nothing. Keep going (boundedly) so a page is empty only at the end.
-        keys: list[str] = []
-        for _ in range(50):
-            cursor, raw = c.scan(cursor=cursor, match=match, count=count, _type="hash")
-            keys.extend(text(k) for k in raw)
-            if cursor == 0 or len(keys) >= count:
-                break
-        return int(cursor), _read_held(c, keys)
-    except RedisError as exc:
-        raise LockUnavailable(f"Redis unreachable: {exc}", name=prefix or "*") from exc
+    """One page of held locks whose name starts with `prefix`: (next_cursor, locks)."""
+    return _backend(client).held_page(prefix=prefix, cursor=cursor, count=count)
 
 
 def held_locks(*, prefix: str = "", limit: int | None = None, client: Redis | None = None) -> list[HeldLock]:
     """All held locks (up to `limit`), sorted by name."""
-    out: list[HeldLock] = []
-    cursor = 0
-    while True:
-        cursor, page = held_locks_page(prefix=prefix, cursor=cursor, count=1000, client=client)
-        out.extend(page)
-        if cursor == 0 or (limit is not None and len(out) >= limit):
-            break
-    out.sort(key=lambda h: h.name)
-    return out[:limit] if limit is not None else out
+    return every_held(_backend(client), prefix=prefix, limit=limit)
 
 
 def lock_info(name: str, *, client: Redis | None = None) -> HeldLock | None:
-    if client is None and (backend := _other_backend()) is not None:
-        return backend.describe(name)
-    c = _client(client)
-    try:
-        found = _read_held(c, [LockKeys.for_name(name).lock])
-    except RedisError as exc:
-        raise LockUnavailable(f"Redis unreachable: {exc}", name=name) from exc
-    return found[0] if found else None
+    return _backend(client).describe(name)
 
 
 def _parse_stats(name: str, raw: dict[bytes, bytes]) -> LockStats:
@@ -339,26 +252,16 @@ def acquisitions(names: list[str], *, family: str | None = None, client: Redis |
     return {name: int(score or 0) for name, score in zip(names, replies, strict=True)}
 
 
-def held_index_page(*, prefix: str = "", cursor: int = 0, count: int = 200, also: list[str] = (),
+def held_index_page(*, prefix: str = "", cursor: int = 0, count: int = 200, also: Sequence[str] = (),
                     client: Redis | None = None) -> tuple[int, list[HeldLock]]:
-    """One page of held locks from the held index (ZSCAN of one small key), plus the names in `also`.
+    """One page of held locks for the dashboard: cheap reads only (see the module docstring).
 
-    The index knows a hold from the first stats flush after it began (<= STATS_FLUSH_INTERVAL);
-    `also` (e.g. the busiest names) catches the short holds of hot locks in between. Entries
-    whose lock is gone are skipped: every row is read from the lock itself. Another backend
-    than Redis lists its held locks itself (one page).
+    The Redis backend reads the held index (it knows a hold from the first stats flush after it
+    began, <= STATS_FLUSH_INTERVAL) plus the names in `also` (e.g. the busiest names, which
+    catch the short holds of hot locks in between); another backend lists its held locks
+    itself (one page).
     """
-    if client is None and (backend := _other_backend()) is not None:
-        return 0, backend.held(prefix=prefix, limit=count)
-    c = _client(client)
-    try:
-        cursor, members = c.zscan(held_key(), cursor=cursor, match=f"{prefix}*", count=count)
-        names = {name_from_member(text(m)) for m, _ in members}
-        names.update(n for n in also if n.startswith(prefix))
-        held = _read_held(c, [LockKeys.for_name(n).lock for n in sorted(names)])
-    except RedisError as exc:
-        raise LockUnavailable(f"Redis unreachable: {exc}", name=prefix or "*") from exc
-    return int(cursor), held
+    return _backend(client).held_index_page(prefix=prefix, cursor=cursor, count=count, also=also)
 
 
 def totals(stats: list[LockStats]) -> LockStats:
@@ -399,44 +302,50 @@ def force_release(name: str, *, actor: str = "", expected_fence: int | None = No
     The old holder's fence is now stale, so its late writes are refused at the database. The
     release is counted in the stats of `family` (default `family_of(name)`).
     """
-    if client is None and (backend := _other_backend()) is not None:
-        before = backend.describe(name)
-        released = backend.force_release(name, expected_fence=expected_fence)
-        if released is None:
-            return None
-        recorder().force_released(Lock(name, family=family), since_us=released.since_us,
-                                  now_us=int(time.time() * 1e6))
-        events.record_event(default_client(), events.FORCE_RELEASE, name, owner=released.owner,
-                            fence=released.fence, actor=actor or f"{socket.gethostname()}:{os.getpid()}")
-        if before is not None and before.fence == released.fence:
-            return before
-        return HeldLock(name=name, owner=released.owner, fence=released.fence, held_since=released.since_us / 1e6,
-                        held_for=max(0.0, time.time() - released.since_us / 1e6), ttl_left=0.0, waiters=0)
-    c = _client(client)
-    keys = LockKeys.for_name(name)
-    before = lock_info(name, client=c)
-    try:
-        held = script("force_release")(
-            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken],
-            args=[keys.signal_prefix, int(locks_settings.FENCE_TTL * 1000),
-                  max(1, int(float(locks_settings.HANDOFF_LEASE) * 1000)),
-                  "0" if expected_fence is None else str(int(expected_fence))],
-            client=c,
-        )
-    except RedisError as exc:
-        raise LockUnavailable(f"Redis unreachable: {exc}", name=name) from exc
-    if not held:
+    backend = _backend(client)
+    before = backend.describe(name)
+    released = backend.force_release(name, expected_fence=expected_fence)
+    if released is None:
         return None
-    if text(held[0]) == "changed":
-        owner, fence = text(held[1]), int(held[2])
-        raise HolderChanged(f"the holder changed: {owner} holds it now with fence {fence}, not fence "
-                            f"{expected_fence}", name=name, owner=owner, fence=fence)
-    owner, fence, since_us = text(held[0]), int(held[1]), int(held[2])
-    recorder().force_released(Lock(name, family=family, client=client), since_us=since_us,
-                              now_us=int(time.time() * 1e6))
-    events.record_event(c, events.FORCE_RELEASE, name, owner=owner, fence=fence,
+    recorder().force_released(family_of(name) if family is None else family, since_us=released.since_us,
+                              now_us=int(time.time() * 1e6), client=client)
+    events.record_event(_client(client), events.FORCE_RELEASE, name, owner=released.owner, fence=released.fence,
                         actor=actor or f"{socket.gethostname()}:{os.getpid()}")
-    if before is not None and before.fence == fence:
+    if before is not None and before.fence == released.fence:
         return before
-    return HeldLock(name=name, owner=owner, fence=fence, held_since=since_us / 1e6,
-                    held_for=max(0.0, time.time() - since_us / 1e6), ttl_left=0.0, waiters=0)
+    return HeldLock(name=name, owner=released.owner, fence=released.fence, held_since=released.since_us / 1e6,
+                    held_for=max(0.0, time.time() - released.since_us / 1e6), ttl_left=0.0, waiters=0)
+
+
+# --- computed at scrape time ----------------------------------------------------------------
+class ScrapeCollector:
+    """The lock backend in use, and the queue depth of each hot family's busiest locks.
+
+    Queue depth: the waiters queued on the QUEUE_TOP busiest names of each QUEUE_FAMILIES family
+    (names from the stats' hot list, so a lock busy before the last stats flush), summed. A few
+    round trips per scrape; if the lock service cannot answer, the gauge is left out, never a 500.
+    """
+
+    def __init__(self, families: tuple[str, ...] = QUEUE_FAMILIES, top: int = QUEUE_TOP) -> None:
+        self.families = families
+        self.top = top
+
+    def collect(self) -> Iterator[Metric]:
+        info = InfoMetricFamily("locks_backend", "The lock backend this server uses (LOCKS['BACKEND']).")
+        info.add_metric([], {"backend": str(locks_settings.BACKEND)})
+        yield info
+        depth = GaugeMetricFamily("locks_queue_depth", "Waiters queued on the busiest locks of a family now "
+                                  "(the same on every server: take the max, not the sum).", labels=["family"])
+        for family in self.families:
+            try:
+                waiters = queue_depth(family, top=self.top)
+            except Exception as exc:  # a scrape must answer whatever the lock service does
+                log.warning("metrics: queue depth of %s unavailable (%s)", family, exc)
+                continue
+            depth.add_metric([family], waiters)
+        yield depth
+
+
+def queue_depth(family: str, *, top: int = QUEUE_TOP) -> int:
+    names = [name for name, _ in family_stats(family, top=top).top_names]
+    return sum(info.waiters for name in names if (info := lock_info(name)) is not None)

@@ -1,34 +1,24 @@
-"""A Redis lock that hands off fairly, fences its holders and always expires.
+"""The front door of the locks: `Lock`, a named distributed lock that fences its holders.
 
 Why not redis-py's `Lock` (what django-redis `cache.lock()` returns): it never expires by
 default, polls every 0.1 s while waiting (so a waiter sleeps through most releases and the
 releasing process barges back in: some processes starve), issues no fencing token, and keys
 its token to a thread-local, which asyncio tasks share. This lock:
 
-- acquires in one round trip (one Lua script: SET-if-free with a TTL, plus a fencing token);
-- queues waiters FIFO in Redis; a release hands the lock *directly* to the head waiter and
-  wakes only that waiter, through a list it BLPOPs, so nobody polls and nobody starves;
-- hands off *provisionally*: the waiter is granted a short lease (HANDOFF_LEASE) and confirms
-  it to its own ttl when it wakes. Of the three known ways to skip a waiter that died queued,
-  waiter heartbeats cost every waiter a write per interval, and Redisson's fair lock (waiter
-  timeouts in a sorted set, pruned by whoever acquires next) still hands the lock to a dead
-  waiter whose timeout has not passed; a provisional grant costs nothing unless the waiter is
-  dead, and then only the short lease;
-- lets a waiter sleep until the lease it was told of ends, then look again: it times that
-  itself on the socket (Redis's own blocking timeouts fire on a 100 ms timer), so a crashed
-  holder costs its lease and a few ms. If the lock passes to a shorter lease meanwhile, a push
-  on the lock's wake list makes one live waiter look again at once;
-- bounds every Redis read by the client's socket timeout: a long wait is a chain of reads;
-- issues fences that strictly increase per name, even after Redis loses its data, because
-  they are derived from the Redis clock in microseconds and the last fence issued;
-- treats a holder as one acquisition (a `Hold`), not a thread-local slot: threads, asyncio
-  tasks and forked children can never release or extend each other's hold;
-- can renew its lease (bounded by `max_hold`) and tells the holder when it lost the lock;
-- counts its statistics in the process (locks/stats.py), per lock *family*, off the scripts:
-  each script touches only the keys of its own lock (one Redis Cluster slot), and an acquire
-  pays for no stats writes;
+- is always a lease (a TTL), and its backend (LOCKS["BACKEND"], locks/backends/) issues a
+  fencing token per acquisition that strictly increases per name; the built-in Redis backend
+  (locks/backends/redis.py) acquires in one round trip, queues waiters FIFO and hands the
+  lock directly to the next one, without polling;
+- treats a holder as one acquisition (a `Hold`, locks/hold.py), not a thread-local slot:
+  threads, asyncio tasks and forked children can never release or extend each other's hold;
+- can be reentrant for the same holder, and awaited from asyncio (the wait runs in a worker
+  thread that a cancelled task stops at once);
+- can renew its lease (bounded by `max_hold`, locks/renewal.py) and tells the holder when it
+  lost the lock;
+- counts its statistics in the process (locks/stats.py, locks/metrics.py), per lock *family*,
+  off the backend's round trips, and logs timeouts, lost locks and long waits (locks/events.py);
 - can be one-shot (`one_shot=True`) for names used once, like idempotency keys: then nothing of
-  the lock remains in Redis after its release.
+  the lock remains in the lock service after its release.
 
 A lease lock can never be safe against pauses on its own (Kleppmann); the fence, checked at
 the resource (`UPDATE ... WHERE fence < :fence`), is what makes a late writer harmless.
@@ -39,135 +29,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
 import math
 import os
-import select
 import socket
 import threading
 import time
-import weakref
-from dataclasses import dataclass, field
-from typing import Any
 
-from django_redis import get_redis_connection
 from redis import Redis
-from redis.cluster import RedisCluster
-from redis.exceptions import AskError, ClusterDownError, MovedError, SlotNotCoveredError, TryAgainError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from locks import events
-from locks.backends import LockBackend, get_backend
+from locks.backends import Grant, LockBackend, get_backend
 from locks.conf import locks_settings
+from locks.connection import default_client
 from locks.exceptions import LockLost, LockNotOwned, LockTimeout, LockUnavailable
+from locks.hold import Cancelled, CancelToken, Hold, HolderKey, Served, current_holder
 from locks.keys import LockKeys, family_of
 from locks.renewal import renewer
-from locks.scripts import script
 from locks.stats import recorder
 
 log = logging.getLogger("locks")
 
-# Redis Cluster during a failover also answers CLUSTERDOWN/MASTERDOWN (every slot, for about a
-# second between a master's FAIL and its replica's promotion), or has no node for a slot yet:
-# for the caller, like a connection error, the service cannot be reached for now.
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, SlotNotCoveredError,
-                TryAgainError)
 _HOST = socket.gethostname()
-
-
-# Redis clock minus our wall clock (ms), per connection pool, learned from each acquire's reply.
-_clock_offsets: dict[int, float] = {}
-# Allowance for the offset's error and clock jitter. The offset is learned as (Redis time in a
-# reply) - (our time when the reply arrived), which underestimates it by up to a round trip, so
-# the give-up time errs early; the best (largest) estimate is kept unless the clocks stepped.
-GIVE_UP_SLACK_MS = 50
-
-
-def _learn_clock(pool: Any, redis_now_ms: int) -> None:
-    if pool is None:
-        return
-    sample = redis_now_ms - time.time() * 1000
-    known = _clock_offsets.get(id(pool))
-    _clock_offsets[id(pool)] = sample if known is None or abs(sample - known) > 1000 else max(known, sample)
-
-
-def _give_up_ms(pool: Any) -> int:
-    """The Redis time after which the caller has given up on a call sent now (0: unknown)."""
-    if pool is None:
-        return 0
-    offset = _clock_offsets.get(id(pool))
-    timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
-    if offset is None or not timeout:
-        return 0
-    return int(time.time() * 1000 + offset + float(timeout) * 1000 + GIVE_UP_SLACK_MS)
-
-
-def default_client() -> Redis:
-    return get_redis_connection(locks_settings.CACHE_ALIAS)
-
-
-def node_client(client: Redis | RedisCluster, key: str) -> Redis:
-    """The plain client of the server that holds `key`: `client` itself, or on Redis Cluster the
-    client of the master that owns key's slot (as the cluster client last learned the slot map).
-
-    For what a cluster client cannot route: a BLPOP we read ourselves and WAIT, which must run on
-    one server's connection; and the per-server clock offset. Every key of one lock is in one
-    slot ({name} hash tag), so one lock talks to one master.
-    """
-    if isinstance(client, RedisCluster):
-        return client.get_redis_connection(client.get_node_from_key(key))
-    return client
-
-
-def pool_of(client: Redis | RedisCluster | None, key: str) -> Any:
-    """The connection pool of the server that holds `key` (None for a client without one)."""
-    if client is None:
-        return None
-    return getattr(node_client(client, key), "connection_pool", None)
-
-
-# --- who is holding -------------------------------------------------------------------------
-# Thread idents and task ids are reused once their owner dies; a serial number attached to the
-# live Thread/Task object is not, so a new thread can never inherit a dead thread's hold.
-_serials = itertools.count(1)
-_thread_serials: weakref.WeakKeyDictionary[threading.Thread, int] = weakref.WeakKeyDictionary()
-_task_serials: weakref.WeakKeyDictionary[asyncio.Task, int] = weakref.WeakKeyDictionary()
-_serial_guard = threading.Lock()
-
-HolderKey = tuple[int, int, int]
-
-
-def _serial_of(table: weakref.WeakKeyDictionary, obj: Any) -> int:
-    with _serial_guard:
-        serial = table.get(obj)
-        if serial is None:
-            serial = table[obj] = next(_serials)
-        return serial
-
-
-def current_holder() -> HolderKey:
-    """(pid, thread, asyncio task) of the caller: the identity a hold belongs to."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    task_serial = _serial_of(_task_serials, task) if task is not None else 0
-    return (os.getpid(), _serial_of(_thread_serials, threading.current_thread()), task_serial)
-
-
-class ReplicasLagging(Exception):
-    """WAIT_REPLICAS is set and too few replicas acknowledged the lock write in time."""
-
-
-class _Cancelled(Exception):
-    """The asyncio task that asked for the lock was cancelled while its thread waited."""
-
-
-def text(value: bytes | str) -> str:
-    """Replies are bytes, or str from a client built with decode_responses=True."""
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _seconds(value: object, what: str, *, positive: bool = False) -> float:
@@ -178,205 +61,6 @@ def _seconds(value: object, what: str, *, positive: bool = False) -> float:
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         raise ValueError(f"{what} must be a finite {'positive' if positive else 'non-negative'} number of seconds")
     return seconds
-
-
-class CancelToken:
-    """Lets another thread stop a waiting acquire at once (asyncio cancellation).
-
-    A self-pipe, so the waiting thread sleeps in one poll() on its Redis socket and this pipe
-    (no slicing, no polling). `deliver`/`cancel` settle the race between "acquired" and
-    "cancelled" under one mutex: exactly one side ends up owning an acquired hold.
-    """
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        self._mutex = threading.Lock()
-        self.cancelled = False
-        self.delivered: Hold | None = None
-
-    def fileno(self) -> int:
-        return self._r
-
-    def cancel(self) -> Hold | None:
-        """Cancel; returns a hold the thread already delivered (the caller must give it back)."""
-        with self._mutex:
-            self.cancelled = True
-            with contextlib.suppress(OSError):
-                os.write(self._w, b"x")
-            return self.delivered
-
-    def deliver(self, hold: Hold) -> bool:
-        """False if cancelled first: then the acquiring thread gives the hold back itself."""
-        with self._mutex:
-            if self.cancelled:
-                return False
-            self.delivered = hold
-            return True
-
-    def close(self) -> None:
-        """Once only: _aacquire may call it twice, and by the second call the fd numbers may
-        belong to a new socket of the still-running acquire (seen on the MySQL backend)."""
-        with self._mutex:
-            fds, self._r, self._w = (self._r, self._w), -1, -1
-        for fd in fds:
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-
-
-class _Signal:
-    """A waiter's own hand-off list and the lock's wake list, BLPOPped on a connection of the pool.
-
-    We time the wait ourselves (poll on the socket) instead of relying on BLPOP's timeout:
-    Redis checks blocking timeouts from its cron, `hz` times a second, so a BLPOP oversleeps by
-    up to 100 ms; and a blocking read must not run into the client's socket timeout, which
-    stays short so that a frozen Redis is noticed. The BLPOP stays in flight while we look at
-    the lock from another connection; we hang up on it (the server drops it with the
-    connection) only when we stop waiting without its answer.
-    """
-
-    def __init__(self, client: Redis, keys: list[str], cancel: CancelToken | None,
-                 wait_replicas: tuple[int, int] | None = None) -> None:
-        self.client = client
-        self.pool: Any = None
-        self.keys = keys
-        self.cancel = cancel
-        self.wait_replicas = wait_replicas
-        self.conn: Any = None
-
-    def wait(self, until: float, server_deadline: float) -> str | None:
-        """The next message on the list, or None once `until` (monotonic) has passed."""
-        if self.conn is None:
-            # Looked up now, not at __init__: on a cluster, the acquire script that just ran
-            # through the cluster client has refreshed the slot map if a failover moved it.
-            self.pool = pool_of(self.client, self.keys[0])
-            self.conn = self.pool.get_connection()
-            block = max(server_deadline - time.monotonic(), 0.001)
-            try:
-                self.conn.send_command("BLPOP", *self.keys, f"{block:.3f}")
-            except BaseException:
-                self.abort()
-                raise
-        try:
-            while not self._readable(until - time.monotonic()):
-                if time.monotonic() >= until:
-                    return None
-            reply = self.conn.read_response()
-            if reply and self.wait_replicas is not None and text(reply[1]).startswith("g|"):
-                # Our BLPOP came after the releaser's grant, so WAIT on this connection covers it.
-                self.conn.send_command("WAIT", *self.wait_replicas)
-                acked = self.conn.read_response()
-                if acked < self.wait_replicas[0]:
-                    raise ReplicasLagging(f"only {acked} of {self.wait_replicas[0]} replicas acknowledged the hand-off")
-        except BaseException:
-            self.abort()
-            raise
-        self.pool.release(self.conn)
-        self.conn = None
-        return text(reply[1]) if reply else None
-
-    def _readable(self, timeout: float) -> bool:
-        timeout = max(timeout, 0.0)
-        cancel = self.cancel
-        if cancel is None:
-            return self.conn.can_read(timeout=timeout)
-        if cancel.cancelled:
-            raise _Cancelled
-        if self.conn.can_read(timeout=0):
-            return True
-        sock = getattr(self.conn, "_sock", None)
-        if sock is None:  # not a plain socket connection: fall back to short slices
-            if self.conn.can_read(timeout=min(timeout, 0.05)):
-                return True
-        else:
-            poller = select.poll()
-            poller.register(sock, select.POLLIN)
-            poller.register(cancel.fileno(), select.POLLIN)
-            poller.poll(timeout * 1000)
-        if cancel.cancelled:
-            raise _Cancelled
-        return self.conn.can_read(timeout=0)
-
-    def abort(self) -> None:
-        """Stop waiting: hang up on a BLPOP still in flight."""
-        if self.conn is not None:
-            conn, self.conn = self.conn, None
-            conn.disconnect()
-            self.pool.release(conn)
-
-
-@dataclass(frozen=True)
-class Served:
-    """A request (combining) that a lock holder served: the lock was never ours."""
-
-    reply: str
-    waited: float
-
-
-# --- one acquisition ------------------------------------------------------------------------
-@dataclass(eq=False)
-class Hold:
-    """One acquisition of a lock. Only this object (in this process) can release or extend it."""
-
-    lock: Lock
-    token: str
-    fence: int
-    ttl: float
-    acquired_at: float  # monotonic
-    expires_at: float  # monotonic; a conservative (early) estimate of when the lease ends
-    waited: float
-    holder: HolderKey
-    renew_fraction: float = 1 / 3
-    max_hold: float = 60.0
-    renewing: bool = False
-    renew: bool = False  # keep renewing (else renew only once, to confirm a short hand-off lease)
-    count: int = 1
-    released: bool = False
-    _lost: bool = field(default=False, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.lock.name
-
-    @property
-    def pid(self) -> int:
-        return self.holder[0]
-
-    @property
-    def lost(self) -> bool:
-        """True once the holder can no longer count on the lock (renewal failed or lease over)."""
-        return self._lost or (not self.released and time.monotonic() >= self.expires_at)
-
-    def remaining(self) -> float:
-        """Seconds of validity left, measured conservatively from before the acquire was sent."""
-        if self._lost or self.released:
-            return 0.0
-        return max(0.0, self.expires_at - time.monotonic())
-
-    def check(self, margin: float = 0.0, *, verify: bool = True) -> None:
-        """Raise `LockLost` unless we still hold the lock for `margin` more seconds (call before COMMIT).
-
-        Asks Redis (one round trip): only Redis knows of a force release, or of a lease that
-        ran out while this process was paused. The fence at the resource still has the last
-        word on anything that happens after this check, so a caller whose write is fenced may
-        pass `verify=False` and check only what this process knows (renewal failures, its own
-        clock), saving the round trip inside its critical section.
-        """
-        if self.lost or self.remaining() <= margin:
-            raise LockLost("the lock was lost or its lease ran out", name=self.name)
-        if verify:
-            self.lock._verify_hold(self)
-        if self.remaining() <= margin:
-            raise LockLost("the lease runs out too soon", name=self.name)
-
-    def extend(self, seconds: float, *, replace: bool = False) -> float:
-        return self.lock._extend_hold(self, seconds, replace=replace)
-
-    def release(self) -> None:
-        self.lock._release_hold(self)
-
-    def _renew_once(self) -> None:
-        self.lock._renew_hold(self)
 
 
 # --- the lock -------------------------------------------------------------------------------
@@ -434,9 +118,8 @@ class Lock:
             raise ValueError("max_hold must be at least ttl")
         self.reentrant = reentrant
         self._client = client
-        # None: the built-in Redis backend, driven here (an explicit `client` is always Redis).
-        backend = None if client is not None else get_backend()
-        self._backend: LockBackend | None = None if backend is None or backend.native else backend
+        # An explicit `client` is always Redis: the Redis backend on that client.
+        self._backend: LockBackend = get_backend(client=client)
         self._holds: dict[HolderKey, Hold] = {}
         self._guard = threading.Lock()
 
@@ -445,15 +128,25 @@ class Lock:
 
     @property
     def client(self) -> Redis:
+        """The Redis of its statistics and events (and of the lock itself on the Redis backend)."""
         return self._client if self._client is not None else default_client()
+
+    @property
+    def explicit_client(self) -> Redis | None:
+        return self._client
 
     @property
     def ttl_ms(self) -> int:
         return max(1, int(self.ttl * 1000))
 
-    def _fence_ttl_ms(self) -> int:
-        """0 tells the scripts the lock is one-shot: the fence key lives for the lease only."""
+    def fence_ttl_ms(self) -> int:
+        """0 tells the backend the lock is one-shot: the fence key lives for the lease only."""
         return 0 if self.one_shot else max(1, int(locks_settings.FENCE_TTL * 1000))
+
+    def handoff_ms(self) -> int:
+        """The provisional lease a release grants the next waiter (HANDOFF_LEASE, at most ttl)."""
+        lease = min(self.ttl, _seconds(locks_settings.HANDOFF_LEASE, "LOCKS['HANDOFF_LEASE']", positive=True))
+        return max(1, int(lease * 1000))
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -494,16 +187,32 @@ class Lock:
 
     @property
     def backend(self) -> LockBackend:
-        return self._backend if self._backend is not None else get_backend()
+        return self._backend
 
     def locked(self) -> bool:
         """Is anyone holding this lock right now?"""
-        if self._backend is not None:
-            return self._backend.locked(self)
-        try:
-            return bool(self.client.exists(self.keys.lock))
-        except _UNREACHABLE as exc:
-            raise LockUnavailable(f"Redis unreachable: {exc}", name=self.name) from exc
+        return self._backend.locked(self)
+
+    def submit(self, payload: str, *, wait: float | None = None) -> Hold | Served:
+        """Queue for the lock carrying a request (combining: see locks/combining.py, its API).
+
+        The lock (a `Hold`: serve the requests queued behind you), or `Served` with the reply a
+        holder sent for `payload`; `LockTimeout` if neither came within `wait`. Needs a backend
+        that `supports_combining`.
+        """
+        if not payload:
+            raise ValueError("a combining request needs a non-empty payload")
+        holder = current_holder()
+        existing = self._reentered(holder)
+        if existing is not None:
+            return existing
+        started = time.monotonic()
+        token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
+        wait = self.wait if wait is None else wait
+        got = self._backend.submit(self, token=token, owner=owner, payload=payload, deadline=started + wait)
+        if isinstance(got, Served):
+            return got
+        return self._granted(got, holder, token, owner, started, blocking=True, wait=wait)
 
     def __enter__(self) -> Hold:
         return self._acquire(current_holder(), blocking=True, wait=self.wait)
@@ -563,7 +272,7 @@ class Lock:
         hold = self._acquire(holder, blocking=blocking, wait=wait, cancel=cancel)
         if not cancel.deliver(hold):
             self._give_back(hold)
-            raise _Cancelled
+            raise Cancelled
         return hold
 
     def _give_back(self, hold: Hold) -> None:
@@ -577,188 +286,44 @@ class Lock:
         await asyncio.to_thread(self._release_hold, hold)
 
     # -- acquisition -----------------------------------------------------------------------
-    def _acquire(self, holder: HolderKey, *, blocking: bool, wait: float,
-                 cancel: CancelToken | None = None, payload: str = "") -> Hold:
-        """A Hold; with a `payload` (combining, locks/combining.py) possibly `Served` instead."""
+    def _reentered(self, holder: HolderKey) -> Hold | None:
+        """The holder's hold, entered once more (reentrant); None if it holds none."""
         with self._guard:
             existing = self._holds.get(holder)
+        if existing is None:
+            return None
+        if not self.reentrant:
+            raise RuntimeError(f"{self!r} is already held by this holder; pass reentrant=True to nest holds")
+        self._reenter(existing)
+        return existing
+
+    def _acquire(self, holder: HolderKey, *, blocking: bool, wait: float,
+                 cancel: CancelToken | None = None) -> Hold:
+        existing = self._reentered(holder)
         if existing is not None:
-            if not self.reentrant:
-                raise RuntimeError(
-                    f"{self!r} is already held by this holder; pass reentrant=True to nest holds"
-                )
-            self._reenter(existing)
             return existing
-        if self._backend is not None:
-            if payload:
-                raise RuntimeError(f"the {self._backend.name} backend does not combine requests")
-            return self._acquire_from_backend(self._backend, holder, blocking=blocking, wait=wait, cancel=cancel)
-
         started = time.monotonic()
-        deadline = started + (wait if blocking else 0.0)
-        token = os.urandom(16).hex()
-        owner = f"{_HOST}:{os.getpid()}"
-        client = self.client
-        keys = self.keys
-        key_list = [keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken]
-        fence_ttl = self._fence_ttl_ms()
-        handoff_ms = self._handoff_ms()
-        signal = _Signal(client, [keys.signal(token), keys.wake], cancel, self._wait_replicas())
-        queued = False
-        try:
-            while True:
-                sent = time.monotonic()
-                left_ms = int((deadline - sent) * 1000) if blocking else 0
-                args = [token, self.ttl_ms, owner, max(left_ms, 0), keys.signal_prefix, fence_ttl, handoff_ms]
-                acquired, value, now_ms, since_ms = self._run_acquire(client, key_list, args, payload)
-                if acquired == 1:
-                    signal.abort()
-                    lease_start = sent + (int(since_ms) - int(now_ms)) / 1000
-                    return self._new_hold(holder, token, int(value), lease_start, self.ttl, started,
-                                          contended=queued)
-                if not blocking or left_ms <= 0:
-                    break
-                queued = True
-                # Wait for a hand-off, and look again by ourselves when the holder's lease ends:
-                # if it died, nobody will hand over. Timed here, to the millisecond.
-                lease_end = sent + max(int(value), 0) / 1000 + 0.001
-                message = signal.wait(until=min(deadline, lease_end), server_deadline=deadline + 0.05)
-                if message is not None and message.startswith("g|"):
-                    _, fence_s, granted_ms, lease_ms = message.split("|")
-                    # The lease began when the releaser granted it (Redis clock). Map that to our
-                    # clock conservatively through the reply of our last acquire attempt.
-                    lease_start = min(sent + (int(granted_ms) - int(now_ms)) / 1000, time.monotonic())
-                    return self._new_hold(holder, token, int(fence_s), lease_start, int(lease_ms) / 1000, started,
-                                          contended=True)
-                if message is not None and message.startswith("d|"):
-                    return Served(message[2:], waited=time.monotonic() - started)  # type: ignore[return-value]
-                if time.monotonic() >= deadline:
-                    break
-                # A nudge ("r": a shorter lease now) or our own timer: look again.
-            signal.abort()
-            if queued:
-                sent = time.monotonic()
-                got = self._cancel(client, token)
-                if isinstance(got, Served):
-                    return got  # type: ignore[return-value]
-                if got is not None:
-                    # Handed over at the very last moment: it is ours; don't strand it.
-                    fence, now_ms, since_ms = got
-                    return self._new_hold(holder, token, fence, sent + (since_ms - now_ms) / 1000,
-                                          self._handoff_s(), started, contended=True)
-        except ReplicasLagging as exc:
-            signal.abort()
-            self._release_token(client, token)
-            raise LockUnavailable(str(exc), name=self.name) from exc
-        except BaseException as exc:
-            # Interrupted (cancelled, Ctrl-C, a timeout around us, Redis gone) while queued: leave
-            # the queue, and if a hand-off raced in, give the lock straight back.
-            signal.abort()
-            # Leave the queue, unless Redis itself just failed us: a second call would only
-            # wait out another socket timeout, and a waiter that never confirms a hand-off is
-            # passed over after HANDOFF_LEASE anyway.
-            if queued and not isinstance(exc, _UNREACHABLE):
-                with contextlib.suppress(Exception):
-                    if isinstance(self._cancel(client, token), tuple):
-                        self._release_token(client, token)
-            if isinstance(exc, _UNREACHABLE):
-                raise LockUnavailable(f"Redis unreachable: {exc}", name=self.name) from exc
-            raise
-        waited = time.monotonic() - started
-        if blocking:
-            recorder().count(self, timeouts=1)
-            events.record_event(client, events.TIMEOUT, self.name, waited=round(waited, 4), owner=owner)
-        raise LockTimeout(f"not acquired within {wait:g}s", name=self.name)
+        token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
+        grant = self._backend.acquire(self, token=token, owner=owner, blocking=blocking,
+                                      deadline=started + (wait if blocking else 0.0), cancel=cancel)
+        return self._granted(grant, holder, token, owner, started, blocking=blocking, wait=wait)
 
-    def _acquire_from_backend(self, backend: LockBackend, holder: HolderKey, *, blocking: bool, wait: float,
-                              cancel: CancelToken | None) -> Hold:
-        started = time.monotonic()
-        token = os.urandom(16).hex()
-        owner = f"{_HOST}:{os.getpid()}"
-        grant = backend.acquire(self, token=token, owner=owner, blocking=blocking,
-                                deadline=started + (wait if blocking else 0.0), cancel=cancel)
+    def _granted(self, grant: Grant | None, holder: HolderKey, token: str, owner: str, started: float, *,
+                 blocking: bool, wait: float) -> Hold:
+        """The hold a grant makes, or `LockTimeout` (counted and logged) if there was none."""
         if grant is not None:
             return self._new_hold(holder, token, grant.fence, grant.lease_start, grant.lease, started,
                                   contended=grant.contended)
         if blocking:
             recorder().count(self, timeouts=1)
-            with contextlib.suppress(Exception):  # the event log is on Redis, which this backend may not need
+            with contextlib.suppress(Exception):  # the event log is on Redis, which the backend may not need
                 events.record_event(self.client, events.TIMEOUT, self.name,
                                     waited=round(time.monotonic() - started, 4), owner=owner)
         raise LockTimeout(f"not acquired within {wait:g}s", name=self.name)
 
-    def _handoff_s(self) -> float:
-        return min(self.ttl, _seconds(locks_settings.HANDOFF_LEASE, "LOCKS['HANDOFF_LEASE']", positive=True))
-
-    def _handoff_ms(self) -> int:
-        return max(1, int(self._handoff_s() * 1000))
-
-    def _wait_replicas(self) -> tuple[int, int] | None:
-        n = int(locks_settings.WAIT_REPLICAS)
-        return (n, int(locks_settings.WAIT_REPLICAS_TIMEOUT * 1000)) if n > 0 else None
-
-    def _run_acquire(self, client: Redis, key_list: list[str], args: list, payload: str = "") -> list:
-        """The acquire script; with WAIT_REPLICAS, pipelined with WAIT on the same connection.
-
-        It carries the Redis time after which we will have given up on it (our socket timeout):
-        a frozen Redis that wakes runs every command still in its socket buffers, and an acquire
-        we abandoned would otherwise queue a phantom waiter that each live buyer then waits a
-        hand-off lease for. The script drops a request that arrives that late.
-        """
-        pool = pool_of(client, key_list[0])
-        args = [*args, _give_up_ms(pool), payload]
-        replicas = self._wait_replicas()
-        if replicas is None:
-            reply = script("acquire")(keys=key_list, args=args, client=client)
-        else:
-            # WAIT counts the writes of its own connection: one server's pipeline, the lock's
-            # master on a cluster (a cluster pipeline would send the keyless WAIT anywhere).
-            pipe = node_client(client, key_list[0]).pipeline(transaction=False)
-            script("acquire")(keys=key_list, args=args, client=pipe)
-            pipe.execute_command("WAIT", *replicas)
-            try:
-                reply, acked = pipe.execute()
-            except (*_UNREACHABLE, MovedError, AskError) as exc:
-                if isinstance(client, RedisCluster):
-                    # We bypassed the cluster client, so it has not seen the failure: have it
-                    # re-read the slot map now, or every try would go to the dead master again.
-                    with contextlib.suppress(Exception):
-                        client.nodes_manager.initialize()
-                raise LockUnavailable(f"the lock's master is unreachable or moved: {exc}", name=self.name) from exc
-            if reply[0] == 1 and acked < replicas[0]:
-                raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
-        _learn_clock(pool, int(reply[2]))
-        if reply[0] == -1:  # our clock estimate was off (we had not given up): nothing was done
-            raise LockUnavailable("the acquire reached Redis after its give-up time; clock offset relearned",
-                                  name=self.name)
-        return reply
-
-    def _cancel(self, client: Redis, token: str) -> tuple[int, int, int] | Served | None:
-        """Leave the queue. The lock if it was handed over just now, a reply if a holder served
-        this request just now (combining), else None."""
-        keys = self.keys
-        got = script("cancel")(
-            keys=[keys.lock, keys.queue, keys.waiters, keys.wake, keys.taken],
-            args=[token, keys.signal_prefix],
-            client=client,
-        )
-        if got[0] == 2:
-            return Served(text(got[1]), waited=0.0)
-        return (int(got[1]), int(got[2]), int(got[3])) if got[0] else None
-
-    def _release_token(self, client: Redis | None, token: str) -> bool:
-        if self._backend is not None:
-            return self._backend.release(self, token=token)
-        keys = self.keys
-        return bool(script("release")(
-            keys=[keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken],
-            args=[token, keys.signal_prefix, self._fence_ttl_ms(), self._handoff_ms()],
-            client=client,
-        ))
-
     def _new_hold(self, holder: HolderKey, token: str, fence: int, lease_start: float, lease: float,
                   started: float, *, contended: bool) -> Hold:
-        """`lease`: what Redis gave us; shorter than ttl after a hand-off, until we confirm it."""
+        """`lease`: what the backend gave us; shorter than ttl after a hand-off, until we confirm it."""
         now = time.monotonic()
         hold = Hold(
             lock=self,
@@ -810,10 +375,10 @@ class Lock:
             return
         self._forget(hold)
         try:
-            released = self._release_token(self._client if self._backend is not None else self.client, hold.token)
-        except _UNREACHABLE as exc:
+            released = self._backend.release(self, token=hold.token)
+        except LockUnavailable:
             recorder().ended(self, hold, released=None)
-            raise LockUnavailable(f"Redis unreachable during release: {exc}", name=self.name) from exc
+            raise
         recorder().ended(self, hold, released=released)
         if not released:
             hold._lost = True
@@ -826,18 +391,7 @@ class Lock:
             raise LockNotOwned("extend of a hold this holder does not own", name=self.name)
         seconds = _seconds(seconds, "extend", positive=True)
         sent = time.monotonic()
-        try:
-            if self._backend is not None:
-                left_ms = self._backend.extend(self, token=hold.token, ms=max(1, int(seconds * 1000)),
-                                               replace=replace)
-            else:
-                left_ms = script("extend")(
-                    keys=[self.keys.lock],
-                    args=[hold.token, max(1, int(seconds * 1000)), "1" if replace else "0"],
-                    client=self.client,
-                )
-        except _UNREACHABLE as exc:
-            raise LockUnavailable(f"Redis unreachable during extend: {exc}", name=self.name) from exc
+        left_ms = self._backend.extend(self, token=hold.token, ms=max(1, int(seconds * 1000)), replace=replace)
         if not left_ms:
             hold._lost = True
             hold.renewing = False
@@ -849,13 +403,7 @@ class Lock:
         if hold.released or hold.pid != os.getpid():
             raise LockLost("this hold was released or belongs to another process", name=self.name)
         sent = time.monotonic()
-        try:
-            if self._backend is not None:
-                left_ms = int(self._backend.check(self, token=hold.token))
-            else:
-                left_ms = int(script("check")(keys=[self.keys.lock], args=[hold.token], client=self.client))
-        except _UNREACHABLE as exc:
-            raise LockUnavailable(f"Redis unreachable during check: {exc}", name=self.name) from exc
+        left_ms = int(self._backend.check(self, token=hold.token))
         if left_ms <= 0:
             hold._lost = True
             hold.renewing = False

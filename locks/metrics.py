@@ -11,8 +11,8 @@ write). Family labels are capped at MAX_FAMILIES per process (the rest count as 
 a caller that forgets `Lock(family=...)` on hashed names cannot blow up the series count.
 
 Gauges that describe the shared state (queue depth of the hot locks, the backend in use) are
-computed at scrape time by `ScrapeCollector`, not kept per process: every server reports the
-same value, so a dashboard takes their max, not their sum.
+read from the lock service at scrape time (`locks.inspect.ScrapeCollector`), not kept per
+process: every server reports the same value, so a dashboard takes their max, not their sum.
 """
 
 from __future__ import annotations
@@ -20,16 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
-
-from locks.conf import locks_settings
 
 if TYPE_CHECKING:
-    from locks.lock import Hold, Lock
+    from locks.hold import Hold, LockLike
 
 log = logging.getLogger("locks")
 
@@ -38,9 +34,6 @@ OTHER = "other"
 # Seconds: a checkout holds a product lock for a few ms; a waiter may wait up to LOCK_WAIT (3 s).
 TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# Scrape-time queue depth: families read, and how many of each family's busiest names.
-QUEUE_FAMILIES = ("product:*",)
-QUEUE_TOP = 10
 
 ACQUISITIONS = Counter("locks_acquisitions", "Locks acquired, contended (waited in the queue) or not.",
                        ["family", "contended"])
@@ -95,7 +88,7 @@ _warned = False
 
 
 # One function per `Recorder` event, same arguments, called once per event it records.
-def acquired(lock: Lock, hold: Hold, *, contended: bool) -> None:
+def acquired(lock: LockLike, hold: Hold, *, contended: bool) -> None:
     try:
         uncontended_n, contended_n, handoffs, wait, _, _ = _for(lock.family)
         if contended:
@@ -108,7 +101,7 @@ def acquired(lock: Lock, hold: Hold, *, contended: bool) -> None:
         _failed(exc)
 
 
-def ended(lock: Lock, hold: Hold, *, released: bool | None) -> None:
+def ended(lock: LockLike, hold: Hold, *, released: bool | None) -> None:
     """Released: its hold time; found lost at release (False): lost; Redis unreachable (None): nothing."""
     try:
         if released:
@@ -122,7 +115,7 @@ def ended(lock: Lock, hold: Hold, *, released: bool | None) -> None:
 _COUNTS = {"timeouts": TIMEOUTS, "long_waits": LONG_WAITS, "lost": LOST}
 
 
-def count(lock: Lock, fields: dict[str, int]) -> None:
+def count(lock: LockLike, fields: dict[str, int]) -> None:
     """`Recorder.count`'s counters, by field name (timeouts, long_waits, lost); others are not exported."""
     try:
         family = _family(lock.family)
@@ -133,17 +126,17 @@ def count(lock: Lock, fields: dict[str, int]) -> None:
         _failed(exc)
 
 
-def batch(lock: Lock, size: int) -> None:
+def batch(lock: LockLike, size: int) -> None:
     try:
         BATCH.labels(_family(lock.family)).observe(size)
     except Exception as exc:
         _failed(exc)
 
 
-def force_released(lock: Lock, *, since_us: int, now_us: int) -> None:
-    """An operator freed the lock: a force release, and the hold it ended (as the stats count it)."""
+def force_released(family: str, *, since_us: int, now_us: int) -> None:
+    """An operator freed a lock of `family`: a force release, and the hold it ended (as the stats count it)."""
     try:
-        family = _family(lock.family)
+        family = _family(family)
         FORCE_RELEASES.labels(family).inc()
         HOLD.labels(family).observe(max(now_us - since_us, 0) / 1e6)
     except Exception as exc:
@@ -154,39 +147,3 @@ def _family(family: str) -> str:
     """The label `family` counts under: itself, or OTHER past the cap (see `_for`)."""
     _for(family)
     return family if family in _children else OTHER
-
-
-# --- computed at scrape time ----------------------------------------------------------------
-class ScrapeCollector:
-    """The lock backend in use, and the queue depth of each hot family's busiest locks.
-
-    Queue depth: the waiters queued on the QUEUE_TOP busiest names of each QUEUE_FAMILIES family
-    (names from the stats' hot list, so a lock busy before the last stats flush), summed. A few
-    Redis round trips per scrape; if Redis cannot answer, the gauge is left out, never a 500.
-    """
-
-    def __init__(self, families: tuple[str, ...] = QUEUE_FAMILIES, top: int = QUEUE_TOP) -> None:
-        self.families = families
-        self.top = top
-
-    def collect(self) -> Iterator[Metric]:
-        info = InfoMetricFamily("locks_backend", "The lock backend this server uses (LOCKS['BACKEND']).")
-        info.add_metric([], {"backend": str(locks_settings.BACKEND)})
-        yield info
-        depth = GaugeMetricFamily("locks_queue_depth", "Waiters queued on the busiest locks of a family now "
-                                  "(the same on every server: take the max, not the sum).", labels=["family"])
-        for family in self.families:
-            try:
-                waiters = queue_depth(family, top=self.top)
-            except Exception as exc:  # a scrape must answer whatever the lock service does
-                log.warning("metrics: queue depth of %s unavailable (%s)", family, exc)
-                continue
-            depth.add_metric([family], waiters)
-        yield depth
-
-
-def queue_depth(family: str, *, top: int = QUEUE_TOP) -> int:
-    from locks import inspect
-
-    names = [name for name, _ in inspect.family_stats(family, top=top).top_names]
-    return sum(info.waiters for name in names if (info := inspect.lock_info(name)) is not None)

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from locks.exceptions import LockUnavailable
 
 if TYPE_CHECKING:
-    from locks.lock import Hold
+    from locks.hold import Hold
 
 log = logging.getLogger("locks")
 

@@ -6,8 +6,8 @@ import getpass
 import socket
 
 from locks import events, inspect, stats
+from locks.connection import default_client
 from locks.inspect import HeldLock
-from locks.lock import default_client
 from locks.models import ForceRelease
 
 

@@ -43,13 +43,14 @@ from redis.exceptions import RedisError
 
 from locks import histogram, metrics
 from locks.conf import locks_settings
+from locks.connection import default_client
 from locks.exceptions import LockUnavailable
 from locks.keys import families_key, held_key, held_member, hot_key, stats_key
 
 if TYPE_CHECKING:
     from redis import Redis
 
-    from locks.lock import Hold, Lock
+    from locks.hold import Hold, LockLike
 
 log = logging.getLogger("locks")
 
@@ -87,8 +88,11 @@ class Recorder:
         self._exit_hooked = False
 
     # -- recording (the lock's hot path: a mutex and a few dict updates) --------------------
-    def _slot(self, lock: Lock) -> _Pending:
-        key = (lock._client, lock.keys.prefix)
+    def _slot(self, lock: LockLike) -> _Pending:
+        return self._slot_of(lock.explicit_client, lock.keys.prefix)
+
+    def _slot_of(self, client: Redis | None, prefix: str) -> _Pending:
+        key = (client, prefix)
         pending = self._pending.get(key)
         if pending is None:
             pending = self._pending[key] = _Pending()
@@ -103,7 +107,7 @@ class Recorder:
 
     # acquired() and ended() run on every lock operation, inside the caller's critical section:
     # plain dict arithmetic, no keyword dicts, the flusher checked only when it may be missing.
-    def acquired(self, lock: Lock, hold: Hold, *, contended: bool) -> None:
+    def acquired(self, lock: LockLike, hold: Hold, *, contended: bool) -> None:
         family = lock.family
         wait_bucket = f"w{histogram.bucket_of(hold.waited * 1e6)}" if contended else None
         with self._mutex:
@@ -125,7 +129,7 @@ class Recorder:
                 self._start()
         metrics.acquired(lock, hold, contended=contended)  # Prometheus (locks/metrics.py)
 
-    def ended(self, lock: Lock, hold: Hold, *, released: bool | None) -> None:
+    def ended(self, lock: LockLike, hold: Hold, *, released: bool | None) -> None:
         """A hold is over: released (its hold time is counted), found lost at release (False), or
         its release could not reach Redis (None: it lapses with its lease; nothing is counted)."""
         field = None
@@ -150,14 +154,14 @@ class Recorder:
         if member is not None:
             pending.gone.append(member)
 
-    def count(self, lock: Lock, **fields: int) -> None:
+    def count(self, lock: LockLike, **fields: int) -> None:
         """Other counters: timeouts, long_waits, lost (during renewal is not counted: release is)."""
         with self._mutex:
             self._count(self._slot(lock), lock.family, **fields)
             self._start()
         metrics.count(lock, fields)
 
-    def batch(self, lock: Lock, size: int) -> None:
+    def batch(self, lock: LockLike, size: int) -> None:
         """A combiner's turn ended having served `size` requests (its own + those it took).
 
         Counted: `batches`, `batched_requests` (so mean = batched_requests / batches), the
@@ -179,12 +183,14 @@ class Recorder:
                 self._start()
         metrics.batch(lock, size)
 
-    def force_released(self, lock: Lock, *, since_us: int, now_us: int) -> None:
-        """An operator freed the lock: a finished hold and a force release, flushed at once."""
+    def force_released(self, family: str, *, since_us: int, now_us: int, client: Redis | None = None) -> None:
+        """An operator freed a lock of `family`: a finished hold and a force release, flushed at
+        once (to `client`, default the LOCKS cache alias's Redis)."""
         bucket = histogram.bucket_of(max(now_us - since_us, 0))
         with self._mutex:
-            self._count(self._slot(lock), lock.family, force_released=1, **{f"h{bucket}": 1})
-        metrics.force_released(lock, since_us=since_us, now_us=now_us)
+            self._count(self._slot_of(client, locks_settings.KEY_PREFIX), family, force_released=1,
+                        **{f"h{bucket}": 1})
+        metrics.force_released(family, since_us=since_us, now_us=now_us)
         self.flush()
 
     # -- flushing --------------------------------------------------------------------------
@@ -324,8 +330,6 @@ class Recorder:
     @staticmethod
     def _write(client: Redis | None, prefix: str, batch: dict[str, Any]) -> None:
         if client is None:
-            from locks.lock import default_client
-
             client = default_client()
         ttl = int(locks_settings.METRICS_TTL)
         top_n = max(int(locks_settings.STATS_TOP_N), 1)
@@ -383,8 +387,6 @@ def reset(*, client: Redis | None = None, prefix: str | None = None) -> list[str
     families live in different slots. Redis unreachable: `LockUnavailable`, nothing reset.
     """
     if client is None:
-        from locks.lock import default_client
-
         client = default_client()
     key = families_key(prefix)
     try:

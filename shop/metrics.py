@@ -33,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from locks import metrics as lock_metrics
+from locks import inspect as lock_inspect
 from shop import errors
 
 log = logging.getLogger("shop")
@@ -148,7 +148,7 @@ def exposition() -> bytes:
         MultiProcessCollector(registry, path=path)
     else:
         registry.register(_Default())
-    registry.register(lock_metrics.ScrapeCollector())
+    registry.register(lock_inspect.ScrapeCollector())
     return generate_latest(registry)
 
 

@@ -2,7 +2,8 @@
 
 `get_backend()` returns this process's instance for the current settings: one per (settings,
 pid), so a forked child never shares its parent's sockets or sessions, and a test that changes
-LOCKS gets a backend for the new values.
+LOCKS gets a backend for the new values. `get_backend(client=...)`: the Redis backend on that
+Redis client (a `Lock(client=...)`, or a read of one Redis), whatever LOCKS["BACKEND"] says.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ import contextlib
 import os
 import threading
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
 
-from locks.backends.base import Grant, HeldLock, LockBackend, Released
+from locks.backends.base import Grant, HeldLock, LockBackend, Released, Request, every_held
 from locks.conf import locks_settings
 
-__all__ = ["BACKENDS", "Grant", "HeldLock", "LockBackend", "Released", "get_backend"]
+if TYPE_CHECKING:
+    from redis import Redis
+
+__all__ = ["BACKENDS", "Grant", "HeldLock", "LockBackend", "Released", "Request", "every_held", "get_backend"]
 
 BACKENDS = {
     "redis": "locks.backends.redis.RedisBackend",
@@ -51,7 +56,9 @@ def _freeze(value: object) -> object:
     return tuple(value) if isinstance(value, list) else value
 
 
-def get_backend() -> LockBackend:
+def get_backend(*, client: Redis | None = None) -> LockBackend:
+    if client is not None:
+        return backend_class("redis")(client=client)
     name = locks_settings.BACKEND
     key = (name, os.getpid(), *(_freeze(getattr(locks_settings, o)) for o in OPTIONS.get(name, ())))
     backend = _instances.get(key)

@@ -10,19 +10,22 @@ service's clock, or the last fence + 1 if that is larger (`max(last + 1, now_us)
 switches backend therefore never finds the database's fence columns ahead of the new backend's
 fences (which would refuse every write).
 
-The built-in Redis backend (one Redis, Sentinel or Cluster) is the lock's own code in
-locks/lock.py and its Lua scripts: it fuses acquire, FIFO queue, hand-off and request combining
-into single scripts, so it is `native` and the Lock drives it directly.
+Every backend, the built-in Redis one too (locks/backends/redis.py), is reached the same way.
+One capability is optional: request combining (`supports_combining`; locks/combining.py is its
+public API). A combining backend lets a waiter queue a *request* with its place in line
+(`submit`), lets the holder take the requests queued behind it (`take`) and answer them
+(`reply`): the Redis backend, whose scripts fuse the queue, the hand-off and the requests.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from locks.lock import CancelToken, Lock
+    from locks.hold import CancelToken, LockLike, Served
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,16 @@ class HeldLock:
 
 
 @dataclass(frozen=True)
+class Request:
+    """A queued combining request the holder took: answer it with `reply({token: ...})`."""
+
+    token: str
+    payload: str
+    deadline: float  # time.monotonic() in this process after which its waiter has given up
+    deadline_ms: int = field(default=0, repr=False)  # the same moment on the lock service's clock
+
+
+@dataclass(frozen=True)
 class Released:
     """Who held a lock that was force-released."""
 
@@ -75,45 +88,50 @@ class Released:
 class LockBackend(ABC):
     """One coordination service. Every method raises `LockUnavailable` when it cannot be reached.
 
-    Methods take the `Lock` (name, keys, ttl, one_shot) and the hold's random `token`. Times are
-    time.monotonic() seconds; `deadline` is when a blocking acquire gives up.
+    Methods take the `Lock` (name, keys, ttl, one_shot: `locks.hold.LockLike`) and the hold's
+    random `token`. Times are time.monotonic() seconds; `deadline` is when a blocking acquire
+    gives up.
     """
 
     #: LOCKS["BACKEND"] value.
     name: ClassVar[str]
-    #: The Lock drives it through its own Redis scripts (locks/lock.py): only the Redis backend.
-    native: ClassVar[bool] = False
-    #: Request combining (locks/combining.py) needs the Redis queue; others take the per-order path.
+    #: Request combining (`submit`, `take`, `reply`; locks/combining.py): the Redis queue has it;
+    #: on the others the shop takes the per-order path.
     supports_combining: ClassVar[bool] = False
     #: Waiters can be counted per lock (describe/held report `waiters`).
     counts_waiters: ClassVar[bool] = True
     #: What the dashboard should say about what this backend cannot show ("" if nothing).
     limitations: ClassVar[str] = ""
 
+    @property
+    def label(self) -> str:
+        """The backend as the dashboard and `manage.py locks` name it."""
+        return self.name
+
     @abstractmethod
-    def acquire(self, lock: Lock, *, token: str, owner: str, blocking: bool, deadline: float,
+    def acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
                 cancel: CancelToken | None = None) -> Grant | None:
         """Take the lock for `token`; wait (without polling) until `deadline` if blocking.
 
         None: not acquired in time. A waiter must not starve: FIFO where the service allows it.
         `cancel` (asyncio): stop waiting soon after `cancel.cancelled` turns true (raise
-        `locks.lock._Cancelled`), leaving nothing behind.
+        `locks.hold.Cancelled`), leaving nothing behind.
         """
 
     @abstractmethod
-    def release(self, lock: Lock, *, token: str) -> bool:
+    def release(self, lock: LockLike, *, token: str) -> bool:
         """Release if `token` still holds it; False if the lease had ended or it is another's."""
 
     @abstractmethod
-    def extend(self, lock: Lock, *, token: str, ms: int, replace: bool) -> int:
+    def extend(self, lock: LockLike, *, token: str, ms: int, replace: bool) -> int:
         """Add `ms` to the lease (or set it to `ms`); the ms left, 0 if `token` no longer holds it."""
 
     @abstractmethod
-    def check(self, lock: Lock, *, token: str) -> int:
+    def check(self, lock: LockLike, *, token: str) -> int:
         """The ms left on `token`'s lease; 0 or less if it no longer holds the lock."""
 
     @abstractmethod
-    def locked(self, lock: Lock) -> bool:
+    def locked(self, lock: LockLike) -> bool:
         """Is anyone holding the lock now?"""
 
     @abstractmethod
@@ -132,5 +150,47 @@ class LockBackend(ABC):
         hold has the lock now.
         """
 
+    def held_page(self, *, prefix: str = "", cursor: int = 0, count: int = 500) -> tuple[int, list[HeldLock]]:
+        """One page of `held` (next cursor, 0 at the end): by default every held lock at once."""
+        return 0, self.held(prefix=prefix)
+
+    def held_index_page(self, *, prefix: str = "", cursor: int = 0, count: int = 200,
+                        also: Sequence[str] = ()) -> tuple[int, list[HeldLock]]:
+        """A page of held locks for the dashboard, which asks on every refresh (cheap reads only).
+
+        By default `held` up to `count`; a backend that can list them more cheaply than
+        completely (Redis: the stats' held index, plus the names in `also`) does so.
+        """
+        return 0, self.held(prefix=prefix, limit=count)
+
+    # -- request combining (optional: supports_combining) ------------------------------------
+    def submit(self, lock: LockLike, *, token: str, owner: str, payload: str, deadline: float,
+               cancel: CancelToken | None = None) -> Grant | Served | None:
+        """Queue for the lock carrying a request (`payload`): the lock (a `Grant`), or the reply
+        a holder sent (`Served`), or None at `deadline`."""
+        raise NotImplementedError(f"the {self.name} backend does not combine requests")
+
+    def take(self, lock: LockLike, *, token: str, limit: int) -> list[Request]:
+        """The holder (`token`) takes up to `limit` requests queued behind it, FIFO (the first
+        plain waiter stops it). `LockNotOwned` if the lock is no longer `token`'s."""
+        raise NotImplementedError(f"the {self.name} backend does not combine requests")
+
+    def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int]) -> None:
+        """Answer taken requests by token; `deadlines`: their `Request.deadline_ms`."""
+        raise NotImplementedError(f"the {self.name} backend does not combine requests")
+
     def close(self) -> None:  # noqa: B027 - optional: most backends have something to close
         """Drop connections (tests, a forked child)."""
+
+
+def every_held(backend: LockBackend, *, prefix: str = "", limit: int | None = None) -> list[HeldLock]:
+    """All of `backend.held_page`'s pages (up to `limit` locks), sorted by name."""
+    out: list[HeldLock] = []
+    cursor = 0
+    while True:
+        cursor, page = backend.held_page(prefix=prefix, cursor=cursor, count=1000)
+        out.extend(page)
+        if cursor == 0 or (limit is not None and len(out) >= limit):
+            break
+    out.sort(key=lambda h: h.name)
+    return out[:limit] if limit is not None else out

@@ -55,10 +55,10 @@ from django.db import connections
 from locks.backends.base import Grant, HeldLock, LockBackend, Released
 from locks.conf import locks_settings
 from locks.exceptions import HolderChanged, LockUnavailable
-from locks.lock import _Cancelled
+from locks.hold import Cancelled
 
 if TYPE_CHECKING:
-    from locks.lock import CancelToken, Lock
+    from locks.hold import CancelToken, LockLike
 
 # The server's clock, µs since the epoch (the connections run in UTC, so no DST step is possible
 # in the conversion). NOW(6) is fixed for the whole statement.
@@ -288,7 +288,7 @@ class MySQLBackend(LockBackend):
         return wake_lock_name(conn.database, name)
 
     # -- acquire -----------------------------------------------------------------------------
-    def acquire(self, lock: Lock, *, token: str, owner: str, blocking: bool, deadline: float,
+    def acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
                 cancel: CancelToken | None = None) -> Grant | None:
         name = lock.name
         conn: _Conn | None = self._take_conn(name)
@@ -380,7 +380,7 @@ class MySQLBackend(LockBackend):
         if left <= 0:
             return False
         if cancel is not None and cancel.cancelled:
-            raise _Cancelled
+            raise Cancelled
         raw = conn.raw
         raw.send_query(b"SELECT GET_LOCK(" + raw.literal(wake) + f", {left:.3f})".encode())
         give_up = time.monotonic() + left + REPLY_SLACK
@@ -388,7 +388,7 @@ class MySQLBackend(LockBackend):
             if cancel is not None and cancel.cancelled:
                 with contextlib.suppress(LockUnavailable):
                     self._run(wake, "KILL QUERY %s", [conn.id])
-                raise _Cancelled
+                raise Cancelled
             if time.monotonic() >= give_up:
                 raise MySQLdb.OperationalError(2013, f"no reply to GET_LOCK within {left + REPLY_SLACK:.1f}s")
         raw.read_query_result()
@@ -423,10 +423,10 @@ class MySQLBackend(LockBackend):
         while not cancel.cancelled and time.monotonic() < until:
             time.sleep(min(CANCEL_CHECK, max(0.0, until - time.monotonic())))
         if cancel.cancelled:
-            raise _Cancelled
+            raise Cancelled
 
     # -- the holder's calls ------------------------------------------------------------------
-    def release(self, lock: Lock, *, token: str) -> bool:
+    def release(self, lock: LockLike, *, token: str) -> bool:
         self._after_fork()
         with self._mutex:
             held = self._holds.pop(token, None)
@@ -451,7 +451,7 @@ class MySQLBackend(LockBackend):
                 return count > 0
         return self._run(name, sql, [name, token])[0] > 0
 
-    def extend(self, lock: Lock, *, token: str, ms: int, replace: bool) -> int:
+    def extend(self, lock: LockLike, *, token: str, ms: int, replace: bool) -> int:
         name = lock.name
         count = self._run(name, f"UPDATE locks_lockrow SET lease_until = IF(%s, {NOW_US}, lease_until) + %s "
                                 f"WHERE name = %s AND token = %s AND lease_until > {NOW_US}",
@@ -460,12 +460,12 @@ class MySQLBackend(LockBackend):
             return 0
         return ms if replace else max(self.check(lock, token=token), 1)
 
-    def check(self, lock: Lock, *, token: str) -> int:
+    def check(self, lock: LockLike, *, token: str) -> int:
         rows = self._run(lock.name, f"SELECT lease_until - {NOW_US} FROM locks_lockrow WHERE name = %s AND token = %s",
                          [lock.name, token])[2]
         return int(rows[0][0]) // 1000 if rows else 0
 
-    def locked(self, lock: Lock) -> bool:
+    def locked(self, lock: LockLike) -> bool:
         return bool(self._run(lock.name, f"SELECT 1 FROM locks_lockrow WHERE name = %s AND {_HELD}", [lock.name])[2])
 
     # -- inspection (the dashboard, manage.py locks) -----------------------------------------

@@ -1,58 +1,496 @@
 """The built-in Redis backend: one Redis, a Sentinel-monitored master, or a Redis Cluster.
 
-The lock's Redis code lives in locks/lock.py and locks/scripts/*.lua (acquire, FIFO queue,
-provisional hand-off and request combining are fused into single scripts), so this backend is
-`native`: the Lock drives Redis itself. Which Redis is the `locks` cache alias's connection
-(`LOCKS_REDIS_URL`: redis://, redis+sentinel://, redis+cluster://, see locks/redis_urls.py).
-Every key of one lock carries the hash tag {name}, so every script stays in one Cluster slot.
+Which Redis: the `locks` cache alias's connection (`LOCKS_REDIS_URL`: redis://,
+redis+sentinel://, redis+cluster://, see locks/redis_urls.py), or the client given to
+`Lock(client=...)`. Every key of one lock carries the hash tag {name} (locks/keys.py), so each
+script stays in one Cluster slot. The scripts (locks/scripts/*.lua) fuse each step into one
+round trip:
+
+- acquire: SET-if-free with a TTL and a fencing token, or a place in the FIFO queue (with a
+  request to be served, when combining); fences are derived from the Redis clock in
+  microseconds and the last fence issued, so they keep increasing after Redis loses its data;
+- release: hands the lock *directly* to the head waiter, with a short provisional lease
+  (HANDOFF_LEASE) the waiter confirms when it wakes, and wakes only that waiter through a list
+  it BLPOPs: nobody polls, nobody starves, and a waiter that died queued costs only that lease.
+  (Of the known ways to skip a dead waiter, heartbeats cost every waiter a write per interval,
+  and Redisson's fair lock still hands the lock to a dead waiter whose timeout has not passed.)
+- a waiter sleeps until the lease it was told of ends, then looks again: timed here on the
+  socket (Redis's own blocking timeouts fire on a 100 ms timer), so a crashed holder costs its
+  lease and a few ms. If the lock passes to a shorter lease meanwhile, a push on the lock's
+  wake list makes one live waiter look again at once;
+- extend / check: token-checked; force release: fence-checked, wakes the next waiter.
+
+Combining (`supports_combining`; locks/combining.py): a waiter may queue a request; the holder
+takes the requests queued behind it (`take`) and answers each on its waiter's list (`reply`).
+
+Held locks are read here too (the lock hashes, by SCAN or from the stats' held index) for the
+dashboard and `manage.py locks`; locks/inspect.py dispatches to whichever backend is in use.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+import select
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from locks.backends.base import Grant, HeldLock, LockBackend, Released
+from redis import Redis
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, MovedError, RedisError
+
+from locks.backends.base import Grant, HeldLock, LockBackend, Released, Request, every_held
+from locks.conf import locks_settings
+from locks.connection import (
+    UNREACHABLE,
+    default_client,
+    give_up_ms,
+    learn_clock,
+    node_client,
+    pool_of,
+    server_now_ms,
+    text,
+)
+from locks.exceptions import HolderChanged, LockNotOwned, LockUnavailable
+from locks.hold import Cancelled, CancelToken, Served
+from locks.keys import LockKeys, held_key, name_from_key, name_from_member
+from locks.scripts import script
 
 if TYPE_CHECKING:
-    from locks.lock import CancelToken, Lock
+    from locks.hold import LockLike
+
+# One HSCAN page (MATCH "p|*") per held lock counts its queued requests: exact up to a few
+# hundred waiters (a listpack hash comes whole; a bigger one, one page of this many slots);
+# beyond, a lower bound (`queued_requests_more`, shown as "N+"), so a 10 000-waiter queue costs
+# one bounded read per refresh, not a walk of the whole hash.
+REQUESTS_SCAN = 1000
+# A reply lives this long after its waiter's deadline, then Redis drops it.
+REPLY_GRACE_MS = 10_000
+
+
+class ReplicasLagging(Exception):
+    """WAIT_REPLICAS is set and too few replicas acknowledged the lock write in time."""
+
+
+class _Signal:
+    """A waiter's own hand-off list and the lock's wake list, BLPOPped on a connection of the pool.
+
+    We time the wait ourselves (poll on the socket) instead of relying on BLPOP's timeout:
+    Redis checks blocking timeouts from its cron, `hz` times a second, so a BLPOP oversleeps by
+    up to 100 ms; and a blocking read must not run into the client's socket timeout, which
+    stays short so that a frozen Redis is noticed. The BLPOP stays in flight while we look at
+    the lock from another connection; we hang up on it (the server drops it with the
+    connection) only when we stop waiting without its answer.
+    """
+
+    def __init__(self, client: Redis, keys: list[str], cancel: CancelToken | None,
+                 wait_replicas: tuple[int, int] | None = None) -> None:
+        self.client = client
+        self.pool: Any = None
+        self.keys = keys
+        self.cancel = cancel
+        self.wait_replicas = wait_replicas
+        self.conn: Any = None
+
+    def wait(self, until: float, server_deadline: float) -> str | None:
+        """The next message on the list, or None once `until` (monotonic) has passed."""
+        if self.conn is None:
+            # Looked up now, not at __init__: on a cluster, the acquire script that just ran
+            # through the cluster client has refreshed the slot map if a failover moved it.
+            self.pool = pool_of(self.client, self.keys[0])
+            self.conn = self.pool.get_connection()
+            block = max(server_deadline - time.monotonic(), 0.001)
+            try:
+                self.conn.send_command("BLPOP", *self.keys, f"{block:.3f}")
+            except BaseException:
+                self.abort()
+                raise
+        try:
+            while not self._readable(until - time.monotonic()):
+                if time.monotonic() >= until:
+                    return None
+            reply = self.conn.read_response()
+            if reply and self.wait_replicas is not None and text(reply[1]).startswith("g|"):
+                # Our BLPOP came after the releaser's grant, so WAIT on this connection covers it.
+                self.conn.send_command("WAIT", *self.wait_replicas)
+                acked = self.conn.read_response()
+                if acked < self.wait_replicas[0]:
+                    raise ReplicasLagging(f"only {acked} of {self.wait_replicas[0]} replicas acknowledged the hand-off")
+        except BaseException:
+            self.abort()
+            raise
+        self.pool.release(self.conn)
+        self.conn = None
+        return text(reply[1]) if reply else None
+
+    def _readable(self, timeout: float) -> bool:
+        timeout = max(timeout, 0.0)
+        cancel = self.cancel
+        if cancel is None:
+            return self.conn.can_read(timeout=timeout)
+        if cancel.cancelled:
+            raise Cancelled
+        if self.conn.can_read(timeout=0):
+            return True
+        sock = getattr(self.conn, "_sock", None)
+        if sock is None:  # not a plain socket connection: fall back to short slices
+            if self.conn.can_read(timeout=min(timeout, 0.05)):
+                return True
+        else:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            poller.register(cancel.fileno(), select.POLLIN)
+            poller.poll(timeout * 1000)
+        if cancel.cancelled:
+            raise Cancelled
+        return self.conn.can_read(timeout=0)
+
+    def abort(self) -> None:
+        """Stop waiting: hang up on a BLPOP still in flight."""
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            conn.disconnect()
+            self.pool.release(conn)
+
+
+def _wait_replicas() -> tuple[int, int] | None:
+    n = int(locks_settings.WAIT_REPLICAS)
+    return (n, int(locks_settings.WAIT_REPLICAS_TIMEOUT * 1000)) if n > 0 else None
+
+
+def _lock_keys(keys: LockKeys) -> list[str]:
+    """KEYS of acquire, release and force_release."""
+    return [keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken]
 
 
 class RedisBackend(LockBackend):
     name = "redis"
-    native = True
     supports_combining = True
 
-    def _native_only(self) -> None:
-        raise RuntimeError("the Redis backend is driven by locks.lock.Lock itself")
+    def __init__(self, client: Redis | None = None) -> None:
+        self._client = client
 
-    def acquire(self, lock: Lock, *, token: str, owner: str, blocking: bool, deadline: float,
+    @property
+    def client(self) -> Redis:
+        """The given client, or the LOCKS cache alias's (looked up per call: django-redis keeps a
+        client per thread)."""
+        return self._client if self._client is not None else default_client()
+
+    @property
+    def label(self) -> str:
+        client = self.client
+        if isinstance(client, RedisCluster):
+            return "redis (cluster)"
+        if "sentinel" in type(client.connection_pool).__name__.lower():
+            return "redis (sentinel)"
+        return self.name
+
+    # -- acquire ---------------------------------------------------------------------------
+    def acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
                 cancel: CancelToken | None = None) -> Grant | None:
-        self._native_only()
+        got = self._acquire(lock, token=token, owner=owner, blocking=blocking, deadline=deadline, cancel=cancel)
+        return None if isinstance(got, Served) else got  # no payload: never served
 
-    def release(self, lock: Lock, *, token: str) -> bool:
-        self._native_only()
+    def submit(self, lock: LockLike, *, token: str, owner: str, payload: str, deadline: float,
+               cancel: CancelToken | None = None) -> Grant | Served | None:
+        return self._acquire(lock, token=token, owner=owner, blocking=True, deadline=deadline, cancel=cancel,
+                             payload=payload)
 
-    def extend(self, lock: Lock, *, token: str, ms: int, replace: bool) -> int:
-        self._native_only()
+    def _acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
+                 cancel: CancelToken | None, payload: str = "") -> Grant | Served | None:
+        started = time.monotonic()
+        client = self.client
+        keys = lock.keys
+        key_list = _lock_keys(keys)
+        fence_ttl = lock.fence_ttl_ms()
+        handoff_ms = lock.handoff_ms()
+        signal = _Signal(client, [keys.signal(token), keys.wake], cancel, _wait_replicas())
+        queued = False
+        try:
+            while True:
+                sent = time.monotonic()
+                left_ms = int((deadline - sent) * 1000) if blocking else 0
+                args = [token, lock.ttl_ms, owner, max(left_ms, 0), keys.signal_prefix, fence_ttl, handoff_ms]
+                acquired, value, now_ms, since_ms = self._run_acquire(lock, client, key_list, args, payload)
+                if acquired == 1:
+                    signal.abort()
+                    lease_start = sent + (int(since_ms) - int(now_ms)) / 1000
+                    return Grant(int(value), lease_start, lock.ttl, contended=queued)
+                if not blocking or left_ms <= 0:
+                    break
+                queued = True
+                # Wait for a hand-off, and look again by ourselves when the holder's lease ends:
+                # if it died, nobody will hand over. Timed here, to the millisecond.
+                lease_end = sent + max(int(value), 0) / 1000 + 0.001
+                message = signal.wait(until=min(deadline, lease_end), server_deadline=deadline + 0.05)
+                if message is not None and message.startswith("g|"):
+                    _, fence_s, granted_ms, lease_ms = message.split("|")
+                    # The lease began when the releaser granted it (Redis clock). Map that to our
+                    # clock conservatively through the reply of our last acquire attempt.
+                    lease_start = min(sent + (int(granted_ms) - int(now_ms)) / 1000, time.monotonic())
+                    return Grant(int(fence_s), lease_start, int(lease_ms) / 1000, contended=True)
+                if message is not None and message.startswith("d|"):
+                    return Served(message[2:], waited=time.monotonic() - started)
+                if time.monotonic() >= deadline:
+                    break
+                # A nudge ("r": a shorter lease now) or our own timer: look again.
+            signal.abort()
+            if queued:
+                sent = time.monotonic()
+                got = self._cancel(lock, client, token)
+                if isinstance(got, Served):
+                    return got
+                if got is not None:
+                    # Handed over at the very last moment: it is ours; don't strand it.
+                    fence, now_ms, since_ms = got
+                    return Grant(fence, sent + (since_ms - now_ms) / 1000, lock.handoff_ms() / 1000, contended=True)
+        except ReplicasLagging as exc:
+            signal.abort()
+            self._release(lock, client, token)
+            raise LockUnavailable(str(exc), name=lock.name) from exc
+        except BaseException as exc:
+            # Interrupted (cancelled, Ctrl-C, a timeout around us, Redis gone) while queued: leave
+            # the queue, and if a hand-off raced in, give the lock straight back.
+            signal.abort()
+            # Leave the queue, unless Redis itself just failed us: a second call would only
+            # wait out another socket timeout, and a waiter that never confirms a hand-off is
+            # passed over after HANDOFF_LEASE anyway.
+            if queued and not isinstance(exc, UNREACHABLE):
+                with contextlib.suppress(Exception):
+                    if isinstance(self._cancel(lock, client, token), tuple):
+                        self._release(lock, client, token)
+            if isinstance(exc, UNREACHABLE):
+                raise LockUnavailable(f"Redis unreachable: {exc}", name=lock.name) from exc
+            raise
+        return None
 
-    def check(self, lock: Lock, *, token: str) -> int:
-        self._native_only()
+    def _run_acquire(self, lock: LockLike, client: Redis, key_list: list[str], args: list, payload: str) -> list:
+        """The acquire script; with WAIT_REPLICAS, pipelined with WAIT on the same connection.
 
-    def locked(self, lock: Lock) -> bool:
-        return lock.locked()
+        It carries the Redis time after which we will have given up on it (our socket timeout):
+        a frozen Redis that wakes runs every command still in its socket buffers, and an acquire
+        we abandoned would otherwise queue a phantom waiter that each live buyer then waits a
+        hand-off lease for. The script drops a request that arrives that late.
+        """
+        pool = pool_of(client, key_list[0])
+        args = [*args, give_up_ms(pool), payload]
+        replicas = _wait_replicas()
+        if replicas is None:
+            reply = script("acquire")(keys=key_list, args=args, client=client)
+        else:
+            # WAIT counts the writes of its own connection: one server's pipeline, the lock's
+            # master on a cluster (a cluster pipeline would send the keyless WAIT anywhere).
+            pipe = node_client(client, key_list[0]).pipeline(transaction=False)
+            script("acquire")(keys=key_list, args=args, client=pipe)
+            pipe.execute_command("WAIT", *replicas)
+            try:
+                reply, acked = pipe.execute()
+            except (*UNREACHABLE, MovedError, AskError) as exc:
+                if isinstance(client, RedisCluster):
+                    # We bypassed the cluster client, so it has not seen the failure: have it
+                    # re-read the slot map now, or every try would go to the dead master again.
+                    with contextlib.suppress(Exception):
+                        client.nodes_manager.initialize()
+                raise LockUnavailable(f"the lock's master is unreachable or moved: {exc}", name=lock.name) from exc
+            if reply[0] == 1 and acked < replicas[0]:
+                raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
+        learn_clock(pool, int(reply[2]))
+        if reply[0] == -1:  # our clock estimate was off (we had not given up): nothing was done
+            raise LockUnavailable("the acquire reached Redis after its give-up time; clock offset relearned",
+                                  name=lock.name)
+        return reply
+
+    @staticmethod
+    def _cancel(lock: LockLike, client: Redis, token: str) -> tuple[int, int, int] | Served | None:
+        """Leave the queue. The lock if it was handed over just now, a reply if a holder served
+        this request just now (combining), else None."""
+        keys = lock.keys
+        got = script("cancel")(
+            keys=[keys.lock, keys.queue, keys.waiters, keys.wake, keys.taken],
+            args=[token, keys.signal_prefix],
+            client=client,
+        )
+        if got[0] == 2:
+            return Served(text(got[1]), waited=0.0)
+        return (int(got[1]), int(got[2]), int(got[3])) if got[0] else None
+
+    # -- release / extend / check ----------------------------------------------------------
+    @staticmethod
+    def _release(lock: LockLike, client: Redis, token: str) -> bool:
+        keys = lock.keys
+        return bool(script("release")(
+            keys=_lock_keys(keys),
+            args=[token, keys.signal_prefix, lock.fence_ttl_ms(), lock.handoff_ms()],
+            client=client,
+        ))
+
+    def release(self, lock: LockLike, *, token: str) -> bool:
+        try:
+            return self._release(lock, self.client, token)
+        except UNREACHABLE as exc:
+            raise LockUnavailable(f"Redis unreachable during release: {exc}", name=lock.name) from exc
+
+    def extend(self, lock: LockLike, *, token: str, ms: int, replace: bool) -> int:
+        try:
+            return int(script("extend")(keys=[lock.keys.lock], args=[token, ms, "1" if replace else "0"],
+                                        client=self.client))
+        except UNREACHABLE as exc:
+            raise LockUnavailable(f"Redis unreachable during extend: {exc}", name=lock.name) from exc
+
+    def check(self, lock: LockLike, *, token: str) -> int:
+        try:
+            return int(script("check")(keys=[lock.keys.lock], args=[token], client=self.client))
+        except UNREACHABLE as exc:
+            raise LockUnavailable(f"Redis unreachable during check: {exc}", name=lock.name) from exc
+
+    def locked(self, lock: LockLike) -> bool:
+        try:
+            return bool(self.client.exists(lock.keys.lock))
+        except UNREACHABLE as exc:
+            raise LockUnavailable(f"Redis unreachable: {exc}", name=lock.name) from exc
+
+    # -- combining -------------------------------------------------------------------------
+    def take(self, lock: LockLike, *, token: str, limit: int) -> list[Request]:
+        keys = lock.keys
+        sent = time.monotonic()
+        try:
+            got = script("take")(keys=[keys.lock, keys.queue, keys.waiters, keys.taken],
+                                 args=[token, int(limit)], client=self.client)
+        except UNREACHABLE as exc:
+            raise LockUnavailable(f"take: Redis unreachable: {exc}", name=lock.name) from exc
+        if int(got[0]) == -1:
+            raise LockNotOwned("take: the lock is no longer ours", name=lock.name)
+        now_ms = int(got[0])
+        batch = []
+        for i in range(1, len(got), 3):
+            deadline_ms = int(got[i + 1])
+            batch.append(Request(token=text(got[i]), payload=text(got[i + 2]),
+                                 deadline=sent + (deadline_ms - now_ms) / 1000, deadline_ms=deadline_ms))
+        return batch
+
+    def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int]) -> None:
+        """One round trip: each reply on its waiter's list, kept until its deadline (plus a
+        grace), and the requests struck from the holder's `taken` (no longer orphans-to-be)."""
+        keys = lock.keys
+        client = self.client
+        pipe = client.pipeline(transaction=False)
+        now_ms = server_now_ms(client, keys.lock)  # the lock's server (cluster: its master)
+        for token, reply in replies.items():
+            signal = keys.signal(token)
+            pipe.rpush(signal, "d|" + reply)
+            left = deadlines.get(token, now_ms) - now_ms
+            pipe.pexpire(signal, max(int(left), 0) + REPLY_GRACE_MS)
+        pipe.hdel(keys.taken, *replies)
+        try:
+            pipe.execute()
+        except UNREACHABLE as exc:
+            raise LockUnavailable(f"reply: Redis unreachable: {exc}", name=lock.name) from exc
+
+    # -- reading held locks ----------------------------------------------------------------
+    def read_held(self, keys: list[str]) -> list[HeldLock]:
+        """The held locks among these lock keys (one pipeline; released ones are left out)."""
+        if not keys:
+            return []
+        client = self.client
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+            pipe.pttl(key)
+            pipe.llen(f"{key}:queue")
+            pipe.hscan(f"{key}:waiters", 0, match="p|*", count=REQUESTS_SCAN)
+        cluster = isinstance(client, RedisCluster)
+        if not cluster:
+            pipe.time()
+        replies = pipe.execute()
+        # A cluster pipeline refuses keyless commands: TIME is asked of one node after it (the
+        # masters' clocks are NTP-close; held_for is a display figure).
+        secs, usecs = client.time() if cluster else replies[-1]
+        now = secs + usecs / 1e6
+        out = []
+        for i, key in enumerate(keys):
+            data, pttl, waiters, (more, requests) = replies[4 * i : 4 * i + 4]
+            if not data or pttl is None or pttl == -2:
+                continue  # released between SCAN and read
+            d = {text(k): text(v) for k, v in data.items()}
+            since = int(d.get("since_us", 0)) / 1e6
+            out.append(HeldLock(
+                name=name_from_key(key),
+                owner=d.get("owner", "?"),
+                fence=int(d.get("fence", 0)),
+                held_since=since,
+                held_for=max(0.0, now - since),
+                ttl_left=pttl / 1000 if pttl >= 0 else -1.0,
+                waiters=int(waiters),
+                queued_requests=len(requests),
+                queued_requests_more=int(more) != 0,
+            ))
+        return out
 
     def describe(self, name: str) -> HeldLock | None:
-        from locks import inspect
-
-        return inspect.lock_info(name)
+        try:
+            found = self.read_held([LockKeys.for_name(name).lock])
+        except RedisError as exc:
+            raise LockUnavailable(f"Redis unreachable: {exc}", name=name) from exc
+        return found[0] if found else None
 
     def held(self, *, prefix: str = "", limit: int | None = None) -> list[HeldLock]:
-        from locks import inspect
+        return every_held(self, prefix=prefix, limit=limit)
 
-        return inspect.held_locks(prefix=prefix, limit=limit)
+    def held_page(self, *, prefix: str = "", cursor: int = 0, count: int = 500) -> tuple[int, list[HeldLock]]:
+        """One SCAN page (never KEYS) of the lock hashes: complete and immediate."""
+        c = self.client
+        match = f"{locks_settings.KEY_PREFIX}lock:{{{prefix}*}}"
+        try:
+            if isinstance(c, RedisCluster):
+                # One cursor per master: a single number cannot carry them, so a cluster's "page" is
+                # the whole walk, every master scanned to its end (scan_iter), and the cursor is 0.
+                keys = [text(k) for k in c.scan_iter(match=match, count=count, _type="hash")]
+                return 0, self.read_held(keys)
+            # SCAN's COUNT bounds the keys examined, not the matches returned: in a big keyspace a
+            # call may match nothing. Keep going (boundedly) so a page is empty only at the end.
+            keys = []
+            for _ in range(50):
+                cursor, raw = c.scan(cursor=cursor, match=match, count=count, _type="hash")
+                keys.extend(text(k) for k in raw)
+                if cursor == 0 or len(keys) >= count:
+                    break
+            return int(cursor), self.read_held(keys)
+        except RedisError as exc:
+            raise LockUnavailable(f"Redis unreachable: {exc}", name=prefix or "*") from exc
+
+    def held_index_page(self, *, prefix: str = "", cursor: int = 0, count: int = 200,
+                        also: Sequence[str] = ()) -> tuple[int, list[HeldLock]]:
+        """From the held index the stats recorders keep (`<p>lockheld`, see locks/stats.py: one
+        ZSCAN of one small key) plus the names in `also`: it knows a hold from the first stats
+        flush after it began, so `also` (the busiest names) catches the short holds of hot locks
+        in between. Every row is read from the lock itself: entries whose lock is gone are left
+        out."""
+        c = self.client
+        try:
+            cursor, members = c.zscan(held_key(), cursor=cursor, match=f"{prefix}*", count=count)
+            names = {name_from_member(text(m)) for m, _ in members}
+            names.update(n for n in also if n.startswith(prefix))
+            held = self.read_held([LockKeys.for_name(n).lock for n in sorted(names)])
+        except RedisError as exc:
+            raise LockUnavailable(f"Redis unreachable: {exc}", name=prefix or "*") from exc
+        return int(cursor), held
 
     def force_release(self, name: str, *, expected_fence: int | None = None) -> Released | None:
-        from locks import inspect
-
-        held = inspect.force_release(name, expected_fence=expected_fence)
-        return None if held is None else Released(held.owner, held.fence, int(held.held_since * 1e6))
+        keys = LockKeys.for_name(name)
+        try:
+            held = script("force_release")(
+                keys=_lock_keys(keys),
+                args=[keys.signal_prefix, int(locks_settings.FENCE_TTL * 1000),
+                      max(1, int(float(locks_settings.HANDOFF_LEASE) * 1000)),
+                      "0" if expected_fence is None else str(int(expected_fence))],
+                client=self.client,
+            )
+        except RedisError as exc:
+            raise LockUnavailable(f"Redis unreachable: {exc}", name=name) from exc
+        if not held:
+            return None
+        if text(held[0]) == "changed":
+            owner, fence = text(held[1]), int(held[2])
+            raise HolderChanged(f"the holder changed: {owner} holds it now with fence {fence}, not fence "
+                                f"{expected_fence}", name=name, owner=owner, fence=fence)
+        return Released(owner=text(held[0]), fence=int(held[1]), since_us=int(held[2]))

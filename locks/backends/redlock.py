@@ -66,10 +66,11 @@ from redis.retry import Retry
 from locks.backends.base import Grant, HeldLock, LockBackend, Released
 from locks.conf import locks_settings
 from locks.exceptions import HolderChanged, LockUnavailable
+from locks.hold import Cancelled
 from locks.keys import LockKeys, name_from_key
 
 if TYPE_CHECKING:
-    from locks.lock import CancelToken, Lock
+    from locks.hold import CancelToken, LockLike
 
 # KEYS: lock, fence, waiters, handoff. ARGV: token, ttl_ms, owner, fence_ttl_ms, wait_ms (0: not
 # waiting), woken ('1': this caller was woken by a release, the hand-off reservation is for it).
@@ -219,20 +220,18 @@ class RedlockBackend(LockBackend):
             raise self._unavailable(name, replies)
 
     @staticmethod
-    def _fence_ttl_ms(lock: Lock) -> int:
-        return max(lock._fence_ttl_ms(), lock.ttl_ms)
+    def _fence_ttl_ms(lock: LockLike) -> int:
+        return max(lock.fence_ttl_ms(), lock.ttl_ms)
 
     # -- acquire ----------------------------------------------------------------------------
-    def acquire(self, lock: Lock, *, token: str, owner: str, blocking: bool, deadline: float,
+    def acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
                 cancel: CancelToken | None = None) -> Grant | None:
-        from locks.lock import _Cancelled
-
         keys = lock.keys
         contended = woken = False
         try:
             while True:
                 if cancel is not None and cancel.cancelled:
-                    raise _Cancelled
+                    raise Cancelled
                 sent = time.monotonic()
                 wait_ms = int((deadline - sent) * 1000) + 1000 if blocking else 0
                 args = [token, lock.ttl_ms, owner, self._fence_ttl_ms(lock), max(wait_ms, 0), "1" if woken else "0"]
@@ -274,7 +273,7 @@ class RedlockBackend(LockBackend):
             self._undo(lock, token)
         return None
 
-    def _confirm(self, lock: Lock, token: str, sent: float, replies: list[Any], granted: list[int],
+    def _confirm(self, lock: LockLike, token: str, sent: float, replies: list[Any], granted: list[int],
                  contended: bool) -> Grant | None:
         """Granted by a majority: floor the fence everywhere, check the validity. None: undo and retry."""
         keys = lock.keys
@@ -290,7 +289,7 @@ class RedlockBackend(LockBackend):
         # The lease counts from `sent` (before any master started it), shortened by the drift.
         return Grant(fence=fence, lease_start=sent - margin, lease=lock.ttl, contended=contended)
 
-    def _undo(self, lock: Lock, token: str, *, only: list[int] | None = None, keep_waiting: bool = False) -> None:
+    def _undo(self, lock: LockLike, token: str, *, only: list[int] | None = None, keep_waiting: bool = False) -> None:
         """Release `token`'s pieces (on the masters `only`, default all); unregister the waiter
         unless it keeps waiting (then it must stay registered, or no release would wake it).
         A piece given back wakes a waiter but reserves nothing: it was never a real hold."""
@@ -300,8 +299,6 @@ class RedlockBackend(LockBackend):
 
     def _wait(self, index: int, wake_key: str, until: float, deadline: float, cancel: CancelToken | None) -> bool:
         """BLPOP the wake list of master `index` until `until` (monotonic), without polling. True: woken."""
-        from locks.lock import _Cancelled
-
         pool = self.masters[index].client.connection_pool
         conn = None
         try:
@@ -314,13 +311,13 @@ class RedlockBackend(LockBackend):
                 poller.register(cancel.fileno(), select.POLLIN)
             while True:
                 if cancel is not None and cancel.cancelled:
-                    raise _Cancelled
+                    raise Cancelled
                 left = until - time.monotonic()
                 if left <= 0:
                     break
                 fired = {fd for fd, _ in poller.poll(left * 1000)}
                 if cancel is not None and cancel.cancelled:
-                    raise _Cancelled
+                    raise Cancelled
                 if conn._sock.fileno() in fired:
                     reply = conn.read_response()
                     pool.release(conn)
@@ -336,14 +333,14 @@ class RedlockBackend(LockBackend):
         return False
 
     # -- release / extend / check -----------------------------------------------------------
-    def release(self, lock: Lock, *, token: str) -> bool:
+    def release(self, lock: LockLike, *, token: str) -> bool:
         keys = lock.keys
         replies = self._on_all(lambda m: m.run("release", _keys(keys, "lock", "waiters", "wake", "handoff"),
-                                               [token, "0", lock._handoff_ms()]))
+                                               [token, "0", lock.handoff_ms()]))
         self._need_quorum(lock.name, replies)
         return sum(1 for r in replies if r is not _FAILED and int(r) == 1) >= self.quorum
 
-    def _lease_left(self, lock: Lock, token: str, ms: int, mode: str) -> int:
+    def _lease_left(self, lock: LockLike, token: str, ms: int, mode: str) -> int:
         sent = time.monotonic()
         replies = self._on_all(lambda m: m.run("extend", [lock.keys.lock], [token, ms, mode]))
         self._need_quorum(lock.name, replies)
@@ -355,13 +352,13 @@ class RedlockBackend(LockBackend):
         left -= int((time.monotonic() - sent) * 1000)
         return max(left, 1)
 
-    def extend(self, lock: Lock, *, token: str, ms: int, replace: bool) -> int:
+    def extend(self, lock: LockLike, *, token: str, ms: int, replace: bool) -> int:
         return self._lease_left(lock, token, ms, "2" if replace else "1")
 
-    def check(self, lock: Lock, *, token: str) -> int:
+    def check(self, lock: LockLike, *, token: str) -> int:
         return self._lease_left(lock, token, 0, "0")
 
-    def locked(self, lock: Lock) -> bool:
+    def locked(self, lock: LockLike) -> bool:
         return self._holder(lock.name) is not None
 
     # -- dashboard --------------------------------------------------------------------------
@@ -464,8 +461,6 @@ def _keys(keys: LockKeys, *names: str) -> list[str]:
 
 def _sleep(until: float, cancel: CancelToken | None) -> None:
     """Sleep until `until` (monotonic); with a CancelToken, wake at once when it is cancelled."""
-    from locks.lock import _Cancelled
-
     left = until - time.monotonic()
     if cancel is None:
         time.sleep(max(left, 0.0))
@@ -473,4 +468,4 @@ def _sleep(until: float, cancel: CancelToken | None) -> None:
     if left > 0:
         select.select([cancel.fileno()], [], [], left)
     if cancel.cancelled:
-        raise _Cancelled
+        raise Cancelled

@@ -86,11 +86,12 @@ from kazoo.security import ACL, make_digest_acl
 from locks.backends.base import Grant, HeldLock, LockBackend, Released
 from locks.conf import locks_settings
 from locks.exceptions import HolderChanged, LockUnavailable
+from locks.hold import Cancelled
 
 if TYPE_CHECKING:
     from kazoo.protocol.states import ZnodeStat
 
-    from locks.lock import CancelToken, Lock
+    from locks.hold import CancelToken, LockLike
 
 _DOWN = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError, KazooTimeoutError)
 # What the callers handle: a node that is gone, or changed, or there, or not empty.
@@ -428,10 +429,8 @@ class ZooKeeperBackend(LockBackend):
             return False
 
     # -- acquire ---------------------------------------------------------------------------
-    def acquire(self, lock: Lock, *, token: str, owner: str, blocking: bool, deadline: float,
+    def acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
                 cancel: CancelToken | None = None) -> Grant | None:
-        from locks.lock import _Cancelled
-
         parent = self._dir(lock.name, lock.keys.prefix)
         node: _Node | None = None
         down_since: float | None = None
@@ -441,7 +440,7 @@ class ZooKeeperBackend(LockBackend):
             contended = False
             while True:
                 if cancel is not None and cancel.cancelled:
-                    raise _Cancelled()
+                    raise Cancelled()
                 attempt = time.monotonic()
                 try:
                     if node is None or node.session != self._session().id:
@@ -490,7 +489,7 @@ class ZooKeeperBackend(LockBackend):
         self._nodes[token] = node
         return node
 
-    def _take_turn(self, lock: Lock, node: _Node, token: str, owner: str, blocking: bool, deadline: float,
+    def _take_turn(self, lock: LockLike, node: _Node, token: str, owner: str, blocking: bool, deadline: float,
                    cancel: CancelToken | None) -> Grant | bool | None:
         """Wait for our turn: a Grant, None (timed out) or False (our node is gone)."""
         parent, mine = node.path.rsplit("/", 1)
@@ -544,15 +543,13 @@ class ZooKeeperBackend(LockBackend):
             session.wakes.discard(wake)
 
     def _wait(self, wake: threading.Event, until: float, cancel: CancelToken | None) -> None:
-        from locks.lock import _Cancelled
-
         while (left := until - time.monotonic()) > 0:
             if wake.wait(left if cancel is None else min(left, CANCEL_CHECK)):
                 return
             if cancel is not None and cancel.cancelled:
-                raise _Cancelled()
+                raise Cancelled()
 
-    def _become_holder(self, lock: Lock, node: _Node, token: str, owner: str) -> Grant | None:
+    def _become_holder(self, lock: LockLike, node: _Node, token: str, owner: str) -> Grant | None:
         """We are the head: issue the fence and start our lease, in one transaction (None: our
         node is gone, and then the fence was not issued either)."""
         parent = node.path.rsplit("/", 1)[0]
@@ -621,7 +618,7 @@ class ZooKeeperBackend(LockBackend):
                     raise self._unavailable(name, exc) from exc
                 session.connected.wait(0.05)  # kazoo marks the drop, then reconnects
 
-    def release(self, lock: Lock, *, token: str) -> bool:
+    def release(self, lock: LockLike, *, token: str) -> bool:
         node = self._mine(token)
         if node is None:
             return False
@@ -635,7 +632,7 @@ class ZooKeeperBackend(LockBackend):
         self._emptied.setdefault(parent, time.monotonic())
         return bool(deleted)
 
-    def extend(self, lock: Lock, *, token: str, ms: int, replace: bool) -> int:
+    def extend(self, lock: LockLike, *, token: str, ms: int, replace: bool) -> int:
         node = self._mine(token)
         if node is None:
             return 0
@@ -659,7 +656,7 @@ class ZooKeeperBackend(LockBackend):
             self._nodes.pop(token, None)
         return left or 0
 
-    def check(self, lock: Lock, *, token: str) -> int:
+    def check(self, lock: LockLike, *, token: str) -> int:
         node = self._mine(token)
         if node is None:
             return 0
@@ -670,7 +667,7 @@ class ZooKeeperBackend(LockBackend):
         return int(stat.mtime + node.lease_ms - self.clock.now_hi())
 
     # -- anyone ----------------------------------------------------------------------------
-    def locked(self, lock: Lock) -> bool:
+    def locked(self, lock: LockLike) -> bool:
         try:
             head = self._head(self._dir(lock.name, lock.keys.prefix))
             if head is None:

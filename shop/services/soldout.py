@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from locks.conf import locks_settings
 from shop.conf import shop_settings
+from shop.services import hooks
 
 log = logging.getLogger("shop")
 
@@ -106,6 +107,7 @@ def sold_out(product_ids: Iterable[int]) -> set[int]:
 def mark(product_id: int, *, fence: int) -> bool:
     """Call only while holding the product's lock (with that hold's fence), after reading its
     committed stock as 0. False if a refill came after the hold began (or Redis is away)."""
+    hooks.call("before_sold_out_mark", {})
     try:
         return bool(_client().eval(_MARK, 2, *_keys(product_id), fence, int(shop_settings.SOLDOUT_TTL)))
     except RedisError:

@@ -181,6 +181,17 @@ def test_a_payload_is_required():
         submit(Lock("t:xpayload"), "")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_combining_is_a_capability_only_a_combining_backend_has(name, settings):
+    assert Lock(name).backend.supports_combining  # the Redis backend
+    settings.LOCKS = {**settings.LOCKS, "BACKEND": "mysql"}
+    lock = Lock(name, wait=1.0)
+    assert not lock.backend.supports_combining
+    with pytest.raises(NotImplementedError, match="does not combine requests"):
+        submit(lock, "request")
+    assert lock.held is None and not lock.locked()  # nothing was queued or taken
+
+
 def _combine_then_die(name: str, queue) -> None:
     """Queue for the lock with a short lease; when handed it, take the batch and die at once
     (no reply, no release, no confirmation of the hand-off lease)."""

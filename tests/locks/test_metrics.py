@@ -133,14 +133,14 @@ def test_queue_depth_is_read_at_scrape_time_for_the_hot_family():
         for p in procs:
             p.start()
         wait_until_queued(name, 2)
-        depth = _sample(metrics.ScrapeCollector(top=50), "locks_queue_depth", family="product:*")
+        depth = _sample(inspect.ScrapeCollector(top=50), "locks_queue_depth", family="product:*")
         assert depth >= 2
     finally:
         holder.release()
         for p in procs:
             p.join(20)
     assert [p.exitcode for p in procs] == [0, 0]
-    assert _sample(metrics.ScrapeCollector(), "locks_backend_info", backend="redis") == 1
+    assert _sample(inspect.ScrapeCollector(), "locks_backend_info", backend="redis") == 1
 
 
 def _sample(collector, name: str, **labels: str) -> float:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-import locks.lock as lock_module
+import locks.backends.redis as redis_backend
 from locks import Lock, LockTimeout
 from locks.keys import LockKeys
 from tests.locks.conftest import FORK, wait_until_queued
@@ -16,7 +16,7 @@ from tests.locks.conftest import FORK, wait_until_queued
 
 def _wait_and_report(name, ready, queue, delay_before_blpop=0.0):
     if delay_before_blpop:
-        original = lock_module._Signal.wait
+        original = redis_backend._Signal.wait
 
         def late(self, *args, **kwargs):
             # The release lands here: after our failed attempt, before we start waiting.
@@ -24,7 +24,7 @@ def _wait_and_report(name, ready, queue, delay_before_blpop=0.0):
                 time.sleep(delay_before_blpop)
             return original(self, *args, **kwargs)
 
-        lock_module._Signal.wait = late
+        redis_backend._Signal.wait = late
     lock = Lock(name, ttl=10.0, wait=10.0)
     ready.set()
     with lock as held:

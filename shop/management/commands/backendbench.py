@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from shop.loadtest import backends, report, scenarios, workload
+from shop.loadtest import lockservices, report, scenarios, workload
 from shop.loadtest.scenarios import LoadConfig, Outcome
 from shop.management.commands.loadtest import name_list
 
@@ -27,7 +27,7 @@ class Command(BaseCommand):
     help = "Compare the lock backends (Redis, Sentinel, Cluster, Redlock, ZooKeeper, MySQL) on one hot product."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        names = ",".join(backends.SETUPS)
+        names = ",".join(lockservices.SERVICES)
         parser.add_argument("--backends", default=names, help=f"comma-separated (default: all: {names})")
         parser.add_argument("--processes", type=int, default=16, help="buyer processes (default 16)")
         parser.add_argument("--duration", type=float, default=5.0, help="seconds per run (default 5)")
@@ -38,7 +38,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         # Load-test buyers never pay: the unpaid-orders limit would refuse them after a few orders.
         settings.SHOP = {**getattr(settings, "SHOP", {}), "MAX_UNPAID_ORDERS": None}
-        names = name_list(opts["backends"], list(backends.SETUPS), "--backends")
+        names = name_list(opts["backends"], list(lockservices.SERVICES), "--backends")
         if opts["processes"] < 1 or opts["repeat"] < 1 or opts["users"] < 1:
             raise CommandError("--processes, --repeat and --users must be at least 1")
         if opts["duration"] <= 0:
@@ -50,10 +50,10 @@ class Command(BaseCommand):
         runs: dict[str, list[Outcome]] = {name: [] for name in names}
         self.stdout.write(f"backendbench: {', '.join(names)}; one hot product, {base.processes} processes, "
                           f"{base.duration:g} s x {opts['repeat']}")
-        with backends.started(names) as found:
+        with lockservices.started(names) as found:
             for r in range(opts["repeat"]):
                 for name in names[r % len(names):] + names[: r % len(names)]:
-                    with backends.switched(found[name]):
+                    with found[name].switched():
                         outcome = scenarios.run_once(dataclasses.replace(base, seed=r))
                     runs[name].append(outcome)
                     s = outcome.summaries[-1]
@@ -69,7 +69,7 @@ class Command(BaseCommand):
         if opts["json"]:
             report.write_json(opts["json"], {
                 "config": dataclasses.asdict(base), "repeat": opts["repeat"],
-                "backends": {a.strategy: {**a.as_dict(), "description": backends.SETUPS[a.strategy].description}
+                "backends": {a.strategy: {**a.as_dict(), "description": lockservices.SERVICES[a.strategy].description}
                              for a in aggregates},
             })
             self.stdout.write(f"JSON written to {opts['json']}")

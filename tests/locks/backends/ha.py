@@ -35,7 +35,7 @@ def use_redis_url(settings, url: str, **locks):
     settings.CACHES = {**settings.CACHES, "locks": cache, "default": cache}
     settings.LOCKS = {**settings.LOCKS, "BACKEND": "redis", **locks}
     backend = get_backend()
-    assert backend.native and backend.supports_combining
+    assert backend.name == "redis" and backend.supports_combining
     return backend
 
 

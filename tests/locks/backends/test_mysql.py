@@ -35,7 +35,7 @@ def backend(settings, django_db_setup, django_db_blocker):
     the backend's own connections read its name from connections['default'] when they connect."""
     settings.LOCKS = {**settings.LOCKS, "BACKEND": "mysql", "MYSQL_DATABASE": "default"}
     backend = get_backend()
-    assert backend.name == "mysql" and not backend.native and not backend.supports_combining
+    assert backend.name == "mysql" and not backend.supports_combining
     with django_db_blocker.unblock():
         assert connections["default"].settings_dict["NAME"].startswith("test_")
     return backend

@@ -25,7 +25,7 @@ def backend(settings, zookeeper):
     settings.LOCKS = {**settings.LOCKS, "BACKEND": "zookeeper", "ZOOKEEPER_HOSTS": zookeeper.hosts,
                       "ZOOKEEPER_SESSION_TIMEOUT": SESSION, "ZOOKEEPER_ROOT": "/locks"}
     backend = get_backend()
-    assert backend.name == "zookeeper" and not backend.native and not backend.supports_combining
+    assert backend.name == "zookeeper" and not backend.supports_combining
     return backend
 
 
