@@ -247,7 +247,7 @@ def _buyer(index: int, product_id: int, user_ids: list[int], stop_at: float, arm
             key = f"fault-{index}-{sent}"
             out.send(("begin", key))
             try:
-                order_id = place_order(user=rng.choice(users), lines=[(product_id, 1)], idempotency_key=key).pk
+                order_id = place_order(user=rng.choice(users), lines=[(product_id, 1)], idempotency_key=key).order.pk
                 outcome = PLACED
             except errors.ShopError as exc:
                 outcome = outcome_of_code(exc.code)

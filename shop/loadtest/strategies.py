@@ -396,13 +396,13 @@ class Ours(Strategy):
         code = self.options.coupon_code
         try:
             try:
-                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
+                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs).order
             except ShopError as exc:
                 if exc.code != "coupon_not_claimed":
                     raise
                 # A shopper claims the coupon the first time (if any are left), and buys with or without it.
                 code = self._claim(user)
-                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
+                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs).order
         except ShopError as exc:
             return outcome_of_code(exc.code), None
         if wants_to_pay(self.rng, self.options):

@@ -22,7 +22,8 @@ def counts():
 
 def test_an_order_decrements_stock_and_writes_order_lines_and_ledger(user, make_product):
     a, b = make_product(stock=5, price="10.00"), make_product(stock=3, price="2.50")
-    order = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)])
+    placed = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)])
+    order = placed.order
     a.refresh_from_db()
     b.refresh_from_db()
     assert (a.stock, b.stock) == (4, 1)
@@ -33,7 +34,7 @@ def test_an_order_decrements_stock_and_writes_order_lines_and_ledger(user, make_
     assert sorted(ledger.values_list("product_id", "quantity")) == [(a.pk, -1), (b.pk, -2)]
     # The row carries the fence of the lock that wrote it.
     assert a.fence == ledger.get(product=a).fence > 0
-    assert not order.replayed
+    assert not placed.replayed
 
 
 def test_out_of_stock_names_every_short_line_and_writes_nothing(user, make_product):
@@ -83,10 +84,10 @@ def test_unknown_and_inactive_products(user, make_product):
 
 def test_idempotency_key_replays_the_first_order_and_refuses_a_different_body(user, make_product):
     p = make_product(stock=5)
-    first = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1")
+    first = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1").order
     before = counts()
     again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1")
-    assert again.pk == first.pk and again.replayed
+    assert again.order.pk == first.pk and again.replayed
     assert counts() == before
     with pytest.raises(errors.IdempotencyConflict) as err:
         place_order(user=user, lines=[(p.pk, 2)], idempotency_key="checkout-1")
@@ -97,8 +98,8 @@ def test_idempotency_key_replays_the_first_order_and_refuses_a_different_body(us
 
 def test_the_same_key_from_another_user_is_another_order(user, other_user, make_product):
     p = make_product(stock=5)
-    a = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="k")
-    b = place_order(user=other_user, lines=[(p.pk, 1)], idempotency_key="k")
+    a = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="k").order
+    b = place_order(user=other_user, lines=[(p.pk, 1)], idempotency_key="k").order
     assert a.pk != b.pk
 
 
@@ -118,7 +119,7 @@ def test_coupon_must_be_claimed_then_applies_once(user, make_product, make_coupo
     claim = claim_coupon(user=user, code=coupon.code)
     coupon.refresh_from_db()
     assert coupon.remaining == 2
-    order = place_order(user=user, lines=[(p.pk, 1)], coupon_code=coupon.code)
+    order = place_order(user=user, lines=[(p.pk, 1)], coupon_code=coupon.code).order
     assert (order.discount, order.total) == (Decimal("5.00"), Decimal("15.00"))
     claim.refresh_from_db()
     assert claim.order_id == order.pk and claim.used_at is not None
@@ -150,7 +151,7 @@ def test_cancel_returns_stock_and_coupon_exactly_once(user, make_product, make_c
     p = make_product(stock=5)
     coupon = make_coupon(total=5)
     claim_coupon(user=user, code=coupon.code)
-    order = place_order(user=user, lines=[(p.pk, 2)], coupon_code=coupon.code)
+    order = place_order(user=user, lines=[(p.pk, 2)], coupon_code=coupon.code).order
     cancelled = cancel_order(order=order, actor="test")
     assert cancelled.status == Order.Status.CANCELLED and cancelled.cancelled_at
     p.refresh_from_db()
@@ -190,16 +191,16 @@ def test_sold_out_fast_path_skips_the_lock_and_mysql(user, make_product, django_
     assert inspect.acquisitions([name])[name] == acquired
     # A refill clears the marker before it commits: the next order goes through at once.
     restock(product=p, quantity=2, actor="ops")
-    assert place_order(user=user, lines=[(p.pk, 1)]).pk
+    assert place_order(user=user, lines=[(p.pk, 1)]).order.pk
 
 
 def test_cancel_clears_the_sold_out_marker(user, other_user, make_product):
     p = make_product(stock=1)
-    order = place_order(user=user, lines=[(p.pk, 1)])
+    order = place_order(user=user, lines=[(p.pk, 1)]).order
     with pytest.raises(errors.OutOfStock):
         place_order(user=other_user, lines=[(p.pk, 1)])
     cancel_order(order=order, actor="test")
-    assert place_order(user=other_user, lines=[(p.pk, 1)]).pk
+    assert place_order(user=other_user, lines=[(p.pk, 1)]).order.pk
 
 
 def test_losing_the_marker_only_loses_the_speed_up(user, make_product, redis_client):
