@@ -524,10 +524,10 @@ class Http(Strategy):
 
 
 class OursPerOrder(Ours):
-    """The real service with combining off: every order takes the product's lock and commits alone."""
+    """The real service with combining off: every order takes its locks and is a batch of one."""
 
     name = "ours_per_order"
-    label = "ours, combining off (one hold per order)"
+    label = "ours, combining off (batch size 1: one hold per order)"
 
     def __init__(self, options: Options) -> None:
         super().__init__(options)

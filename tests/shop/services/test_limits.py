@@ -1,4 +1,4 @@
-"""Per-buyer purchase caps (Product.max_per_user), on both checkout paths, real MariaDB and Redis."""
+"""Per-buyer purchase caps (Product.max_per_user), with combining on and off (batch size 1), real MariaDB and Redis."""
 
 from __future__ import annotations
 
