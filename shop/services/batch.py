@@ -198,6 +198,7 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
             if isinstance(exc, StaleFence):
                 fences.refused(exc.lock, operation="place_order")
             return {**results, **{r.id: AGAIN for r in pending}}
+        _explain_refusals(pending, done)
         for pid, stock in left.items():
             if stock == 0:
                 _mark_sold_out(pid, holds.get(pid))
@@ -430,6 +431,19 @@ def _use_claims(written: list[tuple[Request, Placed]], claims: dict[str, CouponC
             used.append(claim)
     if used:
         CouponClaim.objects.bulk_update(used, ["used_at", "order"])
+
+
+def _explain_refusals(pending: list[Request], results: dict[str, Result]) -> None:
+    """A refusal (no stock, a cap, a deadline) is not the answer for a request that was already
+    served: its id committed by a combiner that stalled before replying (its buyer queued again),
+    or its key placed an order meanwhile. The unique keys catch those only when we write, so the
+    (rare) refused ones are looked up here, after the fact."""
+    refused = {r.id: results.pop(r.id) for r in pending
+               if isinstance(results.get(r.id), Refused) and (r.recorded or r.key)}
+    if not refused:
+        return
+    left = _drop_replays(_drop_settled([r for r in pending if r.id in refused], results), results)
+    results.update({r.id: refused[r.id] for r in left})
 
 
 def _refuse_unwritable(r: Request, results: dict[str, Result]) -> None:
