@@ -220,13 +220,9 @@ case "${1:-}" in
     shift
     setup test
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
-    # The whole suite with combining on (the default), then the shop's tests again with it off:
-    # both checkout paths must pass (tests/locks does not depend on the setting; the browser and
-    # multi-server HTTP runs, slow and path-blind, run once).
-    "$VENV/bin/python" -m pytest
-    say "again with combining off (SHOP_COMBINING=false): tests/shop"
-    SHOP_COMBINING=false exec "$VENV/bin/python" -m pytest tests/shop -m "not browser and not liveness" \
-      --ignore tests/shop/loadtest/test_multi_server.py
+    # One pass: there is one checkout path (batch size 1 with combining off is tested by the
+    # tests parametrized over SHOP["COMBINING"]).
+    exec "$VENV/bin/python" -m pytest
     ;;
   setup)
     setup "${2:-run}"

@@ -232,10 +232,7 @@ def orders(request: HttpRequest) -> JsonResponse:
             exc.details = {"Idempotency-Key": exc.details.get("idempotency_key", "invalid")}
             raise
     placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key)
-    # A combined order comes back complete (its receipt); otherwise read it back for the body.
-    ready = getattr(placed, "receipt_ready", False)
-    body = order_json(placed if ready else selectors.order_for_user(user=request.user, order_id=placed.pk))
-    return JsonResponse(body, status=200 if placed.replayed else 201)
+    return JsonResponse(order_json(placed.order), status=200 if placed.replayed else 201)
 
 
 @api_view(("GET",))

@@ -25,8 +25,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_CART_LINES": 20,
     # Combining (shop/services/combining.py): an order for one product queues on the product's
     # lock, and whoever holds the lock commits everyone queued, up to COMBINE_BATCH orders, in
-    # one transaction. Off: every order takes the lock and commits alone (multi-product orders
-    # always do). Env: SHOP_COMBINING=false.
+    # one transaction. Off: every order takes its locks and is a batch of one (multi-product
+    # orders always are); the same writer either way. Env: SHOP_COMBINING=false.
     "COMBINING": True,
     "COMBINE_BATCH": 32,
     # Payment (issue 13): a new order awaits payment this long (seconds) with its stock reserved;

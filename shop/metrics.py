@@ -1,12 +1,12 @@
 """Prometheus metrics of the shop, and the protected `/metrics` endpoint (docs/metrics.md).
 
 Each outcome is counted once, where it is decided:
-- `checkout_outcome` wraps `place_order`, the one entry of both checkout paths (per order, and
-  combining: a batched buyer's place_order returns once, with its own reply): every call ends
+- `checkout_outcome` wraps `place_order`, the one entry of the checkout (a batched buyer's
+  place_order returns once, with its own result): every call ends
   as placed, replayed (an idempotent retry got its order back) or refused with a shop error
   code (shop/errors.py; `internal_error` for an unexpected exception);
 - `soldout_rejected` where the sold-out marker refuses an order without the lock (checkout.py);
-- `fence_refused` where a stale fence is caught (locking.with_retries, combining.serve_batch).
+- `fence_refused` where a stale fence is caught (locking.with_retries, batch.write).
 
 Multi-process mode (gunicorn, see gunicorn.conf.py): with PROMETHEUS_MULTIPROC_DIR set before
 the app is imported, prometheus_client keeps each worker's values in files of that directory and
@@ -44,7 +44,7 @@ INTERNAL_ERROR = "internal_error"
 # Every label value `reason` can take: the shop's error codes, plus unexpected exceptions.
 REASONS = (*errors.ERRORS_BY_CODE, INTERNAL_ERROR)
 
-ORDERS_PLACED = Counter("flashsale_orders_placed", "New orders placed (committed), both checkout paths.")
+ORDERS_PLACED = Counter("flashsale_orders_placed", "New orders placed (committed).")
 ORDERS_REPLAYED = Counter("flashsale_orders_replayed", "Checkouts answered with the order their Idempotency-Key "
                           "already placed (not a new order).")
 ORDERS_REFUSED = Counter("flashsale_orders_refused", "Checkouts refused, by shop error code (shop/errors.py): "
@@ -62,7 +62,7 @@ def checkout_outcome(place_order: F) -> F:
     @functools.wraps(place_order)
     def counted(*args: Any, **kwargs: Any) -> Any:
         try:
-            order = place_order(*args, **kwargs)
+            placed = place_order(*args, **kwargs)
         except errors.ShopError as exc:
             _refused(exc.code if exc.code in errors.ERRORS_BY_CODE else INTERNAL_ERROR)
             raise
@@ -70,10 +70,10 @@ def checkout_outcome(place_order: F) -> F:
             _refused(INTERNAL_ERROR)
             raise
         try:
-            (ORDERS_REPLAYED if getattr(order, "replayed", False) else ORDERS_PLACED).inc()
+            (ORDERS_REPLAYED if placed.replayed else ORDERS_PLACED).inc()
         except Exception as exc:
             _failed(exc)
-        return order
+        return placed
 
     return counted  # type: ignore[return-value]
 

@@ -43,6 +43,13 @@ def order_for_user(*, user, order_id: int) -> Order:
     return order
 
 
+def order_complete(*, user, order_id: int | None = None, idempotency_key: str | None = None) -> Order | None:
+    """The user's order by id or by Idempotency-Key, with its coupon, lines and products, or None."""
+    found = _orders().filter(user=user)
+    found = found.filter(pk=order_id) if order_id is not None else found.filter(idempotency_key=idempotency_key)
+    return found.first()
+
+
 def coupon_list(*, active_only: bool = True) -> QuerySet[Coupon]:
     qs = Coupon.objects.annotate(claim_count=Count("claims")).order_by("id")
     return qs.filter(active=True) if active_only else qs

@@ -165,7 +165,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
         messages.error(request, "Some lines of your cart can't be bought as they are: fix them first.")
     else:
         try:
-            order = place_order(
+            placed = place_order(
                 user=request.user,
                 lines=[(r.product_id, r.quantity) for r in rows],
                 coupon_code=form.cleaned_data["coupon_code"] or None,
@@ -181,9 +181,9 @@ def checkout(request: HttpRequest) -> HttpResponse:
             rows = _cart_rows(request)
         else:
             cart.clear(request.session)
-            if not order.replayed:
+            if not placed.replayed:
                 messages.success(request, "Thank you! Your order is placed.")
-            return redirect("order", order_id=order.pk)
+            return redirect("order", order_id=placed.order.pk)
     # A fresh key for a fresh attempt; the coupon stays picked.
     chosen = form.cleaned_data.get("coupon_code", "") if form.is_valid() else ""
     return _checkout_page(request, rows, CheckoutForm(codes=codes, initial={"coupon_code": chosen}), effects)

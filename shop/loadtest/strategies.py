@@ -396,13 +396,13 @@ class Ours(Strategy):
         code = self.options.coupon_code
         try:
             try:
-                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
+                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs).order
             except ShopError as exc:
                 if exc.code != "coupon_not_claimed":
                     raise
                 # A shopper claims the coupon the first time (if any are left), and buys with or without it.
                 code = self._claim(user)
-                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
+                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs).order
         except ShopError as exc:
             return outcome_of_code(exc.code), None
         if wants_to_pay(self.rng, self.options):
@@ -524,10 +524,10 @@ class Http(Strategy):
 
 
 class OursPerOrder(Ours):
-    """The real service with combining off: every order takes the product's lock and commits alone."""
+    """The real service with combining off: every order takes its locks and is a batch of one."""
 
     name = "ours_per_order"
-    label = "ours, combining off (one hold per order)"
+    label = "ours, combining off (batch size 1: one hold per order)"
 
     def __init__(self, options: Options) -> None:
         super().__init__(options)

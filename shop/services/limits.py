@@ -1,8 +1,8 @@
 """Per-buyer purchase caps (`Product.max_per_user`): one buyer, or a bot with many requests,
 cannot drain a limited drop.
 
-Counted under the product's lock *and* its row lock: both checkout paths count after they hold
-the product's row in InnoDB (the guarded UPDATE, or the batch's SELECT ... FOR UPDATE), and every
+Counted under the product's lock *and* its row lock: the checkout writer (batch.py) counts after
+it holds the product's row in InnoDB (its SELECT ... FOR UPDATE), and every
 order of a product writes that row, so no other order of the product is in flight uncommitted
 and the count is exact, even if the Redis lock was lost meanwhile.
 """

@@ -1,8 +1,9 @@
 """Taking the shop's locks: in one global order, mapped to shop errors, released safely.
 
-Lock order is the deadlock rule: every service takes its locks through `held()` in the order
-`lock_order()` gives (idempotency key, then products by id, then the coupon claim), so two
-requests can never wait on each other in a cycle.
+Lock order is the deadlock rule: every service takes its locks through `held()` in one order
+(products by id; a coupon's own lock for claim_coupon), so two requests can never wait on each
+other in a cycle. A coupon claim used by an order, or an idempotency key, needs no lock: its row
+(FOR UPDATE) and its unique key settle a race in MySQL (shop/services/batch.py).
 """
 
 from __future__ import annotations
@@ -48,33 +49,10 @@ def coupon_lock(coupon_id: int) -> str:
     return f"coupon:{coupon_id}"
 
 
-def claim_lock(coupon_id: int, user_id: int) -> str:
-    return f"coupon:{coupon_id}:user:{user_id}"
-
-
-IDEMPOTENCY_FAMILY = "idem"
-
-
-def lock_options(name: str) -> dict[str, object]:
-    """Family and one-shot flag of a shop lock (see `locks.Lock`).
-
-    An idempotency key (`idem:<user>:<hash>`) and a user's coupon claim (`coupon:N:user:M`) are
-    locked once or twice in their life: one-shot, so they leave no fence or stats keys behind
-    (their unique rows in MySQL refuse a stale writer anyway). The hash in idempotency names
-    would make every name a family of its own: they all count in the family `idem`.
-    """
-    if name.startswith(f"{IDEMPOTENCY_FAMILY}:"):
-        return {"family": IDEMPOTENCY_FAMILY, "one_shot": True}
-    parts = name.split(":")
-    if len(parts) == 4 and parts[0] == "coupon" and parts[2] == "user":
-        return {"one_shot": True}
-    return {}
-
-
 def shop_lock(name: str) -> locks.Lock:
     """The lock `name` with the shop's lease, wait and watchdog settings."""
     return locks.Lock(name, ttl=shop_settings.LOCK_TTL, wait=shop_settings.LOCK_WAIT, renew=True,
-                      max_hold=shop_settings.LOCK_MAX_HOLD, **lock_options(name))
+                      max_hold=shop_settings.LOCK_MAX_HOLD)
 
 
 def refuse_outer_transaction(service: str) -> None:

@@ -67,7 +67,7 @@ def _orders(make_product, make_coupon) -> list[Order]:
     orders = []
     for i, buyer in enumerate(buyers):
         claim_coupon(user=buyer, code=coupon.code)
-        order = place_order(user=buyer, lines=[(product.pk, 1 + i)], coupon_code=coupon.code)
+        order = place_order(user=buyer, lines=[(product.pk, 1 + i)], coupon_code=coupon.code).order
         if i % 2:
             order = pay_order(order=order, actor="test")
         orders.append(order)

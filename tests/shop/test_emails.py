@@ -46,7 +46,7 @@ def buyer(db):
 
 def test_paying_sends_one_confirmation_with_the_order(buyer, make_product):
     p = make_product(stock=9, price="1658.00")
-    order = place_order(user=buyer, lines=[(p.pk, 2)])
+    order = place_order(user=buyer, lines=[(p.pk, 2)]).order
     assert mail.outbox == []  # placing is not paying
     pay_order(order=order, actor="test")
     assert len(mail.outbox) == 1
@@ -60,14 +60,14 @@ def test_paying_sends_one_confirmation_with_the_order(buyer, make_product):
 def test_the_confirmation_leaves_after_the_payment_is_committed(buyer, make_product, settings):
     settings.EMAIL_BACKEND = f"{__name__}.StatusAtSendBackend"
     StatusAtSendBackend.seen = []
-    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)])
+    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
     pay_order(order=order, actor="test")
     assert StatusAtSendBackend.seen == [Order.Status.PAID]
 
 
 def test_a_mail_failure_never_fails_the_payment(buyer, make_product, settings, caplog):
     settings.EMAIL_BACKEND = f"{__name__}.BrokenBackend"
-    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)])
+    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
     with caplog.at_level(logging.ERROR, logger="shop"):
         paid = pay_order(order=order, actor="test")
     assert paid.status == Order.Status.PAID
@@ -76,12 +76,12 @@ def test_a_mail_failure_never_fails_the_payment(buyer, make_product, settings, c
 
 
 def test_no_address_no_mail_and_the_api_pays_with_the_same_service(user, make_product, client):
-    order = place_order(user=user, lines=[(make_product(stock=3).pk, 1)])  # `user` has no e-mail address
+    order = place_order(user=user, lines=[(make_product(stock=3).pk, 1)]).order  # `user` has no e-mail address
     pay_order(order=order, actor="test")
     assert Order.objects.get(pk=order.pk).status == Order.Status.PAID and mail.outbox == []
     user.email = "u@example.com"
     user.save(update_fields=["email"])
-    second = place_order(user=user, lines=[(make_product(stock=3).pk, 1)])
+    second = place_order(user=user, lines=[(make_product(stock=3).pk, 1)]).order
     token = ApiToken.issue(user_id=user.pk, name="test")
     response = client.post(f"/api/orders/{second.pk}/pay/", HTTP_AUTHORIZATION=f"Bearer {token}")
     assert response.status_code == 200, response.content

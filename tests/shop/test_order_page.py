@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_cancel_asks_first_and_only_a_post_cancels(client, user, other_user, make_product):
     p = make_product(stock=5)
-    order = place_order(user=user, lines=[(p.pk, 2)])
+    order = place_order(user=user, lines=[(p.pk, 2)]).order
     client.force_login(user)
     url = reverse("order_cancel", args=[order.pk])
     page = client.get(reverse("order", args=[order.pk])).content.decode()
@@ -31,15 +31,15 @@ def test_cancel_asks_first_and_only_a_post_cancels(client, user, other_user, mak
     assert response.status_code == 302 and Order.objects.get(pk=order.pk).status == Order.Status.CANCELLED
     assert client.get(url)["Location"] == reverse("order", args=[order.pk])  # nothing left to confirm
 
-    paid = place_order(user=user, lines=[(p.pk, 1)])
+    paid = place_order(user=user, lines=[(p.pk, 1)]).order
     pay_order(order=paid, actor="test")
     assert client.get(reverse("order_cancel", args=[paid.pk])).status_code == 302
-    theirs = place_order(user=other_user, lines=[(p.pk, 1)])
+    theirs = place_order(user=other_user, lines=[(p.pk, 1)]).order
     assert client.get(reverse("order_cancel", args=[theirs.pk])).status_code == 404
 
 
 def test_the_order_page_gives_its_script_the_deadline_and_the_server_time(client, user, make_product):
-    order = place_order(user=user, lines=[(make_product(stock=5).pk, 1)])
+    order = place_order(user=user, lines=[(make_product(stock=5).pk, 1)]).order
     client.force_login(user)
     page = client.get(reverse("order", args=[order.pk])).content.decode()
     deadline = re.search(r'id="pay-countdown" data-deadline="([^"]+)" data-server-now="([^"]+)"', page)

@@ -113,11 +113,11 @@ def _shop(live_server) -> dict:
                                    valid_from=now - timezone.timedelta(days=1),
                                    valid_until=now + timezone.timedelta(days=1))
     claim_coupon(user=alice, code=coupon.code)
-    paid = place_order(user=alice, lines=[(keyboard.pk, 1), (headphones.pk, 2)])
+    paid = place_order(user=alice, lines=[(keyboard.pk, 1), (headphones.pk, 2)]).order
     pay_order(order=paid, actor="test")
-    cancelled = place_order(user=alice, lines=[(sneaker.pk, 1)])
+    cancelled = place_order(user=alice, lines=[(sneaker.pk, 1)]).order
     cancel_order(order=cancelled, actor="test", unpaid_only=True)
-    unpaid = place_order(user=alice, lines=[(keyboard.pk, 2), (sneaker.pk, 1)])
+    unpaid = place_order(user=alice, lines=[(keyboard.pk, 2), (sneaker.pk, 1)]).order
     ApiToken.issue(user_id=alice.pk, name="Load test from the office laptop")
     uid = urlsafe_base64_encode(force_bytes(alice.pk))
     return {"user": alice, "products": (keyboard, headphones, sneaker), "unpaid": unpaid,

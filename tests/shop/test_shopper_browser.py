@@ -73,7 +73,7 @@ def test_order_cancel_is_secondary_and_confirmed_and_pay_by_counts_down_in_local
     from playwright.sync_api import sync_playwright
 
     p = make_product(stock=5, price="1658.00")
-    order = place_order(user=user, lines=[(p.pk, 1)])
+    order = place_order(user=user, lines=[(p.pk, 1)]).order
     zone = "America/New_York"
     local = order.pay_by.astimezone(ZoneInfo(zone))
     with sync_playwright() as pw:

@@ -125,7 +125,7 @@ def test_orders_are_private(shopper, other_user, make_product):
     from shop.services import place_order
 
     p = make_product(stock=5)
-    theirs = place_order(user=other_user, lines=[(p.pk, 1)])
+    theirs = place_order(user=other_user, lines=[(p.pk, 1)]).order
     assert shopper.get(f"/orders/{theirs.pk}/").status_code == 404
 
 
@@ -228,7 +228,7 @@ def test_pay_and_cancel_buttons_on_the_order_pages(shopper, user, other_user, ma
     from shop.services import place_order
 
     p = make_product(stock=5)
-    to_pay, to_cancel = (place_order(user=user, lines=[(p.pk, 1)]) for _ in range(2))
+    to_pay, to_cancel = (place_order(user=user, lines=[(p.pk, 1)]).order for _ in range(2))
     page = shopper.get(reverse("order", args=[to_pay.pk])).content.decode()
     assert reverse("order_pay", args=[to_pay.pk]) in page and "csrfmiddlewaretoken" in page
     assert reverse("order_cancel", args=[to_cancel.pk]) in shopper.get(reverse("orders")).content.decode()
@@ -245,7 +245,7 @@ def test_pay_and_cancel_buttons_on_the_order_pages(shopper, user, other_user, ma
     response = shopper.post(reverse("order_pay", args=[to_cancel.pk]), follow=True)
     assert "can no longer be paid" in response.content.decode()
 
-    theirs = place_order(user=other_user, lines=[(p.pk, 1)])
+    theirs = place_order(user=other_user, lines=[(p.pk, 1)]).order
     assert shopper.post(reverse("order_pay", args=[theirs.pk])).status_code == 404
     assert shopper.post(reverse("order_cancel", args=[theirs.pk])).status_code == 404
     assert Order.objects.get(pk=theirs.pk).status == Order.Status.PENDING_PAYMENT

@@ -273,7 +273,7 @@ def _buy(user_id: int, product_id: int) -> list[int]:
     placed, refused = [], 0
     for _ in range(200):
         try:
-            placed.append(place_order(user=user, lines=[(product_id, 1)]).pk)
+            placed.append(place_order(user=user, lines=[(product_id, 1)]).order.pk)
         except errors.OutOfStock:
             refused += 1
             if refused >= 2:

@@ -197,7 +197,7 @@ def test_pay_mode_balances_paid_and_pending_then_the_expiry_returns_every_unpaid
 def test_pay_mode_skips_the_expiry_when_it_would_expire_someone_elses_order(user, make_product):
     from shop.services import place_order
 
-    other = place_order(user=user, lines=[(make_product(stock=3).pk, 1)])
+    other = place_order(user=user, lines=[(make_product(stock=3).pk, 1)]).order
     out = run("--pay", "0", "--requests", "5", "--stock", "10", *SMALL)
     assert "expiry skipped: 1 unpaid order(s) outside this run" in out
     other.refresh_from_db()

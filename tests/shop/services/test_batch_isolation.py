@@ -31,12 +31,13 @@ def _combining(settings):
 def test_idempotency_keys_compare_exactly_in_mysql_python_and_redis(user, make_product):
     """One rule everywhere: keys are case- and byte-exact (binary collation)."""
     p = make_product(stock=10)
-    first = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="Key-1")
-    other = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="key-1")
-    assert other.pk != first.pk and not other.replayed
-    again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="KEY-1")
+    first = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="Key-1").order
+    placed = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="key-1")
+    other = placed.order
+    assert other.pk != first.pk and not placed.replayed
+    again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="KEY-1").order
     assert again.pk not in (first.pk, other.pk)
-    assert place_order(user=user, lines=[(p.pk, 1)], idempotency_key="key-1").pk == other.pk
+    assert place_order(user=user, lines=[(p.pk, 1)], idempotency_key="key-1").order.pk == other.pk
     assert Order.objects.filter(user=user, idempotency_key="key-1").get().pk == other.pk
     assert_books([p.pk], {p.pk: 10}, [first.pk, other.pk, again.pk])
 
@@ -46,7 +47,7 @@ def _keyless_buyer(user_id: int, product_id: int, orders: int) -> dict:
     told: dict[str, list] = {"placed": [], "refused": []}
     for _ in range(orders):
         try:
-            told["placed"].append(place_order(user=user, lines=[(product_id, 1)]).pk)
+            told["placed"].append(place_order(user=user, lines=[(product_id, 1)]).order.pk)
         except errors.ShopError as exc:
             told["refused"].append(exc.code)
     return told
@@ -60,7 +61,7 @@ def _key_variant_sender(user_id: int, product_id: int, rounds: int) -> dict:
         variant = "".join(c.upper() if (i >> j) & 1 else c for j, c in enumerate("drop-key"))
         for _ in range(2):
             try:
-                told["placed"].append(place_order(user=user, lines=[(product_id, 1)], idempotency_key=variant).pk)
+                told["placed"].append(place_order(user=user, lines=[(product_id, 1)], idempotency_key=variant).order.pk)
             except errors.ShopError as exc:
                 told["refused"].append(exc.code)
     return told
@@ -70,7 +71,7 @@ def test_key_case_variants_never_fail_other_buyers_in_the_batch(make_product):
     p = make_product(stock=5000)
     buyers = make_users(8)
     [attacker] = make_users(1, prefix="attacker")
-    earlier = place_order(user=attacker, lines=[(p.pk, 1)], idempotency_key="drop-key")
+    earlier = place_order(user=attacker, lines=[(p.pk, 1)], idempotency_key="drop-key").order
     cancel_order(order=earlier, actor=attacker, unpaid_only=True)
     def run(kind: str, uid: int, n: int) -> tuple[str, dict]:
         return kind, (_keyless_buyer if kind == "buyer" else _key_variant_sender)(uid, p.pk, n)
@@ -116,7 +117,7 @@ def _gated_buyer(user_id: int, product_id: int, victim_id: int | None, queue) ->
         hooks.checkout_hook = hook
     user = get_user_model().objects.get(pk=user_id)
     try:
-        queue.put(("placed", place_order(user=user, lines=[(product_id, 1)]).pk))
+        queue.put(("placed", place_order(user=user, lines=[(product_id, 1)]).order.pk))
     except errors.ShopError as exc:
         queue.put((exc.code, None))
     finally:

@@ -1,4 +1,8 @@
-"""place_order, claim_coupon, cancel_order and restock, one caller at a time."""
+"""place_order, claim_coupon, cancel_order and restock, one caller at a time.
+
+Every test runs with combining on (a single-product order queues on its lock and is written in
+a batch by its holder) and off (batch size 1: every order a batch of one under its own hold):
+one writer either way, the same answers."""
 
 from __future__ import annotations
 
@@ -9,11 +13,18 @@ from django.db import transaction
 
 from locks import inspect, stats
 from shop import errors
-from shop.conf import shop_settings
+from shop.api import order_json
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
-from shop.services import cancel_order, claim_coupon, place_order, restock, soldout
+from shop.services import batch, cancel_order, claim_coupon, hooks, place_order, restock, soldout
+from shop.services.locking import product_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["combining", "batch-of-1"])
+def combining(request, settings):
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": request.param}
+    return request.param
 
 
 def counts():
@@ -22,7 +33,8 @@ def counts():
 
 def test_an_order_decrements_stock_and_writes_order_lines_and_ledger(user, make_product):
     a, b = make_product(stock=5, price="10.00"), make_product(stock=3, price="2.50")
-    order = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)])
+    placed = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)])
+    order = placed.order
     a.refresh_from_db()
     b.refresh_from_db()
     assert (a.stock, b.stock) == (4, 1)
@@ -33,7 +45,7 @@ def test_an_order_decrements_stock_and_writes_order_lines_and_ledger(user, make_
     assert sorted(ledger.values_list("product_id", "quantity")) == [(a.pk, -1), (b.pk, -2)]
     # The row carries the fence of the lock that wrote it.
     assert a.fence == ledger.get(product=a).fence > 0
-    assert not order.replayed
+    assert not placed.replayed
 
 
 def test_out_of_stock_names_every_short_line_and_writes_nothing(user, make_product):
@@ -83,10 +95,10 @@ def test_unknown_and_inactive_products(user, make_product):
 
 def test_idempotency_key_replays_the_first_order_and_refuses_a_different_body(user, make_product):
     p = make_product(stock=5)
-    first = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1")
+    first = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1").order
     before = counts()
     again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1")
-    assert again.pk == first.pk and again.replayed
+    assert again.order.pk == first.pk and again.replayed
     assert counts() == before
     with pytest.raises(errors.IdempotencyConflict) as err:
         place_order(user=user, lines=[(p.pk, 2)], idempotency_key="checkout-1")
@@ -97,8 +109,8 @@ def test_idempotency_key_replays_the_first_order_and_refuses_a_different_body(us
 
 def test_the_same_key_from_another_user_is_another_order(user, other_user, make_product):
     p = make_product(stock=5)
-    a = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="k")
-    b = place_order(user=other_user, lines=[(p.pk, 1)], idempotency_key="k")
+    a = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="k").order
+    b = place_order(user=other_user, lines=[(p.pk, 1)], idempotency_key="k").order
     assert a.pk != b.pk
 
 
@@ -118,7 +130,7 @@ def test_coupon_must_be_claimed_then_applies_once(user, make_product, make_coupo
     claim = claim_coupon(user=user, code=coupon.code)
     coupon.refresh_from_db()
     assert coupon.remaining == 2
-    order = place_order(user=user, lines=[(p.pk, 1)], coupon_code=coupon.code)
+    order = place_order(user=user, lines=[(p.pk, 1)], coupon_code=coupon.code).order
     assert (order.discount, order.total) == (Decimal("5.00"), Decimal("15.00"))
     claim.refresh_from_db()
     assert claim.order_id == order.pk and claim.used_at is not None
@@ -150,7 +162,7 @@ def test_cancel_returns_stock_and_coupon_exactly_once(user, make_product, make_c
     p = make_product(stock=5)
     coupon = make_coupon(total=5)
     claim_coupon(user=user, code=coupon.code)
-    order = place_order(user=user, lines=[(p.pk, 2)], coupon_code=coupon.code)
+    order = place_order(user=user, lines=[(p.pk, 2)], coupon_code=coupon.code).order
     cancelled = cancel_order(order=order, actor="test")
     assert cancelled.status == Order.Status.CANCELLED and cancelled.cancelled_at
     p.refresh_from_db()
@@ -176,13 +188,13 @@ def test_restock(user, make_product):
 
 def test_sold_out_fast_path_skips_the_lock_and_mysql(user, make_product, django_assert_num_queries):
     p = make_product(stock=1)
-    place_order(user=user, lines=[(p.pk, 1)])  # combining: its batch left 0, so it marks it sold out
-    with pytest.raises(errors.OutOfStock):  # per order: reads stock 0 under the lock, marks it
+    place_order(user=user, lines=[(p.pk, 1)])  # its write (a batch of one, too) left 0: marked
+    with pytest.raises(errors.OutOfStock):  # refused from Redis: no lock
         place_order(user=user, lines=[(p.pk, 1)])
     name = f"product:{p.pk}"
     stats.flush()
     acquired = inspect.acquisitions([name])[name]
-    assert acquired == (1 if shop_settings.COMBINING else 2)
+    assert acquired == 1
     with django_assert_num_queries(0), pytest.raises(errors.OutOfStock) as err:
         place_order(user=user, lines=[(p.pk, 1)])
     assert err.value.details["lines"] == [{"product_id": p.pk, "requested": 1, "available": 0}]
@@ -190,16 +202,16 @@ def test_sold_out_fast_path_skips_the_lock_and_mysql(user, make_product, django_
     assert inspect.acquisitions([name])[name] == acquired
     # A refill clears the marker before it commits: the next order goes through at once.
     restock(product=p, quantity=2, actor="ops")
-    assert place_order(user=user, lines=[(p.pk, 1)]).pk
+    assert place_order(user=user, lines=[(p.pk, 1)]).order.pk
 
 
 def test_cancel_clears_the_sold_out_marker(user, other_user, make_product):
     p = make_product(stock=1)
-    order = place_order(user=user, lines=[(p.pk, 1)])
+    order = place_order(user=user, lines=[(p.pk, 1)]).order
     with pytest.raises(errors.OutOfStock):
         place_order(user=other_user, lines=[(p.pk, 1)])
     cancel_order(order=order, actor="test")
-    assert place_order(user=other_user, lines=[(p.pk, 1)]).pk
+    assert place_order(user=other_user, lines=[(p.pk, 1)]).order.pk
 
 
 def test_losing_the_marker_only_loses_the_speed_up(user, make_product, redis_client):
@@ -212,3 +224,67 @@ def test_losing_the_marker_only_loses_the_speed_up(user, make_product, redis_cli
     get_redis_connection("default").delete(soldout._keys(p.pk)[0])  # as if Redis lost its data
     with pytest.raises(errors.OutOfStock):  # the locked path still refuses
         place_order(user=user, lines=[(p.pk, 1)])
+
+
+# --- one writer: single-product orders and carts alike -------------------------------------------
+def test_a_cart_and_a_single_product_order_go_through_the_same_writer(user, make_product, monkeypatch):
+    """The writer's hook sees both, with the holds of every product of the order."""
+    a, b = make_product(stock=5), make_product(stock=5)
+    writes: list[tuple[list, list[str]]] = []
+    real_write = batch.write
+
+    def spy(requests, *, holds):
+        writes.append(([r.lines for r in requests], sorted(holds)))
+        return real_write(requests, holds=holds)
+
+    stages: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(batch, "write", spy)
+    monkeypatch.setattr(hooks, "checkout_hook", lambda stage, holds: stages.append((stage, sorted(holds))))
+    place_order(user=user, lines=[(b.pk, 1), (a.pk, 2)])
+    place_order(user=user, lines=[(a.pk, 1)])
+    assert writes == [([((a.pk, 2), (b.pk, 1))], [a.pk, b.pk]), ([((a.pk, 1),)], [a.pk])]
+    both = sorted([product_lock(a.pk), product_lock(b.pk)])
+    assert stages == [("before_update", both), ("before_commit", both),
+                      ("before_update", [product_lock(a.pk)]), ("before_commit", [product_lock(a.pk)])]
+
+
+def test_a_cart_gets_the_same_refusals_and_ledger_shape_as_one_product(user, make_product):
+    a, b = make_product(stock=2, price="3.00"), make_product(stock=1, price="4.00")
+    cart = place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)]).order
+    one = place_order(user=user, lines=[(a.pk, 1)]).order
+    for order in (cart, one):
+        ledger = set(StockLedger.objects.filter(order=order).values_list("reason", "actor"))
+        assert ledger == {(StockLedger.Reason.ORDER, f"user:{user.pk}")}
+    with pytest.raises(errors.OutOfStock) as in_cart:
+        place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)])
+    with pytest.raises(errors.OutOfStock) as alone:
+        place_order(user=user, lines=[(b.pk, 1)])
+    assert in_cart.value.details["lines"] == [{"product_id": a.pk, "requested": 1, "available": 0},
+                                              {"product_id": b.pk, "requested": 1, "available": 0}]
+    assert alone.value.details["lines"] == [{"product_id": b.pk, "requested": 1, "available": 0}]
+
+
+def test_a_product_is_marked_sold_out_only_when_a_write_leaves_it_at_0(user, make_product):
+    a, b = make_product(stock=2), make_product(stock=3)
+    place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)])
+    assert soldout.sold_out([a.pk, b.pk]) == set()  # 1 and 2 left
+    place_order(user=user, lines=[(a.pk, 1)])
+    assert soldout.sold_out([a.pk, b.pk]) == {a.pk}
+    place_order(user=user, lines=[(b.pk, 2)])
+    assert soldout.sold_out([a.pk, b.pk]) == {a.pk, b.pk}
+
+
+def test_the_placement_is_complete_and_renders_without_a_query(user, make_product, make_coupon,
+                                                               django_assert_num_queries):
+    a, b = make_product(stock=5, price="10.00"), make_product(stock=5, price="2.50")
+    coupon = make_coupon(total=5, discount="1.00")
+    claim_coupon(user=user, code=coupon.code)
+    placed = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)], coupon_code=coupon.code, idempotency_key="pc-1")
+    assert not placed.replayed
+    with django_assert_num_queries(0):
+        shown = order_json(placed.order)
+    fresh = Order.objects.get(pk=placed.order.pk)
+    assert shown == order_json(fresh)
+    assert shown["total"] == "14.00" and shown["coupon_code"] == coupon.code and len(shown["lines"]) == 2
+    again = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)], coupon_code=coupon.code, idempotency_key="pc-1")
+    assert again.replayed and order_json(again.order) == shown

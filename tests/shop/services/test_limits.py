@@ -1,4 +1,4 @@
-"""Per-buyer purchase caps (Product.max_per_user), on both checkout paths, real MariaDB and Redis."""
+"""Per-buyer purchase caps (Product.max_per_user), with combining on and off (batch size 1), real MariaDB and Redis."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def capped(make_product, *, stock: int, cap: int) -> Product:
 
 def test_a_buyer_cannot_buy_past_the_cap_and_a_cancel_gives_it_back(combining, user, other_user, make_product):
     p = capped(make_product, stock=20, cap=3)
-    first = place_order(user=user, lines=[(p.pk, 2)])
+    first = place_order(user=user, lines=[(p.pk, 2)]).order
     with pytest.raises(errors.PurchaseLimitExceeded) as refused:
         place_order(user=user, lines=[(p.pk, 2)])
     assert refused.value.code == "purchase_limit" and refused.value.status == 409
@@ -58,7 +58,7 @@ def _hammer(user_id: int, product_id: int, attempts: int) -> dict:
     try:
         for _ in range(attempts):
             try:
-                told["placed"].append(place_order(user=user, lines=[(product_id, 1)]).pk)
+                told["placed"].append(place_order(user=user, lines=[(product_id, 1)]).order.pk)
             except errors.PurchaseLimitExceeded:
                 told["limit"] += 1
     finally:

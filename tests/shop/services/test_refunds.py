@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def paid_order(user, lines, **kwargs) -> Order:
-    return pay_order(order=place_order(user=user, lines=lines, **kwargs), actor="test")
+    return pay_order(order=place_order(user=user, lines=lines, **kwargs).order, actor="test")
 
 
 def test_a_refund_returns_the_stock_and_the_coupon_once(user, make_product, make_coupon):
@@ -50,8 +50,8 @@ def test_a_refund_returns_the_stock_and_the_coupon_once(user, make_product, make
 
 def test_only_a_paid_order_is_refunded(user, make_product):
     p = make_product(stock=10)
-    pending = place_order(user=user, lines=[(p.pk, 2)])
-    cancelled = place_order(user=user, lines=[(p.pk, 1)])
+    pending = place_order(user=user, lines=[(p.pk, 2)]).order
+    cancelled = place_order(user=user, lines=[(p.pk, 1)]).order
     cancel_order(order=cancelled, actor="buyer", unpaid_only=True)
     for order in (pending, cancelled):
         with pytest.raises(errors.OrderNotRefundable):
@@ -75,7 +75,7 @@ def test_a_paid_order_is_never_cancelled_not_even_by_staff(user, make_product):
 
 
 def test_the_database_refuses_refunds_that_were_never_paid(user, make_product):
-    order = place_order(user=user, lines=[(make_product(stock=2).pk, 1)])
+    order = place_order(user=user, lines=[(make_product(stock=2).pk, 1)]).order
     now = timezone.now()
     with pytest.raises(IntegrityError), transaction.atomic():
         Order.objects.filter(pk=order.pk).update(status=Order.Status.REFUNDED, refunded_at=now)  # no paid_at

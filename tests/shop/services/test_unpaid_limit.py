@@ -23,13 +23,13 @@ def test_a_buyer_with_the_limit_of_unpaid_orders_is_refused_until_one_is_paid_or
         settings, user, make_product, combining):
     settings.SHOP = {**settings.SHOP, "COMBINING": combining}
     p = make_product(stock=100)
-    first = place_order(user=user, lines=[(p.pk, 1)])
+    first = place_order(user=user, lines=[(p.pk, 1)]).order
     place_order(user=user, lines=[(p.pk, 1)])
     with pytest.raises(errors.UnpaidOrdersLimit) as exc:
         place_order(user=user, lines=[(p.pk, 1)])
     assert exc.value.status == 409 and exc.value.details == {"limit": 2, "unpaid": 2}
     pay_order(order=first, actor=user)
-    third = place_order(user=user, lines=[(p.pk, 1)])
+    third = place_order(user=user, lines=[(p.pk, 1)]).order
     cancel_order(order=third, actor=user, unpaid_only=True)
     place_order(user=user, lines=[(p.pk, 1)])
     assert Order.objects.filter(user=user, status=Order.Status.PENDING_PAYMENT).count() == 2

@@ -1,0 +1,538 @@
+"""The one checkout writer: commits a batch of order requests under their products' held locks.
+
+Every order goes through `write` (DESIGN.md, "The path of one checkout"): a single-product order
+queued on its product's lock is written in its combiner's batch (shop/services/combining.py); a
+cart over several products, a backend without combining or SHOP["COMBINING"] off is a batch of
+one under its sorted product locks (shop/services/checkout.py). One durable transaction:
+
+    drop requests past their buyer's deadline;
+    SELECT the batch's product rows FOR UPDATE (sorted ids): what we read is exact until COMMIT;
+    a newer holder wrote a row (its fence >= ours): our lock is gone, the batch comes Again;
+    coupon claims (rows FOR UPDATE in pk order), the unpaid limit, purchase caps;
+    allocate FIFO: a request is placed only if every line fits what is left;
+    INSERT orders (RETURNING id), lines, ledger rows, request ids (multi-row statements);
+    ONE guarded, fenced UPDATE per product for the batch total;
+    use the coupon claims; idempotency records; check the leases; COMMIT.
+    After: mark products whose stock reached 0 sold out (with the hold's fence as proof).
+
+Replays and settled request ids are not looked up first: the unique keys on (user, idempotency
+key) and on the request id refuse a duplicate, and the write is then repeated with each request
+in a savepoint of its own (`isolate`), where a request that collides is explained (its order
+replayed, or its buyer gave up) and refused alone: I9, each request answered on its own merits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import IntegrityError, OperationalError, connection, models, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+import locks
+from shop import errors
+from shop.conf import shop_settings
+from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+from shop.services import fences, hooks, idempotency, limits, soldout, stale_transactions
+from shop.services.coupons import coupon_error
+from shop.services.locking import ER_LOCK_WAIT_TIMEOUT, RETRYABLE_MYSQL, StaleFence, check_before_commit, product_lock
+from shop.services.orders import pay_by_from
+from shop.services.transactions import durable_transaction
+
+log = logging.getLogger("shop")
+
+# A request whose buyer gives up sooner than this is not committed (it could not be told).
+DEADLINE_MARGIN = 0.05
+
+
+# --- requests and results -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """One buyer's order. `token`: the combining token of a queued buyer (None for the caller's
+    own request); `recorded`: write its id (CheckoutRequest) so a buyer that stops waiting can
+    settle what happened to it (combining); `deadline`: time.monotonic() of this process."""
+
+    id: str
+    user_id: int
+    lines: tuple[tuple[int, int], ...]
+    code: str | None
+    key: str | None
+    digest: str
+    deadline: float
+    token: str | None = None
+    recorded: bool = False
+
+    def payload(self) -> str:
+        return json.dumps({"id": self.id, "u": self.user_id, "l": self.lines, "c": self.code, "k": self.key,
+                           "d": self.digest}, separators=(",", ":"))
+
+    @classmethod
+    def from_payload(cls, payload: str, *, deadline: float, token: str) -> Request:
+        data = json.loads(payload)
+        return cls(id=data["id"], user_id=data["u"], lines=tuple((p, q) for p, q in data["l"]), code=data["c"],
+                   key=data["k"], digest=data["d"], deadline=deadline, token=token, recorded=True)
+
+
+@dataclass(frozen=True)
+class Line:
+    product_id: int
+    sku: str
+    name: str
+    quantity: int
+    unit_price: Decimal
+
+
+@dataclass(frozen=True)
+class Placed:
+    """An order committed for the request (or, `replayed`, the one its key placed before).
+    `lines` is None when the writer did not have them at hand (a replay): read the order back."""
+
+    order_id: int
+    subtotal: Decimal
+    discount: Decimal
+    total: Decimal
+    coupon_id: int | None
+    coupon_code: str | None
+    status: str
+    pay_by: datetime | None
+    paid_at: datetime | None
+    created_at: datetime
+    lines: tuple[Line, ...] | None = None
+    replayed: bool = False
+
+    @classmethod
+    def of(cls, order: Order, *, replayed: bool) -> Placed:
+        return cls(order_id=order.pk, subtotal=order.subtotal, discount=order.discount, total=order.total,
+                   coupon_id=order.coupon_id, coupon_code=None, status=order.status, pay_by=order.pay_by,
+                   paid_at=order.paid_at, created_at=order.created_at, replayed=replayed)
+
+
+@dataclass(frozen=True)
+class Refused:
+    code: str
+    message: str
+    details: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, exc: errors.ShopError) -> Refused:
+        return cls(code=exc.code, message=exc.message, details=exc.details)
+
+    def error(self) -> errors.ShopError:
+        return errors.ERRORS_BY_CODE[self.code](self.message, details=self.details)
+
+
+@dataclass(frozen=True)
+class Again:
+    """Nothing was written and the lock is gone (stale fence, lost lease): queue or lock again."""
+
+
+Result = Placed | Refused | Again
+AGAIN = Again()
+
+
+def to_json(result: Result) -> str:
+    """The combiner's reply to a queued buyer, through Redis."""
+    if isinstance(result, Again):
+        return '{"again":1}'
+    if isinstance(result, Refused):
+        return json.dumps({"error": asdict(result)}, separators=(",", ":"))
+    return json.dumps({"order": asdict(result)}, separators=(",", ":"), default=str)
+
+
+def from_json(text: str) -> Result:
+    data = json.loads(text)
+    if "again" in data:
+        return AGAIN
+    if "error" in data:
+        return Refused(**data["error"])
+    o = data["order"]
+
+    def when(value: str | None) -> datetime | None:
+        return datetime.fromisoformat(value) if value else None
+
+    lines = None if o["lines"] is None else tuple(
+        Line(**{**line, "unit_price": Decimal(line["unit_price"])}) for line in o["lines"])
+    return Placed(order_id=o["order_id"], subtotal=Decimal(o["subtotal"]), discount=Decimal(o["discount"]),
+                  total=Decimal(o["total"]), coupon_id=o["coupon_id"], coupon_code=o["coupon_code"],
+                  status=o["status"], pay_by=when(o["pay_by"]), paid_at=when(o["paid_at"]),
+                  created_at=when(o["created_at"]), lines=lines, replayed=o["replayed"])
+
+
+# --- the writer -----------------------------------------------------------------------------
+Holds = dict[int, "locks.Hold | None"]  # product id -> its hold (None: locks are off)
+
+
+def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
+    """Commit `requests` (FIFO) for the products of `holds`, whose locks the caller holds.
+
+    One result per request id. Deadlocks and lock-wait timeouts are retried here (under the same
+    locks); a stale fence or a lost lock answers every request not yet answered `AGAIN`.
+    """
+    results: dict[str, Result] = {}
+    pending = list(requests)
+    isolate = False
+    retries = int(shop_settings.RETRIES)
+    for n in range(retries + 1):
+        try:
+            done, left = _commit(pending, holds=holds, isolate=isolate)
+        except IntegrityError:
+            # A request's rows hit a unique or foreign key (its key placed an order meanwhile, its
+            # buyer gave up, its account is gone): write again, each request on its own (I9).
+            isolate = True
+            continue
+        except OperationalError as exc:
+            if not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
+                raise
+            if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+                stale_transactions.end_older_holders()  # a holder paused past its lease keeps the row
+            log.info("checkout: retry %d after mysql %s", n + 1, exc.args[0])
+            time.sleep(random.uniform(0, 0.005 * (2**n)))
+            continue
+        except (StaleFence, locks.LockLost) as exc:
+            if isinstance(exc, StaleFence):
+                fences.refused(exc.lock, operation="place_order")
+            return {**results, **{r.id: AGAIN for r in pending}}
+        _explain_refusals(pending, done)
+        for pid, stock in left.items():
+            if stock == 0:
+                _mark_sold_out(pid, holds.get(pid))
+        return done
+    conflict = Refused.of(errors.Conflict(details={"retries": retries}))
+    return {**results, **{r.id: conflict for r in pending}}
+
+
+def _by_name(holds: Holds) -> dict[str, locks.Hold | None]:
+    return {product_lock(pid): hold for pid, hold in holds.items()}
+
+
+def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dict[str, Result], dict[int, int]]:
+    """One attempt: results by request id, and the stock left of each product read."""
+    results: dict[str, Result] = {}
+    now = time.monotonic()
+    live = []
+    for r in pending:
+        if r.token is not None and r.deadline - now < DEADLINE_MARGIN:
+            results[r.id] = Refused.of(errors.LockTimeout(details={"lock": product_lock(r.lines[0][0])}))
+        else:
+            live.append(r)
+    named = _by_name(holds)
+    with durable_transaction():
+        hooks.call("before_update", named)
+        rows = _lock_rows(sorted(holds))
+        if isolate:  # the rare second pass: answer settled ids and known keys before allocating
+            live = _drop_settled(live, results)
+            live = _drop_replays(live, results)
+        for pid, hold in holds.items():
+            if hold is not None and pid in rows and rows[pid]["fence"] >= hold.fence:
+                raise StaleFence(hold.name)  # a newer holder wrote the row: our lock is gone
+        live = _refuse_unsold(live, results, rows)
+        claims = _coupon_claims(live, results)
+        live = [r for r in live if r.id not in results]
+        stock = {pid: row["stock"] for pid, row in rows.items() if row["active"]}  # the sellable ones
+        placed = _allocate(live, results, rows, dict(stock))
+        if not placed:
+            return results, stock
+        written = _write_orders(placed, rows=rows, claims=claims, holds=holds, results=results, isolate=isolate)
+        totals: dict[int, int] = {}
+        for r, _ in written:
+            for pid, qty in r.lines:
+                totals[pid] = totals.get(pid, 0) + qty
+        for pid, total in totals.items():
+            _take_stock(pid, total, holds.get(pid))
+        _use_claims(written, claims)
+        idempotency.write_records([(r.user_id, r.key, o.order_id) for r, o in written if r.key],
+                                  required=any(h is not None for h in holds.values()))
+        hooks.call("before_commit", named)
+        check_before_commit(named)
+        results.update({r.id: o for r, o in written})
+    return results, {pid: n - totals.get(pid, 0) for pid, n in stock.items()}
+
+
+_ROW_FIELDS = ("id", "price", "active", "stock", "fence", "sku", "name", "max_per_user")
+
+
+def _lock_rows(product_ids: list[int]) -> dict[int, dict]:
+    """The products' rows, locked FOR UPDATE in id order (plain SQL: the ORM's compile of this
+    statement was a large share of an order's client CPU)."""
+    qn = connection.ops.quote_name
+    cols = ", ".join(qn(Product._meta.get_field(f).column) for f in _ROW_FIELDS)
+    marks = ", ".join(["%s"] * len(product_ids))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {cols} FROM {qn(Product._meta.db_table)} WHERE {qn('id')} IN ({marks}) "
+                       f"ORDER BY {qn('id')} FOR UPDATE", product_ids)
+        return {row[0]: dict(zip(_ROW_FIELDS, row, strict=True)) for row in cursor.fetchall()}
+
+
+def _take_stock(product_id: int, total: int, hold: locks.Hold | None) -> None:
+    """THE write of stock: guarded (never below 0) and, under a lock, fenced."""
+    qn = connection.ops.quote_name
+    table = qn(Product._meta.db_table)
+    with connection.cursor() as cursor:
+        if hold is None:
+            cursor.execute(f"UPDATE {table} SET stock = stock - %s WHERE id = %s AND active AND stock >= %s",
+                           [total, product_id, total])
+        else:
+            cursor.execute(f"UPDATE {table} SET stock = stock - %s, fence = %s "
+                           "WHERE id = %s AND active AND stock >= %s AND fence < %s",
+                           [total, hold.fence, product_id, total, hold.fence])
+        if cursor.rowcount != 1:
+            raise StaleFence(product_lock(product_id))  # the row changed behind our locks: read it again
+
+
+def _refuse_unsold(live: list[Request], results: dict[str, Result], rows: dict[int, dict]) -> list[Request]:
+    """Missing and hidden products in one list: to non-staff both read as unknown (errors.as_seen_by)."""
+    out = []
+    for r in live:
+        unsold = [pid for pid, _ in r.lines if pid not in rows or not rows[pid]["active"]]
+        if not unsold:
+            out.append(r)
+            continue
+        hidden = any(pid in rows for pid in unsold)
+        error = (errors.InactiveProduct if hidden else errors.UnknownProduct)(details={"product_ids": unsold})
+        results[r.id] = Refused.of(error)
+    return out
+
+
+def _allocate(live: list[Request], results: dict[str, Result], rows: dict[int, dict],
+              left: dict[int, int]) -> list[Request]:
+    """FIFO: a request is placed if its buyer is under the unpaid limit and the caps and every
+    line fits what is left; a later, smaller request may still fit. Counts kept per buyer as the
+    batch is allocated, so two requests of one buyer in a batch count together. Counted under
+    the row locks: exact (limits.py)."""
+    users = {r.user_id for r in live}
+    capped = {pid for r in live for pid, _ in r.lines if rows[pid]["max_per_user"] is not None}
+    have = {pid: limits.bought(product_id=pid, user_ids=users) for pid in sorted(capped)}
+    max_unpaid = limits.max_unpaid()
+    unpaid = limits.unpaid(user_ids=users) if max_unpaid is not None and live else {}
+    placed = []
+    for r in live:
+        if max_unpaid is not None and unpaid.get(r.user_id, 0) >= max_unpaid:
+            results[r.id] = Refused.of(limits.too_many_unpaid(limit=max_unpaid, unpaid=unpaid[r.user_id]))
+            continue
+        over = next(((pid, qty) for pid, qty in r.lines if pid in capped
+                     and have[pid].get(r.user_id, 0) + qty > rows[pid]["max_per_user"]), None)
+        if over is not None:
+            pid, qty = over
+            results[r.id] = Refused.of(limits.exceeded(product_id=pid, limit=rows[pid]["max_per_user"],
+                                                       bought=have[pid].get(r.user_id, 0), requested=qty))
+            continue
+        short = [{"product_id": pid, "requested": qty, "available": left[pid]} for pid, qty in r.lines
+                 if qty > left[pid]]
+        if short:
+            results[r.id] = Refused.of(errors.OutOfStock(short_message(short), details={"lines": short}))
+            continue
+        placed.append(r)
+        for pid, qty in r.lines:
+            left[pid] -= qty
+            if pid in capped:
+                have[pid][r.user_id] = have[pid].get(r.user_id, 0) + qty
+        unpaid[r.user_id] = unpaid.get(r.user_id, 0) + 1
+    return placed
+
+
+def short_message(short: list[dict]) -> str:
+    parts = []
+    for line in short:
+        left = line["available"]
+        parts.append(f"product {line['product_id']}: " + ("sold out" if left == 0 else f"only {left} left"))
+    return "Not enough stock: " + "; ".join(parts) + "."
+
+
+def _write_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict[str, CouponClaim], holds: Holds,
+                  results: dict[str, Result], isolate: bool) -> list[tuple[Request, Placed]]:
+    """INSERT the orders, lines, ledger rows and request ids of the allocated requests.
+
+    All at once (multi-row INSERTs) unless `isolate`: after such a write failed on a unique or
+    foreign key, each request is written in a savepoint of its own, so a request whose rows
+    cannot be written is refused alone and the rest of the batch still commits (I9).
+    """
+    pay_by = pay_by_from()  # the batch commits together: one deadline for all of it
+    if not isolate:
+        return _insert_orders(placed, rows=rows, claims=claims, holds=holds, pay_by=pay_by)
+    written = []
+    for r in placed:
+        try:
+            with transaction.atomic():  # a savepoint: this request's rows alone
+                written += _insert_orders([r], rows=rows, claims=claims, holds=holds, pay_by=pay_by)
+        except IntegrityError:
+            _refuse_unwritable(r, results)
+    return written
+
+
+def _insert_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict[str, CouponClaim], holds: Holds,
+                   pay_by: datetime) -> list[tuple[Request, Placed]]:
+    now = timezone.now()
+    db_now = connection.ops.adapt_datetimefield_value(now)
+    db_pay_by = connection.ops.adapt_datetimefield_value(pay_by)
+    status = Order.Status.PENDING_PAYMENT.value
+    out = []
+    values = []
+    for r in placed:
+        subtotal = sum((rows[pid]["price"] * qty for pid, qty in r.lines), Decimal("0.00"))
+        claim = claims.get(r.id)
+        discount = min(claim.coupon.discount, subtotal) if claim is not None else Decimal("0.00")
+        lines = tuple(Line(product_id=pid, sku=rows[pid]["sku"], name=rows[pid]["name"], quantity=qty,
+                           unit_price=rows[pid]["price"]) for pid, qty in r.lines)
+        out.append(Placed(order_id=0, subtotal=subtotal, discount=discount, total=subtotal - discount,
+                          coupon_id=claim.coupon_id if claim is not None else None,
+                          coupon_code=claim.coupon.code if claim is not None else None,
+                          status=status, pay_by=pay_by, paid_at=None, created_at=now, lines=lines))
+        values.append((r.user_id, status, subtotal, discount, subtotal - discount, out[-1].coupon_id, r.key,
+                       r.digest, db_now, db_pay_by))
+    ids = _insert_rows(Order, ("user", "status", "subtotal", "discount", "total", "coupon", "idempotency_key",
+                               "request_digest", "created_at", "pay_by"), values, returning=True)
+    pairs = [(r, replace(p, order_id=oid)) for r, p, oid in zip(placed, out, ids, strict=True)]
+    _insert_rows(OrderLine, ("order", "product", "quantity", "unit_price"),
+                 [(o.order_id, pid, qty, rows[pid]["price"]) for r, o in pairs for pid, qty in r.lines])
+    _insert_rows(StockLedger, ("product", "quantity", "reason", "order", "fence", "actor", "created_at"),
+                 [(pid, -qty, StockLedger.Reason.ORDER.value, o.order_id,
+                   holds[pid].fence if holds.get(pid) is not None else None, f"user:{r.user_id}", db_now)
+                  for r, o in pairs for pid, qty in r.lines])
+    _insert_rows(CheckoutRequest, ("request_id", "order", "created_at"),
+                 [(r.id, o.order_id, db_now) for r, o in pairs if r.recorded])
+    return pairs
+
+
+def _insert_rows(model: type[models.Model], fields: tuple[str, ...], rows: list[tuple], *,
+                 returning: bool = False) -> list[int]:
+    """One multi-row INSERT from plain values (already in their database form); the new ids in
+    row order with `returning` (MariaDB 10.5+: INSERT ... RETURNING). bulk_create builds and
+    compiles a model instance per row, which was most of a batch's client CPU (docs/benchmarks.md)."""
+    if not rows:
+        return []
+    opts = model._meta
+    if returning and not connection.features.can_return_rows_from_bulk_insert:
+        names = [opts.get_field(f).attname for f in fields]
+        objs = [model(**dict(zip(names, row, strict=True))) for row in rows]
+        model.objects.bulk_create(objs)  # MySQL: ids of consecutive auto-increment values
+        return [o.pk for o in objs]
+    qn = connection.ops.quote_name
+    columns = ", ".join(qn(opts.get_field(f).column) for f in fields)
+    one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    sql = f"INSERT INTO {qn(opts.db_table)} ({columns}) VALUES " + ", ".join([one] * len(rows))
+    with connection.cursor() as cursor:
+        cursor.execute(sql + (f" RETURNING {qn(opts.pk.column)}" if returning else ""),
+                       [value for row in rows for value in row])
+        return [row[0] for row in cursor.fetchall()] if returning else []
+
+
+def _use_claims(written: list[tuple[Request, Placed]], claims: dict[str, CouponClaim]) -> None:
+    used = []
+    stamp = timezone.now()
+    for r, o in written:
+        if (claim := claims.get(r.id)) is not None:
+            claim.used_at, claim.order_id = stamp, o.order_id
+            used.append(claim)
+    if used:
+        CouponClaim.objects.bulk_update(used, ["used_at", "order"])
+
+
+def _explain_refusals(pending: list[Request], results: dict[str, Result]) -> None:
+    """A refusal (no stock, a cap, a deadline) is not the answer for a request that was already
+    served: its id committed by a combiner that stalled before replying (its buyer queued again),
+    or its key placed an order meanwhile. The unique keys catch those only when we write, so the
+    (rare) refused ones are looked up here, after the fact."""
+    refused = {r.id: results.pop(r.id) for r in pending
+               if isinstance(results.get(r.id), Refused) and (r.recorded or r.key)}
+    if not refused:
+        return
+    left = _drop_replays(_drop_settled([r for r in pending if r.id in refused], results), results)
+    results.update({r.id: refused[r.id] for r in left})
+
+
+def _refuse_unwritable(r: Request, results: dict[str, Result]) -> None:
+    """Why this request's rows failed: its id was settled meanwhile (the buyer gave up), its key
+    placed an order meanwhile (replay or conflict), or its own rows are bad (a deleted account)."""
+    for explain in (_drop_settled, _drop_replays):
+        explain([r], results)
+        if r.id in results:
+            return
+    log.warning("checkout: request %s of user %s cannot be written; refused alone", r.id, r.user_id)
+    results[r.id] = Refused.of(errors.OrderNotWritable())
+
+
+def _drop_settled(live: list[Request], results: dict[str, Result]) -> list[Request]:
+    """Requests whose id is already claimed: by an order (a crashed combiner committed it) or
+    by a buyer who gave up. Either way they are not committed again."""
+    recorded = [r.id for r in live if r.recorded]
+    claimed = dict(CheckoutRequest.objects.filter(request_id__in=recorded).values_list("request_id", "order_id")
+                   ) if recorded else {}
+    if not claimed:
+        return live
+    orders = Order.objects.in_bulk([oid for oid in claimed.values() if oid is not None])
+    for r in live:
+        if r.id in claimed:
+            oid = claimed[r.id]
+            results[r.id] = (Placed.of(orders[oid], replayed=False) if oid is not None
+                             else Refused.of(errors.LockTimeout(details={"gave_up": True})))
+    return [r for r in live if r.id not in claimed]
+
+
+def _drop_replays(live: list[Request], results: dict[str, Result]) -> list[Request]:
+    """Idempotency keys: a key that already placed an order gets it back (or a conflict if the
+    body differs); a second request with the same key in this batch is refused as a conflict."""
+    keyed = [r for r in live if r.key]
+    if not keyed:
+        return live
+    query = Q()
+    for r in keyed:
+        query |= Q(user_id=r.user_id, idempotency_key=r.key)
+    known = {(o.user_id, o.idempotency_key): o for o in Order.objects.filter(query)}
+    seen: set[tuple[int, str]] = set()
+    for r in keyed:
+        pair = (r.user_id, r.key)
+        if (order := known.get(pair)) is not None:
+            results[r.id] = (Placed.of(order, replayed=True) if order.request_digest == r.digest
+                             else Refused.of(errors.IdempotencyConflict(details={"order_id": order.pk})))
+        elif pair in seen:
+            # Its twin in this batch is being placed right now; the client retries and replays it.
+            results[r.id] = Refused.of(errors.Conflict(details={"idempotency_key": "in flight"}))
+        seen.add(pair)
+    return [r for r in live if r.id not in results]
+
+
+def _coupon_claims(live: list[Request], results: dict[str, Result]) -> dict[str, CouponClaim]:
+    """The unused claim each coupon request will use, rows locked (in id order: no deadlocks
+    with other products' batches); a request without a usable claim is refused."""
+    wanted = [r for r in live if r.code]
+    if not wanted:
+        return {}
+    coupons = {c.code: c for c in Coupon.objects.filter(code__in={r.code for r in wanted})}
+    usable = []
+    for r in wanted:
+        if (error := coupon_error(coupons.get(r.code), r.code)) is not None:
+            results[r.id] = Refused.of(error)
+        else:
+            usable.append(r)
+    if not usable:
+        return {}
+    rows = (CouponClaim.objects.select_for_update().select_related("coupon")
+            .filter(coupon_id__in={coupons[r.code].pk for r in usable}, user_id__in={r.user_id for r in usable},
+                    used_at__isnull=True).order_by("pk"))
+    by_pair = {(c.coupon_id, c.user_id): c for c in rows}
+    claims: dict[str, CouponClaim] = {}
+    for r in usable:
+        claim = by_pair.pop((coupons[r.code].pk, r.user_id), None)  # pop: one claim, one order
+        if claim is None:
+            results[r.id] = Refused.of(errors.CouponNotClaimed(details={"coupon_code": r.code}))
+        else:
+            claims[r.id] = claim
+    return claims
+
+
+def _mark_sold_out(product_id: int, hold: locks.Hold | None) -> None:
+    """Stock read 0 under the lock: mark it, with the hold's fence as proof (soldout.py). Without
+    locks (hold None) markers are not used."""
+    if hold is None:
+        return
+    try:
+        hold.check(verify=True)  # a hold already lost has nothing left to prove
+    except (locks.LockLost, locks.LockUnavailable):
+        return
+    soldout.mark(product_id, fence=hold.fence)
