@@ -25,7 +25,7 @@ The verdict is the one of shop/loadtest/faults.py (0 oversold, I1-I6 with the or
 clients were told about, stall and hung-request bounds, nobody refused as sold out while stock
 existed, orders after the fault), plus the figures of this kind of fault: how long until
 orders flowed again, answers refused during the fault, requests cut, retries and replays, and
-fence refusals (a second holder's write refused: shop/services/fences.py).
+fence refusals (a second holder's write refused: shop/services/fence_refusals.py).
 """
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ class HttpFaultOutcome(FaultOutcome):
     retries: int  # cut requests sent again with the same key (to another server)
     replays: int  # ... answered with the order a server had already committed for that key (200)
     settled: int  # cut requests never answered definitively, settled from the database by key
-    fence_refusals: int  # writes the fence refused during the run (shop/services/fences.py)
+    fence_refusals: int  # writes the fence refused during the run (shop/services/fence_refusals.py)
     servers: dict[str, dict[str, int]]  # URL -> outcome -> answers (by the server that answered)
 
     COLUMNS = ("scenario", "orders", "oversold", "longest stall", "stall at fault", "recovery",
@@ -393,7 +393,7 @@ def _run(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.Ap
 def _drive(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.AppServers, service: LockService,
            work: workloads.Workload, *, keep: bool, say: Callable[[str], None]) -> HttpFaultOutcome:
     from shop.loadtest.scenarios import _tokens
-    from shop.services import fences
+    from shop.services import fence_refusals
 
     product_id = work.product_ids[0]
     tokens = list(_tokens(work.user_ids).values())
@@ -431,7 +431,7 @@ def _drive(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.
     fault_stall = max(b - a for a, b in itertools.pairwise(points))
     until = done.healed + recovery if recovery is not None else stop_at
     refused = sum(1 for r in requests if r.outcome != PLACED and done.injected <= r.end <= until)
-    fence_refusals = fences.refusals(workloads.lock_names(work))
+    fence_refusals = fence_refusals.refusals(workloads.lock_names(work))
     if not keep:
         workloads.cleanup(work)  # its fence refusal counts too
     return HttpFaultOutcome(

@@ -29,7 +29,7 @@ from shop.models import (
     Product,
     StockLedger,
 )
-from shop.services import fences
+from shop.services import fence_refusals
 
 PREFIX = "lt-"
 
@@ -111,7 +111,7 @@ def redis_keys(workload: Workload) -> dict[str, list[str]]:
         name = f"lt:{db}:product:{pk}"
         peers += [f":1:{name}", f"lock:{name}", f"lock-signal:{name}"]  # redis-py, python-redis-lock
     ours = [k for name in lock_names(workload) for k in LockKeys.for_name(name).all()]
-    refusals = [fences.key(name) for name in lock_names(workload)]  # in SOLDOUT_CACHE_ALIAS, "default"
+    refusals = [fence_refusals.key(name) for name in lock_names(workload)]  # in SOLDOUT_CACHE_ALIAS, "default"
     return {"default": peers + refusals, locks_settings.CACHE_ALIAS: ours}
 
 

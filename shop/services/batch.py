@@ -39,11 +39,11 @@ import locks
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import fences, hooks, idempotency, limits, soldout, stale_transactions
+from shop.services import fence_refusals, hooks, idempotency, purchase_limits, soldout, stale_transactions
 from shop.services.coupons import coupon_error
-from shop.services.locking import ER_LOCK_WAIT_TIMEOUT, RETRYABLE_MYSQL, StaleFence, check_before_commit, product_lock
+from shop.services.locking import StaleFence, check_before_commit, product_lock
 from shop.services.orders import pay_by_from
-from shop.services.transactions import durable_transaction
+from shop.services.transactions import ER_LOCK_WAIT_TIMEOUT, RETRYABLE_MYSQL, durable_transaction
 
 log = logging.getLogger("shop")
 
@@ -196,7 +196,7 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
             continue
         except (StaleFence, locks.LockLost) as exc:
             if isinstance(exc, StaleFence):
-                fences.refused(exc.lock, operation="place_order")
+                fence_refusals.refused(exc.lock, operation="place_order")
             return {**results, **{r.id: AGAIN for r in pending}}
         _explain_refusals(pending, done)
         for pid, stock in left.items():
@@ -304,22 +304,22 @@ def _allocate(live: list[Request], results: dict[str, Result], rows: dict[int, d
     """FIFO: a request is placed if its buyer is under the unpaid limit and the caps and every
     line fits what is left; a later, smaller request may still fit. Counts kept per buyer as the
     batch is allocated, so two requests of one buyer in a batch count together. Counted under
-    the row locks: exact (limits.py)."""
+    the row locks: exact (purchase_limits.py)."""
     users = {r.user_id for r in live}
     capped = {pid for r in live for pid, _ in r.lines if rows[pid]["max_per_user"] is not None}
-    have = {pid: limits.bought(product_id=pid, user_ids=users) for pid in sorted(capped)}
-    max_unpaid = limits.max_unpaid()
-    unpaid = limits.unpaid(user_ids=users) if max_unpaid is not None and live else {}
+    have = {pid: purchase_limits.bought(product_id=pid, user_ids=users) for pid in sorted(capped)}
+    max_unpaid = purchase_limits.max_unpaid()
+    unpaid = purchase_limits.unpaid(user_ids=users) if max_unpaid is not None and live else {}
     placed = []
     for r in live:
         if max_unpaid is not None and unpaid.get(r.user_id, 0) >= max_unpaid:
-            results[r.id] = Refused.of(limits.too_many_unpaid(limit=max_unpaid, unpaid=unpaid[r.user_id]))
+            results[r.id] = Refused.of(purchase_limits.too_many_unpaid(limit=max_unpaid, unpaid=unpaid[r.user_id]))
             continue
         over = next(((pid, qty) for pid, qty in r.lines if pid in capped
                      and have[pid].get(r.user_id, 0) + qty > rows[pid]["max_per_user"]), None)
         if over is not None:
             pid, qty = over
-            results[r.id] = Refused.of(limits.exceeded(product_id=pid, limit=rows[pid]["max_per_user"],
+            results[r.id] = Refused.of(purchase_limits.exceeded(product_id=pid, limit=rows[pid]["max_per_user"],
                                                        bought=have[pid].get(r.user_id, 0), requested=qty))
             continue
         short = [{"product_id": pid, "requested": qty, "available": left[pid]} for pid, qty in r.lines

@@ -83,8 +83,8 @@ def place_order(
     # Fast path, one Redis round trip: a product known to be sold out is refused without the
     # lock or MySQL, unless this key already placed an order (then it gets that order back).
     try:
-        fast = soldout.lookup((pid for pid, _ in lines),
-                              record_key=idempotency.record_key(user.pk, key) if key is not None else None)
+        fast = soldout.markers_and_record((pid for pid, _ in lines),
+                                          record_key=idempotency.record_key(user.pk, key) if key is not None else None)
     except soldout.SoldOutCheckFailed as exc:
         raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc  # not a second wait
     asked_mysql = key is not None and fast.has_record is not False

@@ -19,9 +19,8 @@ from shop.services.locking import (
     coupon_lock,
     held,
     refuse_outer_transaction,
-    with_retries,
 )
-from shop.services.transactions import connection_errors, durable_transaction
+from shop.services.transactions import connection_errors, durable_transaction, with_retries
 from shop.services.validation import validate_code
 
 

@@ -9,32 +9,23 @@ other in a cycle. A coupon claim used by an order, or an idempotency key, needs 
 from __future__ import annotations
 
 import logging
-import random
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import TypeVar
 
-from django.db import OperationalError, transaction
+from django.db import transaction
 
 import locks
 from shop import errors
 from shop.conf import shop_settings
-from shop.services import fences, stale_transactions
+from shop.services import stale_transactions
 
 log = logging.getLogger("shop")
-
-T = TypeVar("T")
-
-# MySQL: 1213 deadlock, 1205 lock wait timeout. Both roll the transaction back: retry it.
-ER_LOCK_WAIT_TIMEOUT = 1205
-RETRYABLE_MYSQL = {1213, ER_LOCK_WAIT_TIMEOUT}
 
 
 class StaleFence(Exception):
     """A guarded UPDATE was refused because a newer lock holder already wrote the row.
 
-    `lock`: the name of the lock whose fence was refused (counted by `shop.services.fences`)."""
+    `lock`: the name of the lock whose fence was refused (counted by `shop.services.fence_refusals`)."""
 
     def __init__(self, lock: str) -> None:
         super().__init__(lock)
@@ -113,25 +104,3 @@ def check_before_commit(holds: dict[str, locks.Hold | None]) -> None:
     for hold in holds.values():
         if hold is not None:
             hold.check(verify=False)
-
-
-def with_retries(attempt: Callable[[], T], *, what: str) -> T:
-    """Run `attempt` again on deadlock, lock-wait timeout, stale fence or lost lock; bounded."""
-    retries = int(shop_settings.RETRIES)
-    for n in range(retries + 1):
-        try:
-            return attempt()
-        except OperationalError as exc:
-            if exc.args[0] not in RETRYABLE_MYSQL:
-                raise
-            if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
-                stale_transactions.end_older_holders()  # a holder paused past its lease keeps the row
-            reason = f"mysql {exc.args[0]}"
-        except (StaleFence, locks.LockLost) as exc:
-            if isinstance(exc, StaleFence):
-                fences.refused(exc.lock, operation=what)
-            reason = type(exc).__name__
-        log.info("%s: retry %d after %s", what, n + 1, reason)
-        if n < retries:
-            time.sleep(random.uniform(0, 0.005 * (2**n)))
-    raise errors.Conflict(details={"retries": retries})

@@ -19,8 +19,8 @@ from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
 from shop.services.emails import confirm_payment_on_commit
 from shop.services.inventory import return_stock, unmark_sold_out
-from shop.services.locking import check_before_commit, held, product_lock, refuse_outer_transaction, with_retries
-from shop.services.transactions import connection_errors, durable_transaction
+from shop.services.locking import check_before_commit, held, product_lock, refuse_outer_transaction
+from shop.services.transactions import connection_errors, durable_transaction, with_retries
 
 log = logging.getLogger("shop")
 

@@ -77,7 +77,7 @@ class FastPath:
     has_record: bool | None  # the idempotency record exists; None: not asked, or Redis could not tell
 
 
-def lookup(product_ids: Iterable[int], *, record_key: str | None = None) -> FastPath:
+def markers_and_record(product_ids: Iterable[int], *, record_key: str | None = None) -> FastPath:
     """One MGET: the sold-out markers of these products, and an idempotency record.
 
     If Redis cannot answer: raises SoldOutCheckFailed when the locks live in the same Redis
@@ -100,8 +100,8 @@ def lookup(product_ids: Iterable[int], *, record_key: str | None = None) -> Fast
 
 
 def sold_out(product_ids: Iterable[int]) -> set[int]:
-    """The subset marked sold out (see `lookup`)."""
-    return lookup(product_ids).marked
+    """The subset marked sold out (see `markers_and_record`)."""
+    return markers_and_record(product_ids).marked
 
 
 def mark(product_id: int, *, fence: int) -> bool:

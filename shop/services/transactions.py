@@ -10,13 +10,28 @@ server may have committed ("unknown"), which an Idempotency-Key resolves on retr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
+import locks
 from shop import errors
-from shop.services import stale_transactions
+from shop.conf import shop_settings
+from shop.services import fence_refusals, stale_transactions
+from shop.services.locking import StaleFence
+
+log = logging.getLogger("shop")
+
+T = TypeVar("T")
+
+# MySQL: 1213 deadlock, 1205 lock wait timeout. Both roll the transaction back: retry it.
+ER_LOCK_WAIT_TIMEOUT = 1205
+RETRYABLE_MYSQL = {1213, ER_LOCK_WAIT_TIMEOUT}
 
 # CR_SERVER_GONE_ERROR, CR_SERVER_LOST, CR_SERVER_LOST_EXTENDED; CR_CONNECTION_ERROR and
 # CR_CONN_HOST_ERROR when the reconnect of a later statement fails too.
@@ -62,3 +77,25 @@ def connection_errors() -> Iterator[None]:
             raise
         drop_connection()
         raise errors.DatabaseUnavailable(details={"outcome": "not_written"}) from exc
+
+
+def with_retries(attempt: Callable[[], T], *, what: str) -> T:
+    """Run `attempt` again on deadlock, lock-wait timeout, stale fence or lost lock; bounded."""
+    retries = int(shop_settings.RETRIES)
+    for n in range(retries + 1):
+        try:
+            return attempt()
+        except OperationalError as exc:
+            if exc.args[0] not in RETRYABLE_MYSQL:
+                raise
+            if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+                stale_transactions.end_older_holders()  # a holder paused past its lease keeps the row
+            reason = f"mysql {exc.args[0]}"
+        except (StaleFence, locks.LockLost) as exc:
+            if isinstance(exc, StaleFence):
+                fence_refusals.refused(exc.lock, operation=what)
+            reason = type(exc).__name__
+        log.info("%s: retry %d after %s", what, n + 1, reason)
+        if n < retries:
+            time.sleep(random.uniform(0, 0.005 * (2**n)))
+    raise errors.Conflict(details={"retries": retries})

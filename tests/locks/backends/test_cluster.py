@@ -161,7 +161,7 @@ def test_the_default_cache_and_rate_limits_work_on_the_cluster(backend, name, rf
     products = [10**9 + i for i in range(1, 6)]  # ids no test product has: markers of their own
     assert soldout.mark(products[1], fence=5)
     try:
-        assert soldout.lookup(products, record_key=f"{name}:record").marked == {products[1]}
+        assert soldout.markers_and_record(products, record_key=f"{name}:record").marked == {products[1]}
     finally:
         soldout.refilled([products[1]], fence=None)
 

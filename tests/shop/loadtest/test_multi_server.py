@@ -18,7 +18,7 @@ from shop.errors import Conflict
 from shop.loadtest import appservers, httpfaults
 from shop.loadtest.httpfaults import HttpFaultConfig
 from shop.models import Product
-from shop.services import fences, place_order
+from shop.services import fence_refusals, place_order
 
 
 def _answers(url: str) -> bool:
@@ -103,12 +103,12 @@ def test_every_fence_refusal_is_counted_under_its_lock_name(settings, make_produ
     try:
         with pytest.raises(Conflict):
             place_order(user=user, lines=[(product.pk, 1)])
-        assert fences.refusals([name]) == shop_settings.RETRIES + 1
+        assert fence_refusals.refusals([name]) == shop_settings.RETRIES + 1
         assert Product.objects.get(pk=product.pk).stock == 5
     finally:
         from django_redis import get_redis_connection
 
-        get_redis_connection("default").delete(fences.key(name))
+        get_redis_connection("default").delete(fence_refusals.key(name))
 
 
 # --- faults over HTTP -----------------------------------------------------------------------

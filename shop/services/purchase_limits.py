@@ -1,5 +1,6 @@
-"""Per-buyer purchase caps (`Product.max_per_user`): one buyer, or a bot with many requests,
-cannot drain a limited drop.
+"""What one buyer may take: per-product purchase caps (`Product.max_per_user`) and the number of
+unpaid orders (SHOP["MAX_UNPAID_ORDERS"]), so that one buyer, or a bot with many requests, cannot
+drain or hoard a limited drop. (Request rates are shop/ratelimits.py.)
 
 Counted under the product's lock *and* its row lock: the checkout writer (batch.py) counts after
 it holds the product's row in InnoDB (its SELECT ... FOR UPDATE), and every
