@@ -219,6 +219,9 @@ case "${1:-}" in
   test)
     shift
     setup test
+    # The suite's own settings (tests/settings.py: a throwaway key, the fast hasher, the test
+    # defaults), not the shop.settings exported above for manage.py.
+    export DJANGO_SETTINGS_MODULE=tests.settings
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
     # One pass: there is one checkout path (batch size 1 with combining off is tested by the
     # tests parametrized over SHOP["COMBINING"]).
