@@ -358,8 +358,8 @@ def outcome_of_code(code: str) -> str:
         return OUT_OF_STOCK
     if code in _BUSY_CODES:
         return BUSY
-    if code.startswith("coupon_"):
-        return REJECTED
+    if code.startswith("coupon_") or code in {"unpaid_limit", "purchase_limit"}:
+        return REJECTED  # the shop's policy said no (a server run with its limits on): not an error
     return ERROR
 
 

@@ -70,6 +70,8 @@ def test_outcome_of_service_error_codes():
     assert strategies.outcome_of_code("lock_timeout") == strategies.BUSY
     assert strategies.outcome_of_code("conflict") == strategies.BUSY
     assert strategies.outcome_of_code("coupon_sold_out") == strategies.REJECTED
+    assert strategies.outcome_of_code("unpaid_limit") == strategies.REJECTED  # a server with its limits on
+    assert strategies.outcome_of_code("purchase_limit") == strategies.REJECTED
     assert strategies.outcome_of_code("invalid_quantity") == strategies.ERROR
 
 
