@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -12,20 +13,61 @@ import tempfile
 import time
 from collections.abc import Callable
 
+LOWEST_PORT = 20000
+_handed_out: set[int] = set()
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local end of outgoing connections (Linux; IANA's elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(part) for part in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nobody listens on, below the ephemeral range and never handed out twice by this
+    process. Any outgoing connection may be given an ephemeral port as its own end, and then a
+    server cannot bind it: between this call and the server's start, or while a server we killed
+    is down for its restart on the same port."""
+    low, high = ephemeral_ports()
+    below = (LOWEST_PORT, low - 1) if low - 1 - LOWEST_PORT >= 1000 else None
+    above = (high + 1, 65535) if 65535 - high >= 1000 else None
+    ranges = [r for r in (below, above) if r]
+    for _ in range(500 if ranges else 0):
+        port = random.randint(*random.choice(ranges))
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # no room outside the ephemeral range on this machine
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+class ServerExited(RuntimeError):
+    """The server process ended before it answered (its log's tail is in the message)."""
+
+
 def wait_for(ready: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.02) -> float:
-    """Poll `ready` until true; the seconds it took. RuntimeError naming `what` on timeout."""
+    """Poll `ready` until true; the seconds it took. RuntimeError naming `what` on timeout.
+    `ready` may raise ServerExited to stop the wait at once."""
     started = time.monotonic()
     while True:
-        with contextlib.suppress(Exception):
+        try:
             if ready():
                 return time.monotonic() - started
+        except ServerExited:
+            raise
+        except Exception:  # not up yet
+            pass
         if time.monotonic() - started > timeout:
             raise RuntimeError(f"{what} not ready after {timeout:g}s")
         time.sleep(interval)
@@ -43,6 +85,8 @@ class ServerProcess:
     port is free for a restart ("Address already in use" otherwise)."""
 
     def __init__(self, *, port: int | None = None, workdir: str | None = None) -> None:
+        # A port we chose may move if something took it before the first start; a given one never.
+        self.movable = port is None
         self.port = port or free_port()
         self.dir = workdir or tempfile.mkdtemp(prefix="lockserver-")
         self.proc: subprocess.Popen | None = None
@@ -62,12 +106,39 @@ class ServerProcess:
         raise NotImplementedError
 
     def start(self, *, timeout: float = 20.0) -> float:
-        """Start and wait until it answers; the seconds that took."""
-        log = open(os.path.join(self.dir, f"server-{self.port}.log"), "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
-                                     start_new_session=True)
+        """Start and wait until it answers; the seconds that took. ServerExited, with the log's
+        tail, when the process ends first; a port we chose that was taken meanwhile moves."""
+        for attempt in range(3):
+            try:
+                return self._start_once(timeout=timeout)
+            except ServerExited as exited:
+                if not (self.movable and "in use" in str(exited)) or attempt == 2:
+                    raise
+                self.choose_ports()
+        raise AssertionError("unreachable")
+
+    def choose_ports(self) -> None:
+        """Pick new free ports (subclasses with more than one port pick them all)."""
+        self.port = free_port()
+
+    def _start_once(self, *, timeout: float) -> float:
+        path = os.path.join(self.dir, f"server-{self.port}.log")
+        log = open(path, "ab")  # noqa: SIM115 - the child keeps it
+        proc = self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
+                                            start_new_session=True)
         log.close()
-        return wait_for(self.ready, timeout=timeout, what=f"{type(self).__name__} on port {self.port}")
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                self.proc = None
+                with open(path, "rb") as f:
+                    tail = f.read()[-600:].decode(errors="replace").strip()
+                raise ServerExited(f"{type(self).__name__} on port {self.port} exited ({proc.returncode}): {tail}")
+            return self.ready()
+
+        waited = wait_for(ready, timeout=timeout, what=f"{type(self).__name__} on port {self.port}")
+        self.movable = False  # restarts keep the port: clients know it now
+        return waited
 
     def stop(self, sig: int = signal.SIGKILL) -> None:
         """Kill by pid and wait for the exit (SIGKILL by default: a crash, nothing flushed)."""

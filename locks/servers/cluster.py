@@ -27,12 +27,17 @@ NODE_TIMEOUT_MS = 1000
 
 class ClusterNodeProcess(RedisProcess):
     def __init__(self, *, workdir: str) -> None:
-        port = free_port()
+        super().__init__(workdir=workdir)
         self.bus_port = free_port()
-        super().__init__(port=port, workdir=workdir, args=[
-            "--cluster-enabled", "yes", "--cluster-config-file", os.path.join(workdir, f"nodes-{port}.conf"),
-            "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--cluster-port", str(self.bus_port),
-        ])
+
+    def choose_ports(self) -> None:
+        super().choose_ports()
+        self.bus_port = free_port()
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--cluster-enabled", "yes",
+                "--cluster-config-file", os.path.join(self.dir, f"nodes-{self.port}.conf"),
+                "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--cluster-port", str(self.bus_port)]
 
 
 class RedisClusterSet:

@@ -20,7 +20,7 @@ import signal
 import tempfile
 import time
 
-from locks.servers.base import RedisProcess, ServerProcess, executable, wait_for
+from locks.servers.base import RedisProcess, ServerProcess, executable, free_port, wait_for
 
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 3000
@@ -59,7 +59,8 @@ class SentinelSet:
 
     def __init__(self, *, replicas: int = 1) -> None:
         self.dir = tempfile.mkdtemp(prefix="sentinel-")
-        self.master = RedisProcess(workdir=self.dir)
+        # A port of its own that never moves: the replicas and sentinels are told it now.
+        self.master = RedisProcess(port=free_port(), workdir=self.dir)
         self.service = f"shop{self.master.port}"
         self.replicas = [RedisProcess(workdir=self.dir, args=["--replicaof", "127.0.0.1", str(self.master.port)])
                          for _ in range(replicas)]

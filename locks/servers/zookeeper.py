@@ -34,22 +34,23 @@ class ZooKeeperProcess(ServerProcess):
         super().__init__(port=port, workdir=workdir)
         if not os.path.exists(ZOOKEEPER_JAR):
             raise RuntimeError("ZooKeeper is not installed (./dev.sh setup test installs it)")
+        self.tick_ms = tick_ms
         self.config = os.path.join(self.dir, "zoo.cfg")
         os.makedirs(os.path.join(self.dir, "data"), exist_ok=True)
-        with open(self.config, "w") as f:
-            f.write(f"tickTime={tick_ms}\n"
-                    f"dataDir={os.path.join(self.dir, 'data')}\n"
-                    f"clientPort={self.port}\n"
-                    "clientPortAddress=127.0.0.1\n"
-                    "maxClientCnxns=200\n"
-                    "admin.enableServer=false\n"  # else Jetty binds 0.0.0.0:8080
-                    "4lw.commands.whitelist=ruok,stat,srvr,mntr,envi,conf\n")
 
     @property
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        with open(self.config, "w") as f:  # written at each start: the port may have moved
+            f.write(f"tickTime={self.tick_ms}\n"
+                    f"dataDir={os.path.join(self.dir, 'data')}\n"
+                    f"clientPort={self.port}\n"
+                    "clientPortAddress=127.0.0.1\n"
+                    "maxClientCnxns=200\n"
+                    "admin.enableServer=false\n"  # else Jetty binds 0.0.0.0:8080
+                    "4lw.commands.whitelist=ruok,stat,srvr,mntr,envi,conf\n")
         return [executable("java"), "-Xmx128m", "-XX:+UseSerialGC", "-Dzookeeper.admin.enableServer=false",
                 "-cp", CLASSPATH, "org.apache.zookeeper.server.ZooKeeperServerMain", self.config]
 
