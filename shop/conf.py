@@ -29,6 +29,14 @@ DEFAULTS: dict[str, Any] = {
     # orders always are); the same writer either way. Env: SHOP_COMBINING=false.
     "COMBINING": True,
     "COMBINE_BATCH": 32,
+    # Lanes: 0 (the default), a buyer queues on its product's own lock, and a batch holds one
+    # product. N > 0: products share N queues (`checkout-lane:<product id mod N>`); the lane's
+    # holder takes the product locks of its batch without waiting (sorted) and commits orders for
+    # several products in one transaction. A catalog with many moderately busy products then gets
+    # batches as large as a hot product's. The product locks still cover every write; a product
+    # whose lock is busy (a cart holds it) is handed back to its buyers, who take it themselves.
+    # Env: SHOP_COMBINE_LANES.
+    "COMBINE_LANES": 0,
     # Payment (issue 13): a new order awaits payment this long (seconds) with its stock reserved;
     # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
     # and coupon go back. Checked when the order is paid, so a late payment is refused.

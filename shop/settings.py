@@ -224,6 +224,10 @@ SHOP_CURRENCY = os.environ.get("SHOP_CURRENCY", "$")  # not env.str: django-envi
 SHOP = {
     "COMBINING": _env_bool("SHOP_COMBINING", True),
 }
+if _lanes := env.str("SHOP_COMBINE_LANES", default=""):  # shop/conf.py
+    if not _lanes.isdigit():
+        raise ImproperlyConfigured(f"SHOP_COMBINE_LANES={_lanes!r}: a number (0: one queue per product).")
+    SHOP["COMBINE_LANES"] = int(_lanes)
 if _stale := env.str("SHOP_STALE_TRANSACTIONS", default=""):  # auto, timeout, kill, off (shop/conf.py)
     SHOP["STALE_TRANSACTIONS"] = _stale
 if _unpaid := env.str("SHOP_MAX_UNPAID_ORDERS", default=""):

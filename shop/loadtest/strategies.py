@@ -523,17 +523,33 @@ class Http(Strategy):
             pass
 
 
-class OursPerOrder(Ours):
-    """The real service with combining off: every order takes its locks and is a batch of one."""
+class _OursWith(Ours):
+    """The real service with SHOP settings of its own (`shop`), in this worker process only."""
 
-    name = "ours_per_order"
-    label = "ours, combining off (batch size 1: one hold per order)"
+    shop: dict = {}
 
     def __init__(self, options: Options) -> None:
         super().__init__(options)
         from django.conf import settings
 
-        settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": False}  # this worker process only
+        settings.SHOP = {**getattr(settings, "SHOP", {}), **self.shop}
+
+
+class OursPerOrder(_OursWith):
+    """The real service with combining off: every order takes its locks and is a batch of one."""
+
+    name = "ours_per_order"
+    label = "ours, combining off (batch size 1: one hold per order)"
+    shop = {"COMBINING": False}
+
+
+class OursLanes(_OursWith):
+    """The real service with two checkout lanes: the products share two queues, and a lane's
+    holder commits orders for several products in one transaction (SHOP["COMBINE_LANES"])."""
+
+    name = "ours_lanes"
+    label = "ours, 2 checkout lanes (SHOP_COMBINE_LANES=2)"
+    shop = {"COMBINE_LANES": 2}
 
 
 class Raw(Strategy):
@@ -588,7 +604,7 @@ class Raw(Strategy):
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
     for cls in (Naive, GuardedUpdate, Optimistic, SelectForUpdate, LockTable, MySQLGetLock, RedisPyLock,
-                PythonRedisLock, Raw, Ours, OursPerOrder)
+                PythonRedisLock, Raw, Ours, OursPerOrder, OursLanes)
 }
 
 

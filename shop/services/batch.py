@@ -132,14 +132,23 @@ class Again:
     """Nothing was written and the lock is gone (stale fence, lost lease): queue or lock again."""
 
 
-Result = Placed | Refused | Again
+@dataclass(frozen=True)
+class Alone:
+    """Nothing was written: the lane's holder could not take this product's lock without waiting
+    (a cart or a buyer on its own holds it). The buyer takes the product lock itself."""
+
+
+Result = Placed | Refused | Again | Alone
 AGAIN = Again()
+ALONE = Alone()
 
 
 def to_json(result: Result) -> str:
     """The combiner's reply to a queued buyer, through Redis."""
     if isinstance(result, Again):
         return '{"again":1}'
+    if isinstance(result, Alone):
+        return '{"alone":1}'
     if isinstance(result, Refused):
         return json.dumps({"error": asdict(result)}, separators=(",", ":"))
     return json.dumps({"order": asdict(result)}, separators=(",", ":"), default=str)
@@ -149,6 +158,8 @@ def from_json(text: str) -> Result:
     data = json.loads(text)
     if "again" in data:
         return AGAIN
+    if "alone" in data:
+        return ALONE
     if "error" in data:
         return Refused(**data["error"])
     o = data["order"]

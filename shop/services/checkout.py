@@ -27,7 +27,7 @@ from shop import errors, metrics, selectors
 from shop.conf import shop_settings
 from shop.models import Coupon, Order, OrderLine, Product
 from shop.services import batch, combining, idempotency, soldout
-from shop.services.batch import Again, Placed, Refused, Request, Result
+from shop.services.batch import Again, Alone, Placed, Refused, Request, Result
 from shop.services.locking import held, product_lock, refuse_outer_transaction
 from shop.services.transactions import connection_errors
 from shop.services.validation import validate_code, validate_idempotency_key, validate_lines
@@ -109,9 +109,8 @@ def place_order(
     for n in range(retries + 1):
         # The one retry loop: a stale fence or a lost lock (the writer answers AGAIN) queues or
         # locks again; deadlocks and lock-wait timeouts are retried inside the writer.
-        if combined:
-            result = combining.queue(mine, wait=deadline - time.monotonic())
-        else:
+        result = combining.queue(mine, wait=deadline - time.monotonic()) if combined else batch.ALONE
+        if isinstance(result, Alone):  # not combined, or handed back by a lane's holder: lock it ourselves
             with held([product_lock(pid) for pid, _ in lines], use_locks=use_locks) as holds:
                 result = batch.write([mine], holds={pid: holds[product_lock(pid)] for pid, _ in lines})[mine.id]
         if not isinstance(result, Again):

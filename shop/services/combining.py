@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from contextlib import ExitStack
 
 from django.db import IntegrityError
 from redis.exceptions import RedisError
@@ -32,7 +33,7 @@ from shop.conf import shop_settings
 from shop.models import CheckoutRequest
 from shop.services import batch, stale_transactions
 from shop.services.batch import Placed, Refused, Request, Result
-from shop.services.locking import product_lock, release_safely, shop_lock
+from shop.services.locking import lane_lock, product_lock, release_safely, shop_lock
 from shop.services.transactions import durable_transaction
 
 log = logging.getLogger("shop")
@@ -41,7 +42,8 @@ log = logging.getLogger("shop")
 def queue(mine: Request, *, wait: float) -> Result:
     """One pass: queue `mine` on its product's lock; serve a batch if the lock comes to us.
     `batch.AGAIN` when the lock was lost before our request was committed: queue again."""
-    lock = shop_lock(product_lock(mine.lines[0][0]))
+    lanes = int(shop_settings.COMBINE_LANES)
+    lock = shop_lock(lane_lock(mine.lines[0][0], lanes=lanes))
     if wait <= 0:
         return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
     try:
@@ -52,7 +54,8 @@ def queue(mine: Request, *, wait: float) -> Result:
     except locks.LockUnavailable:
         # Redis failed us, but a combiner may have taken our request: find out in MySQL.
         return _settled(mine) or Refused.of(errors.LockUnavailable(details={"lock": lock.name}))
-    result = batch.from_json(got.reply) if isinstance(got, combining.Served) else _take_turn(got, mine=mine)
+    result = (batch.from_json(got.reply) if isinstance(got, combining.Served)
+              else _take_turn(got, mine=mine, lanes=lanes))
     if (isinstance(result, Refused) and result.code == errors.DatabaseUnavailable.code
             and result.details.get("outcome") == "unknown"):
         return _settled(mine) or Refused.of(errors.DatabaseUnavailable(details={"outcome": "not_written"}))
@@ -71,9 +74,8 @@ def _settled(mine: Request) -> Placed | None:
         return None if claim.order is None else Placed.of(claim.order, replayed=False)
 
 
-def _take_turn(turn: combining.Turn, *, mine: Request) -> Result:
+def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
     """Serve our request and the batch queued behind us; reply to each; release."""
-    product_id = mine.lines[0][0]
     try:
         taken: list[Request] = []
         try:
@@ -84,8 +86,11 @@ def _take_turn(turn: combining.Turn, *, mine: Request) -> Result:
                 # Redis went away under us: nothing committed. Requests the take may have moved
                 # are woken when our hold ends without replying, and queue again.
                 raise errors.LockUnavailable(details={"lock": turn.hold.name, "redis": "unreachable"}) from exc
-            stale_transactions.record({turn.hold.name: turn.hold})
-            results = batch.write([mine, *taken], holds={product_id: turn.hold})
+            if lanes > 0:
+                results = _write_lane([mine, *taken])
+            else:
+                stale_transactions.record({turn.hold.name: turn.hold})
+                results = batch.write([mine, *taken], holds={mine.lines[0][0]: turn.hold})
         except errors.ShopError as exc:  # the database went away: every request shares the outcome
             results = {r.id: Refused.of(exc) for r in [mine, *taken]}
         except Exception:
@@ -99,6 +104,29 @@ def _take_turn(turn: combining.Turn, *, mine: Request) -> Result:
         with contextlib.suppress(locks.LockNotOwned):
             turn.release()  # the hold is already released: this counts the batch (lock stats, metrics)
     return results[mine.id]
+
+
+def _write_lane(requests: list[Request]) -> dict[str, Result]:
+    """A lane's batch: take its products' locks without waiting (sorted) and write the orders of
+    every product we got in one transaction; a product whose lock is busy goes back to its
+    buyers (ALONE: they take it themselves, in its own FIFO line)."""
+    with ExitStack() as stack:
+        holds: batch.Holds = {}
+        for pid in sorted({r.lines[0][0] for r in requests}):
+            lock = shop_lock(product_lock(pid))
+            try:
+                if not lock.acquire(blocking=False):
+                    continue
+            except locks.LockUnavailable as exc:
+                raise errors.LockUnavailable(details={"lock": lock.name, "redis": "unreachable"}) from exc
+            hold = holds[pid] = lock.held
+            stack.callback(release_safely, hold)
+        results: dict[str, Result] = {r.id: batch.ALONE for r in requests if r.lines[0][0] not in holds}
+        writable = [r for r in requests if r.lines[0][0] in holds]
+        if writable:
+            stale_transactions.record({h.name: h for h in holds.values()})
+            results.update(batch.write(writable, holds=holds))
+        return results
 
 
 def _reply(turn: combining.Turn, replies: dict[str, str]) -> None:

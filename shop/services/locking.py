@@ -36,6 +36,12 @@ def product_lock(product_id: int) -> str:
     return f"product:{product_id}"
 
 
+def lane_lock(product_id: int, *, lanes: int) -> str:
+    """The queue a single-product order waits in: its product's own lock, or with lanes
+    (SHOP["COMBINE_LANES"]) the lane the product falls in."""
+    return product_lock(product_id) if lanes <= 0 else f"checkout-lane:{product_id % lanes}"
+
+
 def coupon_lock(coupon_id: int) -> str:
     return f"coupon:{coupon_id}"
 

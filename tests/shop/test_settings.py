@@ -59,6 +59,7 @@ def test_urls_are_read_from_the_environment():
     ({"DEBUG": "false"}, "SECRET_KEY"),
     ({"DEBUG": "true", "SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO"}, "SECURE_PROXY_SSL_HEADER"),
     ({"DEBUG": "true", "RATE_LIMITS": "login"}, "RATE_LIMITS"),
+    ({"DEBUG": "true", "SHOP_COMBINE_LANES": "two"}, "SHOP_COMBINE_LANES"),
 ])
 def test_a_settings_mistake_fails_at_start_naming_the_setting(env, named):
     result = start(**{"DEBUG": "true", **env})
@@ -89,6 +90,11 @@ def test_a_bad_redis_url_is_refused_at_start_with_a_correct_example(setting, url
     message = result.stderr.strip().splitlines()[-1]
     assert "ImproperlyConfigured" in message and f"{setting}=" in message, message
     assert "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/mymaster/0" in message
+
+
+def test_checkout_lanes_are_read_from_the_environment():
+    assert start("settings.SHOP.get('COMBINE_LANES')", DEBUG="true").stdout.split() == ["None"]  # conf: 0
+    assert start("settings.SHOP['COMBINE_LANES']", DEBUG="true", SHOP_COMBINE_LANES="4").stdout.split() == ["4"]
 
 
 def test_atomic_requests_is_off_and_isolation_is_read_committed(settings):

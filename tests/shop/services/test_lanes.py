@@ -1,0 +1,101 @@
+"""Checkout lanes (SHOP["COMBINE_LANES"]): products share a few queues, and a lane's holder
+commits orders for several products in one transaction under their own product locks."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connections
+from django.db.models import Count
+
+from locks import Lock, inspect, stats
+from shop import errors
+from shop.models import Order, OrderLine
+from shop.services import place_order
+from shop.services.locking import lane_lock, product_lock
+from tests.helpers import make_users, run_processes
+from tests.locks.conftest import FORK, wait_until_queued
+from tests.shop.services.test_combining import assert_books
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def _lanes(settings):
+    settings.SHOP = {**settings.SHOP, "COMBINING": True, "COMBINE_LANES": 2}
+
+
+def test_a_product_falls_in_one_lane_and_no_lanes_means_its_own_lock():
+    assert lane_lock(7, lanes=0) == product_lock(7) == "product:7"
+    assert lane_lock(7, lanes=2) == lane_lock(9, lanes=2) == "checkout-lane:1"
+    assert lane_lock(8, lanes=2) == "checkout-lane:0"
+
+
+def _buy_random(user_id: int, product_ids: list[int], orders: int, seed: int) -> dict:
+    import random
+
+    rng = random.Random(seed)
+    user = get_user_model().objects.get(pk=user_id)
+    told: dict[str, list] = {"placed": [], "refused": []}
+    for _ in range(orders):
+        try:
+            told["placed"].append(place_order(user=user, lines=[(rng.choice(product_ids), 1)]).order.pk)
+        except errors.ShopError as exc:
+            told["refused"].append(exc.code)
+    return told
+
+
+def test_lanes_sell_several_products_exactly_in_shared_transactions(make_product):
+    products = [make_product(stock=40) for _ in range(4)]
+    ids = [p.pk for p in products]
+    users = make_users(12)
+    stats.flush()
+    results = run_processes(_buy_random, [(u.pk, ids, 20, i) for i, u in enumerate(users)])
+    seen = [oid for r in results for oid in r["placed"]]
+    refused = [code for r in results for code in r["refused"]]
+    assert len(seen) == 160 and set(refused) <= {"out_of_stock"}
+    assert_books(ids, {pid: 40 for pid in ids}, seen)
+    # One transaction, one timestamp: some committed orders for two products or more at once.
+    shared = (OrderLine.objects.filter(product_id__in=ids).values("order__created_at")
+              .annotate(products=Count("product_id", distinct=True)).filter(products__gt=1))
+    assert shared.exists()
+    stats.flush()
+    lanes = {lane_lock(pid, lanes=2) for pid in ids}
+    assert sum(inspect.acquisitions(sorted(lanes)).values()) < len(seen)  # batches, not one hold per order
+
+
+def _buyer(user_id: int, product_id: int, queue) -> None:
+    user = get_user_model().objects.get(pk=user_id)
+    try:
+        queue.put((product_id, "placed", place_order(user=user, lines=[(product_id, 1)]).order.pk))
+    except errors.ShopError as exc:
+        queue.put((product_id, exc.code, None))
+    finally:
+        connections.close_all()
+
+
+def test_a_busy_product_goes_back_to_its_buyer_and_never_holds_up_its_lane(settings, make_product):
+    """A cart holds product A's lock: A's buyer is handed back its request and waits in A's own
+    line, while a buyer of B, in the same lane, is served at once."""
+    settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1, "LOCK_WAIT": 10.0}
+    a, b = make_product(stock=5), make_product(stock=5)
+    buyer_a, buyer_b = make_users(2)
+    cart = Lock(product_lock(a.pk), ttl=30.0)
+    cart.acquire()
+    connections.close_all()
+    queue = FORK.Queue()
+    first = FORK.Process(target=_buyer, args=(buyer_a.pk, a.pk, queue))
+    first.start()
+    wait_until_queued(product_lock(a.pk), 1)  # handed back by the lane: queued on A itself
+    second = FORK.Process(target=_buyer, args=(buyer_b.pk, b.pk, queue))
+    second.start()
+    assert queue.get(timeout=10)[:2] == (b.pk, "placed")
+    assert first.is_alive()
+    cart.release()
+    pid, kind, order_id = queue.get(timeout=10)
+    assert (pid, kind) == (a.pk, "placed")
+    for proc in (first, second):
+        proc.join(5)
+    assert Order.objects.count() == 2
+    assert_books([a.pk, b.pk], {a.pk: 5, b.pk: 5}, [order_id, *Order.objects.exclude(pk=order_id).values_list(
+        "pk", flat=True)])
