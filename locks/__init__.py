@@ -16,6 +16,7 @@ The house, floor by floor; a module imports only from the floors below it:
 
 from locks.exceptions import HolderChanged, LockError, LockLost, LockNotOwned, LockTimeout, LockUnavailable
 from locks.hold import Hold
-from locks.lock import Lock
+from locks.lock import Lock, release_all, try_acquire_all
 
-__all__ = ["Hold", "HolderChanged", "Lock", "LockError", "LockLost", "LockNotOwned", "LockTimeout", "LockUnavailable"]
+__all__ = ["Hold", "HolderChanged", "Lock", "LockError", "LockLost", "LockNotOwned", "LockTimeout", "LockUnavailable",
+           "release_all", "try_acquire_all"]

@@ -35,6 +35,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 
 from redis import Redis
 
@@ -366,19 +367,29 @@ class Lock:
                 del self._holds[hold.holder]
 
     def _release_hold(self, hold: Hold) -> None:
+        if not self._letting_go(hold):
+            return
+        try:
+            released = self._backend.release(self, token=hold.token)
+        except LockUnavailable:
+            recorder().ended(self, hold, released=None)
+            raise
+        self._let_go(hold, released=released)
+
+    def _letting_go(self, hold: Hold) -> bool:
+        """Before a release: False for a nested hold (only its count goes down)."""
         if hold.released:
             raise LockNotOwned("this hold was already released", name=self.name)
         if hold.pid != os.getpid():
             raise LockNotOwned("a forked child cannot release its parent's hold", name=self.name)
         if hold.count > 1:
             hold.count -= 1
-            return
+            return False
         self._forget(hold)
-        try:
-            released = self._backend.release(self, token=hold.token)
-        except LockUnavailable:
-            recorder().ended(self, hold, released=None)
-            raise
+        return True
+
+    def _let_go(self, hold: Hold, *, released: bool) -> None:
+        """After a release: count it; LockNotOwned if the lease had ended or another holds it."""
         recorder().ended(self, hold, released=released)
         if not released:
             hold._lost = True
@@ -423,3 +434,49 @@ class Lock:
             events.record_event(self.client, events.LOST, self.name, fence=hold.fence,
                                 owner=f"{_HOST}:{hold.pid}", during="renewal")
             hold.renewing = False
+
+
+def try_acquire_all(locks: Sequence[Lock]) -> dict[str, Hold]:
+    """Each of `locks` that is free, taken without waiting: its Hold by name (the others are
+    skipped). One round trip on Redis where a loop of `acquire(blocking=False)` costs one per
+    lock: for a holder that gathers what it can, like a checkout lane (shop/services/combining.py)."""
+    holder = current_holder()
+    holds: dict[str, Hold] = {}
+    fresh = []
+    for lock in locks:
+        if (existing := lock._reentered(holder)) is not None:
+            holds[lock.name] = existing
+        else:
+            fresh.append(lock)
+    if len({id(lock._backend) for lock in fresh}) > 1:  # locks of several services: one at a time
+        holds.update({lock.name: lock.held for lock in fresh if lock.acquire(blocking=False)})
+        return holds
+    if fresh:
+        started, owner = time.monotonic(), f"{_HOST}:{os.getpid()}"
+        items = [(lock, os.urandom(16).hex(), owner) for lock in fresh]
+        for (lock, token, _), grant in zip(items, fresh[0]._backend.try_acquire_many(items), strict=True):
+            if grant is not None:
+                holds[lock.name] = lock._granted(grant, holder, token, owner, started, blocking=False, wait=0.0)
+    return holds
+
+
+def release_all(holds: Sequence[Hold]) -> list[Hold]:
+    """Release every hold (one round trip on Redis); the ones found lost (the lease had ended or
+    another holds the lock), for which a single `release` would raise LockNotOwned."""
+    going = [hold for hold in holds if hold.lock._letting_go(hold)]
+    lost: list[Hold] = []
+    if len({id(hold.lock._backend) for hold in going}) > 1:
+        outcomes = [hold.lock._backend.release(hold.lock, token=hold.token) for hold in going]
+    else:
+        try:
+            outcomes = going[0].lock._backend.release_many([(h.lock, h.token) for h in going]) if going else []
+        except LockUnavailable:
+            for hold in going:
+                recorder().ended(hold.lock, hold, released=None)
+            raise
+    for hold, released in zip(going, outcomes, strict=True):
+        try:
+            hold.lock._let_go(hold, released=released)
+        except LockNotOwned:
+            lost.append(hold)
+    return lost

@@ -19,6 +19,7 @@ public API). A combining backend lets a waiter queue a *request* with its place 
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -121,6 +122,16 @@ class LockBackend(ABC):
     @abstractmethod
     def release(self, lock: LockLike, *, token: str) -> bool:
         """Release if `token` still holds it; False if the lease had ended or it is another's."""
+
+    def try_acquire_many(self, items: Sequence[tuple[LockLike, str, str]]) -> list[Grant | None]:
+        """Take each (lock, token, owner) that is free, without waiting; a Grant or None each, in
+        order. By default one call each; a backend that can batch them (Redis) does."""
+        return [self.acquire(lock, token=token, owner=owner, blocking=False, deadline=time.monotonic())
+                for lock, token, owner in items]
+
+    def release_many(self, items: Sequence[tuple[LockLike, str]]) -> list[bool]:
+        """`release` for each (lock, token), in order; batched where the backend can."""
+        return [self.release(lock, token=token) for lock, token in items]
 
     @abstractmethod
     def extend(self, lock: LockLike, *, token: str, ms: int, replace: bool) -> int:

@@ -300,6 +300,55 @@ class RedisBackend(LockBackend):
                                   name=lock.name)
         return reply
 
+    def _pipelined(self) -> Redis | None:
+        """The client to batch scripts on, or None where one call each is the safe way: a
+        cluster (keys on several masters) and WAIT_REPLICAS (WAIT per connection)."""
+        client = self.client
+        return None if isinstance(client, RedisCluster) or _wait_replicas() is not None else client
+
+    def try_acquire_many(self, items: Sequence[tuple[LockLike, str, str]]) -> list[Grant | None]:
+        """One round trip: the acquire scripts, non-blocking, in one pipeline."""
+        client = self._pipelined()
+        if client is None or len(items) < 2:
+            return super().try_acquire_many(items)
+        pool = client.connection_pool
+        pipe = client.pipeline(transaction=False)
+        sent = time.monotonic()
+        for lock, token, owner in items:
+            keys = lock.keys
+            script("acquire")(keys=_lock_keys(keys), client=pipe, args=[
+                token, lock.ttl_ms, owner, 0, keys.signal_prefix, lock.fence_ttl_ms(), lock.handoff_ms(),
+                give_up_ms(pool), ""])
+        try:
+            replies = pipe.execute()
+        except UNREACHABLE as exc:
+            # Those it took expire with their leases (as a single acquire lost in flight does).
+            raise LockUnavailable(f"Redis unreachable: {exc}", name=items[0][0].name) from exc
+        grants: list[Grant | None] = []
+        for (lock, _, _), (acquired, value, now_ms, since_ms) in zip(items, replies, strict=True):
+            learn_clock(pool, int(now_ms))
+            grants.append(Grant(int(value), sent + (int(since_ms) - int(now_ms)) / 1000, lock.ttl)
+                          if acquired == 1 else None)
+        if any(reply[0] == -1 for reply in replies):  # past its give-up time (a clock jump): nothing held
+            self.release_many([(lock, token) for (lock, token, _), g in zip(items, grants, strict=True) if g])
+            raise LockUnavailable("an acquire reached Redis after its give-up time; clock offset relearned",
+                                  name=items[0][0].name)
+        return grants
+
+    def release_many(self, items: Sequence[tuple[LockLike, str]]) -> list[bool]:
+        client = self._pipelined()
+        if client is None or len(items) < 2:
+            return super().release_many(items)
+        pipe = client.pipeline(transaction=False)
+        for lock, token in items:
+            keys = lock.keys
+            script("release")(keys=_lock_keys(keys), client=pipe,
+                              args=[token, keys.signal_prefix, lock.fence_ttl_ms(), lock.handoff_ms()])
+        try:
+            return [bool(released) for released in pipe.execute()]
+        except UNREACHABLE as exc:
+            raise LockUnavailable(f"Redis unreachable during release: {exc}", name=items[0][0].name) from exc
+
     @staticmethod
     def _cancel(lock: LockLike, client: Redis, token: str) -> tuple[int, int, int] | Served | None:
         """Leave the queue. The lock if it was handed over just now, a reply if a holder served

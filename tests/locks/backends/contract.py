@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from locks import HolderChanged, Lock, LockLost, LockNotOwned, inspect, stats
+from locks import HolderChanged, Lock, LockLost, LockNotOwned, inspect, release_all, stats, try_acquire_all
 from locks.backends import get_backend
 from tests.locks.conftest import FORK
 
@@ -40,6 +40,7 @@ __all__ = [
     "test_contract_reentrant_holds_nest",
     "test_contract_the_checkout_never_oversells_on_this_backend",
     "test_contract_the_dashboard_and_the_locks_command_show_the_holder",
+    "test_contract_try_acquire_all_takes_the_free_locks_and_release_all_lets_them_go",
 ]
 
 # How long a SIGKILLed holder may keep a lock on any backend: its lease (ttl below) or, on
@@ -123,6 +124,38 @@ def test_contract_a_waiter_is_woken_by_the_release(backend, name):
         assert waited < 5.0, waited
     finally:
         proc.join(10)
+
+
+def _wait_for(name: str, queue) -> None:
+    with Lock(name, ttl=5.0, wait=20.0) as held:
+        queue.put(held.fence)
+
+
+def test_contract_try_acquire_all_takes_the_free_locks_and_release_all_lets_them_go(backend, name):
+    """What a checkout lane does: take what is free at once (a busy lock is skipped, never
+    waited for), write, and let everything go together."""
+    names = [f"{name}-{c}" for c in "abc"]
+    ready = FORK.Event()
+    busy = FORK.Process(target=_hold_for, args=(names[1], 2.0, ready))
+    busy.start()
+    assert ready.wait(30)
+    started = time.monotonic()
+    holds = try_acquire_all([Lock(n, ttl=5.0) for n in names])
+    assert time.monotonic() - started < 1.0  # the busy one was not waited for
+    assert sorted(holds) == [names[0], names[2]]
+    for n in (names[0], names[2]):
+        assert inspect.lock_info(n).fence == holds[n].fence
+    busy.join(10)
+    queue = FORK.Queue()
+    waiter = FORK.Process(target=_wait_for, args=(names[0], queue))
+    waiter.start()
+    time.sleep(0.3)  # queued behind our hold
+    inspect.force_release(names[2])  # a hold that ended under us: reported, not raised
+    lost = release_all(list(holds.values()))
+    assert [h.name for h in lost] == [names[2]]
+    assert queue.get(timeout=10) > holds[names[0]].fence  # the waiter was handed the lock
+    waiter.join(10)
+    assert all(inspect.lock_info(n) is None for n in names)
 
 
 def test_contract_a_blocked_acquire_times_out(backend, name):
