@@ -560,15 +560,17 @@ def restock_in_pause(ctx: Context) -> Fault:
 
 
 def _queued_pids(product_id: int) -> list[int]:
-    """Pids of the processes queued for the product's lock (the waiters hash: token ->
-    "deadline|ttl|enqueued|host:pid")."""
+    """Pids of the processes queued for the product's lock, or its lane's (the waiters hash:
+    token -> "deadline|ttl|enqueued|host:pid")."""
     from django_redis import get_redis_connection
 
     from locks.conf import locks_settings
     from locks.keys import LockKeys
+    from shop.services.combining import queue_lock
     from shop.services.locking import product_lock
 
-    raw = get_redis_connection(locks_settings.CACHE_ALIAS).hgetall(LockKeys.for_name(product_lock(product_id)).waiters)
+    name = queue_lock(product_id) if shop_settings.COMBINING else product_lock(product_id)
+    raw = get_redis_connection(locks_settings.CACHE_ALIAS).hgetall(LockKeys.for_name(name).waiters)
     pids = []
     for token, info in raw.items():
         if token in (b"~", "~"):

@@ -39,11 +39,16 @@ from shop.services.transactions import durable_transaction
 log = logging.getLogger("shop")
 
 
+def queue_lock(product_id: int) -> str:
+    """The lock a single-product order of this product queues on (its own, or its lane's)."""
+    return lane_lock(product_id, lanes=int(shop_settings.COMBINE_LANES))
+
+
 def queue(mine: Request, *, wait: float) -> Result:
     """One pass: queue `mine` on its product's lock; serve a batch if the lock comes to us.
     `batch.AGAIN` when the lock was lost before our request was committed: queue again."""
     lanes = int(shop_settings.COMBINE_LANES)
-    lock = shop_lock(lane_lock(mine.lines[0][0], lanes=lanes))
+    lock = shop_lock(queue_lock(mine.lines[0][0]))
     if wait <= 0:
         return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
     try:
