@@ -99,3 +99,40 @@ def test_a_busy_product_goes_back_to_its_buyer_and_never_holds_up_its_lane(setti
     assert Order.objects.count() == 2
     assert_books([a.pk, b.pk], {a.pk: 5, b.pk: 5}, [order_id, *Order.objects.exclude(pk=order_id).values_list(
         "pk", flat=True)])
+
+
+def test_a_lane_holder_killed_mid_batch_commits_nothing_and_the_next_serves_its_buyers(settings, make_product):
+    """SIGKILL of the lane's holder with orders for two products written, not committed: the
+    lane's and the products' leases end, its buyers queue again, and the next holder serves them."""
+    import signal
+
+    from tests.shop.services.test_combining import _queued_buyer
+
+    settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1}
+    a, b = make_product(stock=50), make_product(stock=50)
+    users = make_users(5)
+    lane = lane_lock(a.pk, lanes=1)
+    gate = Lock(lane, ttl=30.0)
+    gate.acquire()
+    connections.close_all()
+    queue, acting = FORK.Queue(), FORK.Event()
+    procs = []
+    for i, (user, product) in enumerate(zip(users, [a, b, a, b, a], strict=True)):
+        first = i == 0
+        proc = FORK.Process(target=_queued_buyer, args=(
+            user.pk, product.pk, 1, 10.0 if first else 5.0, "before_commit" if first else None,
+            "kill" if first else None, acting, queue))
+        proc.start()
+        wait_until_queued(lane, i + 1)
+        procs.append(proc)
+    gate.release()
+    assert acting.wait(15), "the lane's holder never reached its commit"
+    told = [queue.get(timeout=15) for _ in procs[1:]]
+    procs[0].join(5)
+    assert procs[0].exitcode == -signal.SIGKILL
+    assert [kind for kind, _ in told] == ["placed"] * 4
+    seen = [oid for _, oid in told]
+    assert Order.objects.count() == 4
+    assert_books([a.pk, b.pk], {a.pk: 50, b.pk: 50}, seen)
+    for proc in procs[1:]:
+        proc.join(5)
