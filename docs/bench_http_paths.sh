@@ -4,6 +4,7 @@
 # each in turn, ROUNDS times per scenario, alternating which goes first. DEBUG off.
 #   BEFORE=/path/to/old/checkout bash docs/bench_http_paths.sh      # hot and spread, 3 rounds of 8 s
 #   ROUNDS=2 DURATION=6 BEFORE=... bash docs/bench_http_paths.sh
+#   BEFORE=. AFTER_ENV="SHOP_COMBINE_LANES=2" bash docs/bench_http_paths.sh   # one tree, two settings
 # gunicorn as the image runs it: WORKERS=4 x THREADS=4. The clients retry with Idempotency-Keys
 # (loadtest --url does); the servers run without rate limits and without the unpaid-orders limit
 # (load-test buyers never pay).
@@ -19,9 +20,9 @@ py=.venv/bin/python
 $py manage.py createdb >/dev/null && $py manage.py migrate --no-input -v 0
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-(cd "$BEFORE" && exec .venv/bin/python -m gunicorn -c gunicorn.conf.py -w "$WORKERS" --threads "$THREADS" \
+(cd "$BEFORE" && exec env ${BEFORE_ENV:-} .venv/bin/python -m gunicorn -c gunicorn.conf.py -w "$WORKERS" --threads "$THREADS" \
    -b 127.0.0.1:8071 --log-level warning shop.wsgi) & pids+=($!)
-(cd "$AFTER" && exec .venv/bin/python -m gunicorn -c gunicorn.conf.py -w "$WORKERS" --threads "$THREADS" \
+(cd "$AFTER" && exec env ${AFTER_ENV:-} .venv/bin/python -m gunicorn -c gunicorn.conf.py -w "$WORKERS" --threads "$THREADS" \
    -b 127.0.0.1:8072 --log-level warning shop.wsgi) & pids+=($!)
 for port in 8071 8072; do
   up=
