@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 _DIR = Path(__file__).parent / "scripts"
 NAMES = ("acquire", "release", "extend", "cancel", "force_release", "check", "take")
@@ -23,3 +25,31 @@ def source(name: str) -> str:
 def script(name: str) -> Script:
     """A redis-py Script (EVALSHA, reloading on NOSCRIPT); pass `client=` on each call."""
     return Script(None, source(name).encode())
+
+
+def queue_script(pipe: Any, name: str, *, keys: list[str], args: list) -> None:
+    """Queue script `name` on a pipeline as a bare EVALSHA; run the pipeline with `execute_pipeline`.
+    (redis-py's Script on a pipeline asks SCRIPT EXISTS before every execute: a round trip more.)"""
+    pipe.evalsha(script(name).sha, len(keys), *keys, *args)
+
+
+def execute_pipeline(client: Any, pipe: Any) -> list:
+    """`pipe.execute()`; scripts the server did not know (restarted empty, SCRIPT FLUSH) are
+    loaded and those calls sent again, in their order. Raises the first error, as execute does."""
+    stack = [(args, options) for args, options in pipe.command_stack]
+    results = pipe.execute(raise_on_error=False)
+    missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+    if missing:
+        by_sha = {script(name).sha: source(name) for name in NAMES}
+        for sha in {stack[i][0][1] for i in missing}:
+            client.script_load(by_sha[sha])
+        again = client.pipeline(transaction=False)
+        for i in missing:
+            args, options = stack[i]
+            again.execute_command(*args, **options)
+        for i, result in zip(missing, again.execute(raise_on_error=False), strict=True):
+            results[i] = result
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return results

@@ -19,9 +19,7 @@ refused by the fence, its lease check, or the request ids' unique key.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from contextlib import ExitStack
 
 from django.db import IntegrityError
 from redis.exceptions import RedisError
@@ -33,7 +31,7 @@ from shop.conf import shop_settings
 from shop.models import CheckoutRequest
 from shop.services import batch, stale_transactions
 from shop.services.batch import Placed, Refused, Request, Result
-from shop.services.locking import lane_lock, product_lock, release_safely, shop_lock
+from shop.services.locking import lane_lock, product_lock, shop_lock
 from shop.services.transactions import durable_transaction
 
 log = logging.getLogger("shop")
@@ -80,7 +78,9 @@ def _settled(mine: Request) -> Placed | None:
 
 
 def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
-    """Serve our request and the batch queued behind us; reply to each; release."""
+    """Serve our request and the batch queued behind us; reply to each and release, together."""
+    also: list[locks.Hold] = []  # a lane's holder also holds its batch's product locks
+    replies: dict[str, str] = {}
     try:
         taken: list[Request] = []
         try:
@@ -92,7 +92,7 @@ def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
                 # are woken when our hold ends without replying, and queue again.
                 raise errors.LockUnavailable(details={"lock": turn.hold.name, "redis": "unreachable"}) from exc
             if lanes > 0:
-                results = _write_lane([mine, *taken])
+                results = _write_lane([mine, *taken], also=also)
             else:
                 stale_transactions.record({turn.hold.name: turn.hold})
                 results = batch.write([mine, *taken], holds={mine.lines[0][0]: turn.hold})
@@ -101,43 +101,45 @@ def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
         except Exception:
             # Unexpected: the transaction rolled back, nothing was written. Tell the others to
             # come again (their own turn will show the error if it persists), then raise.
-            _reply(turn, {r.token: batch.to_json(batch.AGAIN) for r in taken if r.token})
+            replies = {r.token: batch.to_json(batch.AGAIN) for r in taken if r.token}
             raise
-        _reply(turn, {r.token: batch.to_json(results[r.id]) for r in taken if r.token})
+        replies = {r.token: batch.to_json(results[r.id]) for r in taken if r.token}
     finally:
-        release_safely(turn.hold)
-        with contextlib.suppress(locks.LockNotOwned):
-            turn.release()  # the hold is already released: this counts the batch (lock stats, metrics)
+        _finish(turn, replies, also=also)
     return results[mine.id]
 
 
-def _write_lane(requests: list[Request]) -> dict[str, Result]:
-    """A lane's batch: take its products' locks without waiting (sorted) and write the orders of
-    every product we got in one transaction; a product whose lock is busy goes back to its
-    buyers (ALONE: they take it themselves, in its own FIFO line)."""
-    with ExitStack() as stack:
-        holds: batch.Holds = {}
-        for pid in sorted({r.lines[0][0] for r in requests}):
-            lock = shop_lock(product_lock(pid))
-            try:
-                if not lock.acquire(blocking=False):
-                    continue
-            except locks.LockUnavailable as exc:
-                raise errors.LockUnavailable(details={"lock": lock.name, "redis": "unreachable"}) from exc
-            hold = holds[pid] = lock.held
-            stack.callback(release_safely, hold)
-        results: dict[str, Result] = {r.id: batch.ALONE for r in requests if r.lines[0][0] not in holds}
-        writable = [r for r in requests if r.lines[0][0] in holds]
-        if writable:
-            stale_transactions.record({h.name: h for h in holds.values()})
-            results.update(batch.write(writable, holds=holds))
-        return results
-
-
-def _reply(turn: combining.Turn, replies: dict[str, str]) -> None:
+def _write_lane(requests: list[Request], *, also: list[locks.Hold]) -> dict[str, Result]:
+    """A lane's batch: take its products' locks at once without waiting (sorted; added to
+    `also`, released with the lane) and write the orders of every product we got in one
+    transaction; a product whose lock is busy goes back to its buyers (ALONE: they take it
+    themselves, in its own FIFO line)."""
+    product_ids = sorted({r.lines[0][0] for r in requests})
     try:
-        turn.reply(replies)
+        got = locks.try_acquire_all([shop_lock(product_lock(pid)) for pid in product_ids])  # one round trip
+    except locks.LockUnavailable as exc:
+        raise errors.LockUnavailable(details={"lock": exc.name, "redis": "unreachable"}) from exc
+    also.extend(got.values())
+    holds: batch.Holds = {pid: got[product_lock(pid)] for pid in product_ids if product_lock(pid) in got}
+    results: dict[str, Result] = {r.id: batch.ALONE for r in requests if r.lines[0][0] not in holds}
+    writable = [r for r in requests if r.lines[0][0] in holds]
+    if writable:
+        stale_transactions.record(got)
+        results.update(batch.write(writable, holds=holds))
+    return results
+
+
+def _finish(turn: combining.Turn, replies: dict[str, str], *, also: list[locks.Hold]) -> None:
+    """Reply, then release the product locks and the turn: one round trip."""
+    try:
+        lost = turn.finish(replies, also=also)
     except (RedisError, locks.LockUnavailable):
         # They wait on; when our hold ends without their reply they queue again, and the next
-        # combiner finds their request ids committed (or not) and answers them.
-        log.warning("combining: replies to %d buyers failed (Redis); they will be answered again", len(replies))
+        # combiner finds their request ids committed (or not) and answers them. Our locks lapse
+        # with their leases.
+        log.warning("combining: replies to %d buyers and the release failed (Redis); they will be answered "
+                    "again", len(replies))
+        return
+    for hold in lost:
+        log.warning("lock %s expired before release (fence %s); the fence kept the write safe", hold.name,
+                    hold.fence)
