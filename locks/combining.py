@@ -15,8 +15,6 @@ request, and a batch is exactly what queued while the previous one was being ser
         batch = turn.take(limit=31)            # the requests queued behind us
         ...do our own request and the batch's, e.g. in one transaction...
         turn.reply({r.token: encode(result) for r, result in ...})
-    # or, where the turn's end matters: reply and release (with other holds) in one round trip
-    #   turn.finish({r.token: encode(result) ...}, also=[other_holds])
 
 This is the public API of an optional backend capability (locks/backends/base.py: a backend
 with `supports_combining` implements `submit`, `take` and `reply`). The Redis backend has it:
@@ -38,12 +36,10 @@ nothing of what requests mean.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from locks.backends import Replies, Request
+from locks.backends import Request
 from locks.exceptions import LockNotOwned
 from locks.hold import Hold, Served
-from locks.lock import Lock, release_all
+from locks.lock import Lock
 from locks.stats import recorder
 
 __all__ = ["Request", "Served", "Turn", "submit"]
@@ -74,16 +70,6 @@ class Turn:
         deadlines = {r.token: r.deadline_ms for r in self.taken if r.token in replies}
         self.lock.backend.reply(self.lock, replies=replies, deadlines=deadlines)
 
-    def finish(self, replies: dict[str, str], *, also: Sequence[Hold] = ()) -> list[Hold]:
-        """Answer taken requests, then release `also` (other locks the holder took for the batch)
-        and the turn: one round trip on Redis, the replies first. The holds found lost. Counts
-        the batch as `release` does."""
-        deadlines = {r.token: r.deadline_ms for r in self.taken if r.token in replies}
-        try:
-            return release_all([*also, self.hold], replies=Replies(self.lock, replies, deadlines) if replies else None)
-        finally:
-            self._count()
-
     def release(self) -> None:
         """Release, and count this turn as one batch of 1 + len(taken) requests in the family's
         stats (even if the release finds the lock lost: the batch was formed and worked on).
@@ -91,12 +77,9 @@ class Turn:
         try:
             self.hold.release()
         finally:
-            self._count()
-
-    def _count(self) -> None:
-        if not self._recorded:
-            self._recorded = True
-            recorder().batch(self.lock, 1 + len(self.taken))
+            if not self._recorded:
+                self._recorded = True
+                recorder().batch(self.lock, 1 + len(self.taken))
 
     def __enter__(self) -> Turn:
         return self

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from redis import Redis
 
 from locks import events
-from locks.backends import Grant, LockBackend, Replies, get_backend
+from locks.backends import Grant, LockBackend, get_backend
 from locks.conf import locks_settings
 from locks.connection import default_client
 from locks.exceptions import LockLost, LockNotOwned, LockTimeout, LockUnavailable
@@ -460,20 +460,16 @@ def try_acquire_all(locks: Sequence[Lock]) -> dict[str, Hold]:
     return holds
 
 
-def release_all(holds: Sequence[Hold], *, replies: Replies | None = None) -> list[Hold]:
+def release_all(holds: Sequence[Hold]) -> list[Hold]:
     """Release every hold (one round trip on Redis); the ones found lost (the lease had ended or
-    another holds the lock), for which a single `release` would raise LockNotOwned. `replies`: a
-    combining holder's answers, delivered first in the same round trip (locks/combining.py)."""
+    another holds the lock), for which a single `release` would raise LockNotOwned."""
     going = [hold for hold in holds if hold.lock._letting_go(hold)]
     lost: list[Hold] = []
-    if len({id(hold.lock._backend) for hold in going}) > 1 or (not going and replies is not None):
-        if replies is not None:
-            replies.lock.backend.reply(replies.lock, replies=replies.replies, deadlines=replies.deadlines)
+    if len({id(hold.lock._backend) for hold in going}) > 1:
         outcomes = [hold.lock._backend.release(hold.lock, token=hold.token) for hold in going]
     else:
         try:
-            outcomes = (going[0].lock._backend.release_many([(h.lock, h.token) for h in going], replies=replies)
-                        if going else [])
+            outcomes = going[0].lock._backend.release_many([(h.lock, h.token) for h in going]) if going else []
         except LockUnavailable:
             for hold in going:
                 recorder().ended(hold.lock, hold, released=None)

@@ -78,16 +78,6 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Replies:
-    """A combining holder's answers (token -> reply) to requests it took on `lock`; `deadlines`:
-    their `Request.deadline_ms`."""
-
-    lock: Any
-    replies: dict[str, str]
-    deadlines: dict[str, int]
-
-
-@dataclass(frozen=True)
 class Released:
     """Who held a lock that was force-released."""
 
@@ -139,12 +129,8 @@ class LockBackend(ABC):
         return [self.acquire(lock, token=token, owner=owner, blocking=False, deadline=time.monotonic())
                 for lock, token, owner in items]
 
-    def release_many(self, items: Sequence[tuple[LockLike, str]], *, replies: Replies | None = None) -> list[bool]:
-        """`release` for each (lock, token), in order, after delivering a combining holder's
-        `replies` (they must reach their waiters before the lock moves on); batched where the
-        backend can."""
-        if replies is not None:
-            self.reply(replies.lock, replies=replies.replies, deadlines=replies.deadlines)
+    def release_many(self, items: Sequence[tuple[LockLike, str]]) -> list[bool]:
+        """`release` for each (lock, token), in order; batched where the backend can."""
         return [self.release(lock, token=token) for lock, token in items]
 
     @abstractmethod

@@ -39,7 +39,7 @@ from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, RedisError
 
-from locks.backends.base import Grant, HeldLock, LockBackend, Released, Replies, Request, every_held
+from locks.backends.base import Grant, HeldLock, LockBackend, Released, Request, every_held
 from locks.conf import locks_settings
 from locks.connection import (
     UNREACHABLE,
@@ -335,21 +335,18 @@ class RedisBackend(LockBackend):
                                   name=items[0][0].name)
         return grants
 
-    def release_many(self, items: Sequence[tuple[LockLike, str]], *, replies: Replies | None = None) -> list[bool]:
-        """One round trip: the replies first, then the release scripts, in one pipeline."""
+    def release_many(self, items: Sequence[tuple[LockLike, str]]) -> list[bool]:
+        """One round trip: the release scripts in one pipeline."""
         client = self._pipelined()
-        if client is None or len(items) + (replies is not None) < 2:
-            return super().release_many(items, replies=replies)
+        if client is None or len(items) < 2:
+            return super().release_many(items)
         pipe = client.pipeline(transaction=False)
-        if replies is not None:
-            self._queue_replies(pipe, replies.lock, replies=replies.replies, deadlines=replies.deadlines)
-        sent_before = len(pipe)
         for lock, token in items:
             keys = lock.keys
             queue_script(pipe, "release", keys=_lock_keys(keys),
                           args=[token, keys.signal_prefix, lock.fence_ttl_ms(), lock.handoff_ms()])
         try:
-            return [bool(released) for released in execute_pipeline(client, pipe)[sent_before:]]
+            return [bool(released) for released in execute_pipeline(client, pipe)]
         except UNREACHABLE as exc:
             raise LockUnavailable(f"Redis unreachable during release: {exc}", name=items[0][0].name) from exc
 
@@ -424,23 +421,20 @@ class RedisBackend(LockBackend):
     def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int]) -> None:
         """One round trip: each reply on its waiter's list, kept until its deadline (plus a
         grace), and the requests struck from the holder's `taken` (no longer orphans-to-be)."""
-        pipe = self.client.pipeline(transaction=False)
-        self._queue_replies(pipe, lock, replies=replies, deadlines=deadlines)
-        try:
-            pipe.execute()
-        except UNREACHABLE as exc:
-            raise LockUnavailable(f"reply: Redis unreachable: {exc}", name=lock.name) from exc
-
-    def _queue_replies(self, pipe: Any, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int]) -> None:
         keys = lock.keys
-        now_ms = server_now_ms(self.client, keys.lock)  # the lock's server (cluster: its master)
+        client = self.client
+        pipe = client.pipeline(transaction=False)
+        now_ms = server_now_ms(client, keys.lock)  # the lock's server (cluster: its master)
         for token, reply in replies.items():
             signal = keys.signal(token)
             pipe.rpush(signal, "d|" + reply)
             left = deadlines.get(token, now_ms) - now_ms
             pipe.pexpire(signal, max(int(left), 0) + REPLY_GRACE_MS)
-        if replies:
-            pipe.hdel(keys.taken, *replies)
+        pipe.hdel(keys.taken, *replies)
+        try:
+            pipe.execute()
+        except UNREACHABLE as exc:
+            raise LockUnavailable(f"reply: Redis unreachable: {exc}", name=lock.name) from exc
 
     # -- reading held locks ----------------------------------------------------------------
     def read_held(self, keys: list[str]) -> list[HeldLock]:

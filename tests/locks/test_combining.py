@@ -71,25 +71,6 @@ def test_the_holder_takes_the_queued_requests_in_order_and_answers_each(name):
     assert _client().exists(keys.lock, keys.queue, keys.waiters) == 0  # nothing left behind
 
 
-def test_finish_replies_then_releases_the_turn_and_other_holds_together(name):
-    """What a checkout lane's holder does: the replies reach their waiters, then the product
-    locks it also took and the turn itself are released, in one round trip."""
-    turn = submit(Lock(name, ttl=5.0), "mine")
-    assert isinstance(turn, Turn)
-    other = Lock(f"{name}-other", ttl=5.0)
-    assert other.acquire(blocking=False)
-    waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(2)]
-    batch = turn.take(limit=1)  # r0; r1 stays queued and gets the next turn
-    assert turn.finish({r.token: f"done:{r.payload}" for r in batch}, also=[other.held]) == []
-    got = sorted(q.get(timeout=10)[:3] for _, q in waiters)
-    assert got == [("r0", "served", "done:r0"), ("r1", "turn", [])]
-    assert not other.locked()
-    for proc, _ in waiters:
-        proc.join(5)
-    keys = LockKeys.for_name(name)
-    assert _client().exists(keys.lock, keys.queue, keys.waiters, keys.taken) == 0
-
-
 def test_take_respects_its_limit_and_the_rest_get_the_next_turn(name):
     turn = submit(Lock(name, ttl=5.0), "mine")
     waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(3)]
