@@ -270,34 +270,40 @@ class RedisBackend(LockBackend):
         It carries the Redis time after which we will have given up on it (our socket timeout):
         a frozen Redis that wakes runs every command still in its socket buffers, and an acquire
         we abandoned would otherwise queue a phantom waiter that each live buyer then waits a
-        hand-off lease for. The script drops a request that arrives that late.
+        hand-off lease for. The script drops a request that arrives that late. If that was ours
+        and we had not given up (we stalled before sending, or our estimate of Redis's clock was
+        off), the reply taught us the clock: send it once more.
         """
         pool = pool_of(client, key_list[0])
-        args = [*args, give_up_ms(pool), payload]
+        for _ in range(2):
+            reply = self._send_acquire(lock, client, key_list, [*args, give_up_ms(pool), payload])
+            learn_clock(pool, int(reply[2]))
+            if reply[0] != -1:
+                return reply
+        raise LockUnavailable("the acquire reached Redis after its give-up time twice; clock offset relearned",
+                              name=lock.name)
+
+    def _send_acquire(self, lock: LockLike, client: Redis, key_list: list[str], args: list) -> list:
         replicas = _wait_replicas()
         if replicas is None:
-            reply = script("acquire")(keys=key_list, args=args, client=client)
-        else:
-            # WAIT counts the writes of its own connection: one server's pipeline, the lock's
-            # master on a cluster (a cluster pipeline would send the keyless WAIT anywhere).
-            pipe = node_client(client, key_list[0]).pipeline(transaction=False)
-            script("acquire")(keys=key_list, args=args, client=pipe)
-            pipe.execute_command("WAIT", *replicas)
-            try:
-                reply, acked = pipe.execute()
-            except (*UNREACHABLE, MovedError, AskError) as exc:
-                if isinstance(client, RedisCluster):
-                    # We bypassed the cluster client, so it has not seen the failure: have it
-                    # re-read the slot map now, or every try would go to the dead master again.
-                    with contextlib.suppress(Exception):
-                        client.nodes_manager.initialize()
-                raise LockUnavailable(f"the lock's master is unreachable or moved: {exc}", name=lock.name) from exc
-            if reply[0] == 1 and acked < replicas[0]:
-                raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
-        learn_clock(pool, int(reply[2]))
-        if reply[0] == -1:  # our clock estimate was off (we had not given up): nothing was done
-            raise LockUnavailable("the acquire reached Redis after its give-up time; clock offset relearned",
-                                  name=lock.name)
+            return script("acquire")(keys=key_list, args=args, client=client)
+        # WAIT counts the writes of its own connection: one server's pipeline, the lock's
+        # master on a cluster (a cluster pipeline would send the keyless WAIT anywhere).
+        node = node_client(client, key_list[0])
+        pipe = node.pipeline(transaction=False)
+        queue_script(pipe, "acquire", keys=key_list, args=args)
+        pipe.execute_command("WAIT", *replicas)
+        try:
+            reply, acked = execute_pipeline(node, pipe)
+        except (*UNREACHABLE, MovedError, AskError) as exc:
+            if isinstance(client, RedisCluster):
+                # We bypassed the cluster client, so it has not seen the failure: have it
+                # re-read the slot map now, or every try would go to the dead master again.
+                with contextlib.suppress(Exception):
+                    client.nodes_manager.initialize()
+            raise LockUnavailable(f"the lock's master is unreachable or moved: {exc}", name=lock.name) from exc
+        if reply[0] == 1 and acked < replicas[0]:
+            raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
         return reply
 
     def _pipelined(self) -> Redis | None:
@@ -325,14 +331,12 @@ class RedisBackend(LockBackend):
             # Those it took expire with their leases (as a single acquire lost in flight does).
             raise LockUnavailable(f"Redis unreachable: {exc}", name=items[0][0].name) from exc
         grants: list[Grant | None] = []
+        # An acquire that arrived after its give-up time (-1: we stalled, or misjudged Redis's
+        # clock, now relearned) did nothing: that lock is simply not taken this time.
         for (lock, _, _), (acquired, value, now_ms, since_ms) in zip(items, replies, strict=True):
             learn_clock(pool, int(now_ms))
             grants.append(Grant(int(value), sent + (int(since_ms) - int(now_ms)) / 1000, lock.ttl)
                           if acquired == 1 else None)
-        if any(reply[0] == -1 for reply in replies):  # past its give-up time (a clock jump): nothing held
-            self.release_many([(lock, token) for (lock, token, _), g in zip(items, grants, strict=True) if g])
-            raise LockUnavailable("an acquire reached Redis after its give-up time; clock offset relearned",
-                                  name=items[0][0].name)
         return grants
 
     def release_many(self, items: Sequence[tuple[LockLike, str]]) -> list[bool]:

@@ -164,3 +164,21 @@ def test_errors_carry_the_lock_name(name):
     with pytest.raises(LockNotOwned) as err:
         Lock(name).release()
     assert err.value.name == name and name in str(err.value)
+
+
+def test_an_acquire_that_arrives_after_its_give_up_time_is_sent_again(name):
+    """The acquire script drops a request that reaches Redis after the time its caller would have
+    given up (a frozen Redis replaying its socket buffer must not queue phantom waiters). A
+    caller that was only slow to send (stalled before the send: a busy machine, a GC pause) or
+    whose estimate of Redis's clock was off (a clock step) has not given up: it relearns the
+    clock and sends again, instead of failing with LockUnavailable (seen in CI under load)."""
+    from locks import connection as locks_connection
+    from locks.connection import pool_of
+
+    lock = Lock(name, ttl=5.0)
+    assert lock.acquire(blocking=False)  # learns the clock
+    lock.release()
+    pool = pool_of(lock.client, lock.keys.lock)
+    locks_connection._clock_offsets[id(pool)] -= 5000  # we think Redis's clock is 5 s behind
+    assert lock.acquire(blocking=False)
+    lock.release()
