@@ -35,7 +35,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from redis import Redis
 
@@ -52,6 +53,7 @@ from locks.stats import recorder
 log = logging.getLogger("locks")
 
 _HOST = socket.gethostname()
+T = TypeVar("T")
 
 
 def _seconds(value: object, what: str, *, positive: bool = False) -> float:
@@ -436,6 +438,14 @@ class Lock:
             hold.renewing = False
 
 
+def _by_backend(items: Sequence[T], lock_of: Callable[[T], Lock]) -> list[list[T]]:
+    """Locks (or holds) grouped by the service their lock lives on (one batch each), in order."""
+    groups: dict[int, list[T]] = {}
+    for item in items:
+        groups.setdefault(id(lock_of(item)._backend), []).append(item)
+    return list(groups.values())
+
+
 def try_acquire_all(locks: Sequence[Lock]) -> dict[str, Hold]:
     """Each of `locks` that is free, taken without waiting: its Hold by name (the others are
     skipped). One round trip on Redis where a loop of `acquire(blocking=False)` costs one per
@@ -448,13 +458,10 @@ def try_acquire_all(locks: Sequence[Lock]) -> dict[str, Hold]:
             holds[lock.name] = existing
         else:
             fresh.append(lock)
-    if len({id(lock._backend) for lock in fresh}) > 1:  # locks of several services: one at a time
-        holds.update({lock.name: lock.held for lock in fresh if lock.acquire(blocking=False)})
-        return holds
-    if fresh:
-        started, owner = time.monotonic(), f"{_HOST}:{os.getpid()}"
-        items = [(lock, os.urandom(16).hex(), owner) for lock in fresh]
-        for (lock, token, _), grant in zip(items, fresh[0]._backend.try_acquire_many(items), strict=True):
+    started, owner = time.monotonic(), f"{_HOST}:{os.getpid()}"
+    for group in _by_backend(fresh, lambda lock: lock):
+        items = [(lock, os.urandom(16).hex(), owner) for lock in group]
+        for (lock, token, _), grant in zip(items, group[0]._backend.try_acquire_many(items), strict=True):
             if grant is not None:
                 holds[lock.name] = lock._granted(grant, holder, token, owner, started, blocking=False, wait=0.0)
     return holds
@@ -465,18 +472,16 @@ def release_all(holds: Sequence[Hold]) -> list[Hold]:
     another holds the lock), for which a single `release` would raise LockNotOwned."""
     going = [hold for hold in holds if hold.lock._letting_go(hold)]
     lost: list[Hold] = []
-    if len({id(hold.lock._backend) for hold in going}) > 1:
-        outcomes = [hold.lock._backend.release(hold.lock, token=hold.token) for hold in going]
-    else:
+    for group in _by_backend(going, lambda hold: hold.lock):
         try:
-            outcomes = going[0].lock._backend.release_many([(h.lock, h.token) for h in going]) if going else []
+            outcomes = group[0].lock._backend.release_many([(hold.lock, hold.token) for hold in group])
         except LockUnavailable:
-            for hold in going:
+            for hold in group:
                 recorder().ended(hold.lock, hold, released=None)
             raise
-    for hold, released in zip(going, outcomes, strict=True):
-        try:
-            hold.lock._let_go(hold, released=released)
-        except LockNotOwned:
-            lost.append(hold)
+        for hold, released in zip(group, outcomes, strict=True):
+            try:
+                hold.lock._let_go(hold, released=released)
+            except LockNotOwned:
+                lost.append(hold)
     return lost

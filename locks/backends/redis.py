@@ -163,6 +163,12 @@ def _lock_keys(keys: LockKeys) -> list[str]:
     return [keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken]
 
 
+def _acquire_args(lock: LockLike, *, token: str, owner: str, wait_ms: int) -> list:
+    """ARGV of acquire up to the give-up time and payload (added per send: `_run_acquire`)."""
+    return [token, lock.ttl_ms, owner, max(wait_ms, 0), lock.keys.signal_prefix, lock.fence_ttl_ms(),
+            lock.handoff_ms()]
+
+
 class RedisBackend(LockBackend):
     name = "redis"
     supports_combining = True
@@ -202,15 +208,13 @@ class RedisBackend(LockBackend):
         client = self.client
         keys = lock.keys
         key_list = _lock_keys(keys)
-        fence_ttl = lock.fence_ttl_ms()
-        handoff_ms = lock.handoff_ms()
         signal = _Signal(client, [keys.signal(token), keys.wake], cancel, _wait_replicas())
         queued = False
         try:
             while True:
                 sent = time.monotonic()
                 left_ms = int((deadline - sent) * 1000) if blocking else 0
-                args = [token, lock.ttl_ms, owner, max(left_ms, 0), keys.signal_prefix, fence_ttl, handoff_ms]
+                args = _acquire_args(lock, token=token, owner=owner, wait_ms=left_ms)
                 acquired, value, now_ms, since_ms = self._run_acquire(lock, client, key_list, args, payload)
                 if acquired == 1:
                     signal.abort()
@@ -321,10 +325,8 @@ class RedisBackend(LockBackend):
         pipe = client.pipeline(transaction=False)
         sent = time.monotonic()
         for lock, token, owner in items:
-            keys = lock.keys
-            queue_script(pipe, "acquire", keys=_lock_keys(keys), args=[
-                token, lock.ttl_ms, owner, 0, keys.signal_prefix, lock.fence_ttl_ms(), lock.handoff_ms(),
-                give_up_ms(pool), ""])
+            queue_script(pipe, "acquire", keys=_lock_keys(lock.keys),
+                         args=[*_acquire_args(lock, token=token, owner=owner, wait_ms=0), give_up_ms(pool), ""])
         try:
             replies = execute_pipeline(client, pipe)
         except UNREACHABLE as exc:

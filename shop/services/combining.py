@@ -47,7 +47,7 @@ def queue(mine: Request, *, wait: float) -> Result:
     """One pass: queue `mine` on its product's lock; serve a batch if the lock comes to us.
     `batch.AGAIN` when the lock was lost before our request was committed: queue again."""
     lanes = int(shop_settings.COMBINE_LANES)
-    lock = shop_lock(queue_lock(mine.lines[0][0]))
+    lock = shop_lock(lane_lock(mine.lines[0][0], lanes=lanes))
     if wait <= 0:
         return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
     try:

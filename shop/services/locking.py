@@ -91,13 +91,7 @@ def held(names: list[str], *, use_locks: bool | None = None) -> Iterator[dict[st
 
 def release_safely(hold: locks.Hold) -> None:
     """Release after COMMIT: a lock already gone is logged (the fence kept the write safe)."""
-    try:
-        hold.release()
-    except locks.LockNotOwned:
-        log.warning("lock %s expired before release (fence %s); the fence kept the write safe", hold.name,
-                    hold.fence)
-    except locks.LockUnavailable:
-        log.warning("lock %s: Redis unreachable at release; it expires with its lease", hold.name)
+    release_all_safely([hold])
 
 
 def release_all_safely(holds: list[locks.Hold]) -> None:
@@ -105,7 +99,7 @@ def release_all_safely(holds: list[locks.Hold]) -> None:
     try:
         lost = locks.release_all(holds)
     except locks.LockUnavailable:
-        log.warning("locks %s: Redis unreachable at release; they expire with their leases",
+        log.warning("lock %s: Redis unreachable at release; it expires with its lease",
                     ", ".join(h.name for h in holds))
         return
     for hold in lost:
