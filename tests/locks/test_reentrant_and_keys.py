@@ -47,10 +47,12 @@ def test_reentrant_lock_is_per_asyncio_task(name):
 
 def test_every_key_of_one_lock_is_in_one_cluster_slot(name, redis_client):
     keys = LockKeys.for_name(name)
-    holder = Lock(name, ttl=5.0)
+    # A lease longer than the SCAN below: it walks the whole shared keyspace, which takes seconds
+    # when that holds a few hundred thousand keys (load tests' idempotency records live 24 h).
+    holder = Lock(name, ttl=60.0)
     holder.acquire()
     waiter, queue = start_waiter(name)  # queued: its queue, waiters and signal keys exist now
-    seen = {k.decode() for k in redis_client.scan_iter(match=f"*{{{name}}}*")}
+    seen = {k.decode() for k in redis_client.scan_iter(match=f"*{{{name}}}*", count=1000)}
     holder.release()
     assert queue.get(timeout=10)
     waiter.join(10)
