@@ -6,6 +6,7 @@ other's locks, and the prefix's keys are deleted at the end.
 
 from __future__ import annotations
 
+import atexit
 import os
 import uuid
 from collections.abc import Iterator
@@ -21,11 +22,17 @@ from tests.helpers import RedisServer
 def _lock_key_prefix():
     prefix = f"test{os.getpid()}:"
     settings.LOCKS = {**settings.LOCKS, "KEY_PREFIX": prefix}
-    yield prefix
     client = get_redis_connection(settings.LOCKS["CACHE_ALIAS"])
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    for i in range(0, len(keys), 500):
-        client.delete(*keys[i : i + 500])
+
+    def delete_prefix_keys() -> None:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+
+    # At exit, and registered before the lock statistics' own exit flush, so it runs after it
+    # (atexit is last in, first out): that flush would write this run's stats keys again.
+    atexit.register(delete_prefix_keys)
+    yield prefix
 
 
 @pytest.fixture(autouse=True)
@@ -50,17 +57,25 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_stale_sold_out_markers(django_db_setup, django_db_blocker):
-    """The test database starts its ids at 1 again: markers from an earlier run must not apply."""
+def _no_stale_shop_keys(django_db_setup, django_db_blocker):
+    """The test database starts its ids at 1 again: its sold-out markers, idempotency records
+    and fence refusals from an earlier run must not apply. They are deleted again at the end,
+    so a run leaves nothing in the shared Redis (a run writes ~28k idempotency records, kept a
+    day: a few runs' worth made the test of paging through held locks outlast its leases)."""
     from django.db import connection
 
     with django_db_blocker.unblock():
         name = connection.settings_dict["NAME"]
     client = get_redis_connection("default")
-    keys = [key for pattern in (f"shop:{name}:soldout:*", f"shop:{name}:refilled:*")
-            for key in client.scan_iter(match=pattern, count=1000)]
-    if keys:
-        client.delete(*keys)
+
+    def delete_shop_keys() -> None:
+        keys = list(client.scan_iter(match=f"shop:{name}:*", count=1000))  # the test database's own
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+
+    delete_shop_keys()
+    yield
+    delete_shop_keys()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from django_redis import get_redis_connection
 
 from locks.conf import locks_settings
 from locks.keys import LockKeys
+from shop.conf import shop_settings
 from shop.models import (
     RESERVING_STATUSES,
     CheckoutRequest,
@@ -29,7 +30,7 @@ from shop.models import (
     Product,
     StockLedger,
 )
-from shop.services import fence_refusals
+from shop.services import fence_refusals, idempotency, soldout
 
 PREFIX = "lt-"
 
@@ -111,8 +112,11 @@ def redis_keys(workload: Workload) -> dict[str, list[str]]:
         name = f"lt:{db}:product:{pk}"
         peers += [f":1:{name}", f"lock:{name}", f"lock-signal:{name}"]  # redis-py, python-redis-lock
     ours = [k for name in lock_names(workload) for k in LockKeys.for_name(name).all()]
-    refusals = [fence_refusals.key(name) for name in lock_names(workload)]  # in SOLDOUT_CACHE_ALIAS, "default"
-    return {"default": peers + refusals, locks_settings.CACHE_ALIAS: ours}
+    refusals = [fence_refusals.key(name) for name in lock_names(workload)]
+    markers = [key for pk in workload.product_ids for key in soldout.marker_keys(pk)]
+    keys = {"default": peers, locks_settings.CACHE_ALIAS: ours}
+    keys.setdefault(shop_settings.SOLDOUT_CACHE_ALIAS, []).extend(refusals + markers)
+    return keys
 
 
 def cleanup(workload: Workload) -> None:
@@ -121,6 +125,9 @@ def cleanup(workload: Workload) -> None:
     User = get_user_model()
     users = User.objects.filter(username__startswith=tag)
     products = Product.objects.filter(sku__startswith=tag)
+    records = (Order.objects.filter(user__in=users, idempotency_key__isnull=False)
+               .values_list("user_id", "idempotency_key"))
+    idempotency.delete_records(records.iterator(chunk_size=5000))
     with transaction.atomic():
         StockLedger.objects.filter(product__in=products).delete()
         StockLedger.objects.filter(order__user__in=users).delete()

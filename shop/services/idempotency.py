@@ -11,6 +11,7 @@ retry of the key that bought the last unit still gets its order back. MySQL's un
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 from django.db import connection
 from django_redis import get_redis_connection
@@ -45,3 +46,12 @@ def write_records(records: list[tuple[int, str, int]], *, required: bool) -> Non
     except RedisError as exc:
         if required:
             raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc
+
+
+def delete_records(pairs: Iterable[tuple[int, str]]) -> None:
+    """Forget the records of (user id, key): for removing test and load-test orders, whose
+    records would otherwise stay in a shared Redis for IDEMPOTENCY_TTL."""
+    client = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS)
+    keys = [record_key(user_id, key) for user_id, key in pairs]
+    for i in range(0, len(keys), 1000):
+        client.delete(*keys[i : i + 1000])

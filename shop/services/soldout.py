@@ -53,7 +53,7 @@ class SoldOutCheckFailed(Exception):
     """Redis could not answer the sold-out check; see `sold_out`."""
 
 
-def _keys(product_id: int) -> list[str]:
+def marker_keys(product_id: int) -> list[str]:
     # Namespaced by database (dev and test, two shops may share one Redis); the hash tag keeps a
     # product's marker and floor in one Redis Cluster slot for the scripts.
     base = f"shop:{connection.settings_dict['NAME']}"
@@ -85,7 +85,7 @@ def markers_and_record(product_ids: Iterable[int], *, record_key: str | None = N
     decides.
     """
     ids = list(product_ids)
-    keys = [_keys(pid)[0] for pid in ids] + ([record_key] if record_key is not None else [])
+    keys = [marker_keys(pid)[0] for pid in ids] + ([record_key] if record_key is not None else [])
     try:
         client = _client()
         # On Redis Cluster the keys are in several slots, which one MGET may not span: redis-py's
@@ -109,7 +109,7 @@ def mark(product_id: int, *, fence: int) -> bool:
     committed stock as 0. False if a refill came after the hold began (or Redis is away)."""
     hooks.call("before_sold_out_mark", {})
     try:
-        return bool(_client().eval(_MARK, 2, *_keys(product_id), fence, int(shop_settings.SOLDOUT_TTL)))
+        return bool(_client().eval(_MARK, 2, *marker_keys(product_id), fence, int(shop_settings.SOLDOUT_TTL)))
     except RedisError:
         log.warning("could not mark product %s sold out", product_id, exc_info=True)
         return False
@@ -123,6 +123,6 @@ def refilled(product_ids: Iterable[int], *, fence: int | None) -> None:
     client = _client()
     for pid in product_ids:
         if fence is None:
-            client.delete(_keys(pid)[0])
+            client.delete(marker_keys(pid)[0])
         else:
-            client.eval(_REFILL, 2, *_keys(pid), fence, max(FLOOR_TTL, int(shop_settings.SOLDOUT_TTL)))
+            client.eval(_REFILL, 2, *marker_keys(pid), fence, max(FLOOR_TTL, int(shop_settings.SOLDOUT_TTL)))

@@ -48,7 +48,7 @@ def test_reentrant_lock_is_per_asyncio_task(name):
 def test_every_key_of_one_lock_is_in_one_cluster_slot(name, redis_client):
     keys = LockKeys.for_name(name)
     # A lease longer than the SCAN below: it walks the whole shared keyspace, which takes seconds
-    # when that holds a few hundred thousand keys (load tests' idempotency records live 24 h).
+    # when that holds a few hundred thousand keys (whatever else uses this Redis).
     holder = Lock(name, ttl=60.0)
     holder.acquire()
     waiter, queue = start_waiter(name)  # queued: its queue, waiters and signal keys exist now

@@ -8,10 +8,12 @@ from django.core.cache import caches
 from django.db import connection
 from django_redis import get_redis_connection
 
+from shop import services
 from shop.loadtest import runner, strategies, workload
 from shop.loadtest.runner import Phase, Plan, RunError
 from shop.loadtest.strategies import Options
 from shop.models import DbLock, Order, OrderLine, Product, StockLedger
+from shop.services import idempotency, soldout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -91,7 +93,15 @@ def test_cleanup_removes_everything_the_run_created():
     DbLock.objects.create(name=f"lt:{connection.settings_dict['NAME']}:product:{w.product_ids[0]}", owner="x",
                           expires_at="2000-01-01T00:00:00Z")
     caches["default"].set("lt:probe", 1)
+    # What an HTTP run leaves in Redis: an order's idempotency record and a sold-out marker.
+    buyer = get_user_model().objects.get(pk=w.user_ids[0])
+    placed = services.place_order(user=buyer, lines=[(w.product_ids[1], 1)], idempotency_key="lt-key")
+    record = idempotency.record_key(buyer.pk, "lt-key")
+    assert get_redis_connection("default").get(record) == str(placed.order.pk).encode()
+    assert soldout.mark(w.product_ids[0], fence=1)
     workload.cleanup(w)
+    assert get_redis_connection("default").exists(record) == 0
+    assert soldout.sold_out(w.product_ids) == set()
     tag = w.tag
     assert not Product.objects.filter(sku__startswith=tag).exists()
     assert not get_user_model().objects.filter(username__startswith=tag).exists()

@@ -221,7 +221,7 @@ def test_losing_the_marker_only_loses_the_speed_up(user, make_product, redis_cli
     place_order(user=user, lines=[(p.pk, 1)])
     with pytest.raises(errors.OutOfStock):
         place_order(user=user, lines=[(p.pk, 1)])
-    get_redis_connection("default").delete(soldout._keys(p.pk)[0])  # as if Redis lost its data
+    get_redis_connection("default").delete(soldout.marker_keys(p.pk)[0])  # as if Redis lost its data
     with pytest.raises(errors.OutOfStock):  # the locked path still refuses
         place_order(user=user, lines=[(p.pk, 1)])
 
