@@ -11,6 +11,7 @@ an earlier run would be added to this run's counters.
 - PROMETHEUS_MULTIPROC_DIR unset: a fresh private directory per server (removed at exit), so
   two servers on one host (docs/bench_http_combining.sh) never mix their counts.
 - Set: used as given, emptied of metric files when the server starts.
+- The control socket (`gunicornc`) is `gunicorn.ctl` in that directory, or GUNICORN_CONTROL_SOCKET.
 - A worker that exits (timeout, max_requests, crash): `mark_process_dead` drops its live gauges;
   its counters stay in the sums, as counters must.
 """
@@ -32,6 +33,12 @@ elif os.environ.get("FLASHSALE_METRICS_OWN_DIR") == "1":
 
 def _dir() -> Path:
     return Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+
+
+# gunicorn's control socket (`gunicornc`) is one path per user by default, which a second server on
+# the host takes over with a warning. Each server gets its own, beside its metrics files, unless
+# GUNICORN_CONTROL_SOCKET names one.
+control_socket = os.environ.get("GUNICORN_CONTROL_SOCKET") or str(_dir() / "gunicorn.ctl")
 
 
 def on_starting(server) -> None:
