@@ -36,13 +36,15 @@ nothing of what requests mean.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from locks.backends import Request
 from locks.exceptions import LockNotOwned
-from locks.hold import Hold, Served
+from locks.hold import Guarded, Hold, Served
 from locks.lock import Lock
 from locks.stats import recorder
 
-__all__ = ["Request", "Served", "Turn", "submit"]
+__all__ = ["Guarded", "Request", "Served", "Turn", "submit"]
 
 
 class Turn:
@@ -92,12 +94,18 @@ class Turn:
                 raise
 
 
-def submit(lock: Lock, payload: str, *, wait: float | None = None) -> Turn | Served:
+def submit(lock: Lock, payload: str, *, wait: float | None = None,
+           guards: Sequence[str] = ()) -> Turn | Served | Guarded:
     """Queue `payload` on `lock`: a `Turn` if we got the lock (serve ourselves and the batch),
     or `Served` with the reply a combiner sent. `LockTimeout` if neither came within `wait`:
     the request may still have been worked on (see the module docstring). The lock's backend
-    must support combining (`lock.backend.supports_combining`)."""
-    got = lock.submit(payload, wait=wait)
-    if isinstance(got, Served):
+    must support combining (`lock.backend.supports_combining`).
+
+    `guards` (`lock.backend.supports_guards`: plain Redis, not a cluster): keys of the lock's
+    Redis that, if any exists, stop the request before it queues: `Guarded` with their values.
+    A check the caller would make before queueing anyway (a sold-out marker), without its own
+    round trip."""
+    got = lock.submit(payload, wait=wait, guards=guards)
+    if isinstance(got, Served | Guarded):
         return got
     return Turn(lock, got)

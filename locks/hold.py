@@ -152,6 +152,14 @@ class Served:
     waited: float
 
 
+@dataclass(frozen=True)
+class Guarded:
+    """A request (combining) not queued because one of its guard keys existed: the values of all
+    its guard keys (None for a missing one), in the order given."""
+
+    values: tuple[str | None, ...]
+
+
 # --- one acquisition ------------------------------------------------------------------------
 @dataclass(eq=False)
 class Hold:

@@ -45,7 +45,7 @@ from locks.backends import Grant, LockBackend, get_backend
 from locks.conf import locks_settings
 from locks.connection import default_client
 from locks.exceptions import LockLost, LockNotOwned, LockTimeout, LockUnavailable
-from locks.hold import Cancelled, CancelToken, Hold, HolderKey, Served, current_holder
+from locks.hold import Cancelled, CancelToken, Guarded, Hold, HolderKey, Served, current_holder
 from locks.keys import LockKeys, family_of
 from locks.renewal import renewer
 from locks.stats import recorder
@@ -196,12 +196,12 @@ class Lock:
         """Is anyone holding this lock right now?"""
         return self._backend.locked(self)
 
-    def submit(self, payload: str, *, wait: float | None = None) -> Hold | Served:
+    def submit(self, payload: str, *, wait: float | None = None, guards: Sequence[str] = ()) -> Hold | Served | Guarded:
         """Queue for the lock carrying a request (combining: see locks/combining.py, its API).
 
         The lock (a `Hold`: serve the requests queued behind you), or `Served` with the reply a
         holder sent for `payload`; `LockTimeout` if neither came within `wait`. Needs a backend
-        that `supports_combining`.
+        that `supports_combining`. `guards`: `Guarded` instead if any of these keys exists.
         """
         if not payload:
             raise ValueError("a combining request needs a non-empty payload")
@@ -212,8 +212,9 @@ class Lock:
         started = time.monotonic()
         token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
         wait = self.wait if wait is None else wait
-        got = self._backend.submit(self, token=token, owner=owner, payload=payload, deadline=started + wait)
-        if isinstance(got, Served):
+        got = self._backend.submit(self, token=token, owner=owner, payload=payload, deadline=started + wait,
+                                   **({"guards": guards} if guards else {}))
+        if isinstance(got, Served | Guarded):
             return got
         return self._granted(got, holder, token, owner, started, blocking=True, wait=wait)
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from locks.hold import CancelToken, LockLike, Served
+    from locks.hold import CancelToken, Guarded, LockLike, Served
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,8 @@ class LockBackend(ABC):
     #: Request combining (`submit`, `take`, `reply`; locks/combining.py): the Redis queue has it;
     #: on the others the shop takes the per-order path.
     supports_combining: ClassVar[bool] = False
+    #: `submit` can check guard keys (plain keys of the same server) in the same round trip.
+    supports_guards: ClassVar[bool] = False
     #: Waiters can be counted per lock (describe/held report `waiters`).
     counts_waiters: ClassVar[bool] = True
     #: What the dashboard should say about what this backend cannot show ("" if nothing).
@@ -176,9 +178,10 @@ class LockBackend(ABC):
 
     # -- request combining (optional: supports_combining) ------------------------------------
     def submit(self, lock: LockLike, *, token: str, owner: str, payload: str, deadline: float,
-               cancel: CancelToken | None = None) -> Grant | Served | None:
+               cancel: CancelToken | None = None, guards: Sequence[str] = ()) -> Grant | Served | Guarded | None:
         """Queue for the lock carrying a request (`payload`): the lock (a `Grant`), or the reply
-        a holder sent (`Served`), or None at `deadline`."""
+        a holder sent (`Served`), or None at `deadline`. With `guards` (`supports_guards`): if
+        any of those keys exists the request is not queued, and `Guarded` has their values."""
         raise NotImplementedError(f"the {self.name} backend does not combine requests")
 
     def take(self, lock: LockLike, *, token: str, limit: int) -> list[Request]:

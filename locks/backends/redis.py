@@ -52,7 +52,7 @@ from locks.connection import (
     text,
 )
 from locks.exceptions import HolderChanged, LockNotOwned, LockUnavailable
-from locks.hold import Cancelled, CancelToken, Served
+from locks.hold import Cancelled, CancelToken, Guarded, Served
 from locks.keys import LockKeys, held_key, name_from_key, name_from_member
 from locks.scripts import execute_pipeline, queue_script, script
 
@@ -197,17 +197,25 @@ class RedisBackend(LockBackend):
         got = self._acquire(lock, token=token, owner=owner, blocking=blocking, deadline=deadline, cancel=cancel)
         return None if isinstance(got, Served) else got  # no payload: never served
 
+    @property
+    def supports_guards(self) -> bool:  # type: ignore[override]
+        """Guard keys ride in the acquire script's KEYS: one server, so not on a cluster."""
+        return not isinstance(self.client, RedisCluster)
+
     def submit(self, lock: LockLike, *, token: str, owner: str, payload: str, deadline: float,
-               cancel: CancelToken | None = None) -> Grant | Served | None:
+               cancel: CancelToken | None = None, guards: Sequence[str] = ()) -> Grant | Served | Guarded | None:
+        if guards and not self.supports_guards:
+            raise ValueError("guard keys need one Redis server: not on a cluster")
         return self._acquire(lock, token=token, owner=owner, blocking=True, deadline=deadline, cancel=cancel,
-                             payload=payload)
+                             payload=payload, guards=guards)
 
     def _acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
-                 cancel: CancelToken | None, payload: str = "") -> Grant | Served | None:
+                 cancel: CancelToken | None, payload: str = "",
+                 guards: Sequence[str] = ()) -> Grant | Served | Guarded | None:
         started = time.monotonic()
         client = self.client
         keys = lock.keys
-        key_list = _lock_keys(keys)
+        key_list = [*_lock_keys(keys), *guards]  # the guards are checked on the first send only
         signal = _Signal(client, [keys.signal(token), keys.wake], cancel, _wait_replicas())
         queued = False
         try:
@@ -215,7 +223,10 @@ class RedisBackend(LockBackend):
                 sent = time.monotonic()
                 left_ms = int((deadline - sent) * 1000) if blocking else 0
                 args = _acquire_args(lock, token=token, owner=owner, wait_ms=left_ms)
-                acquired, value, now_ms, since_ms = self._run_acquire(lock, client, key_list, args, payload)
+                acquired, value, now_ms, since_ms, *checked = self._run_acquire(lock, client, key_list, args, payload)
+                if acquired == 3:
+                    return Guarded(tuple(None if v is None else text(v) for v in checked[0]))
+                del key_list[6:]
                 if acquired == 1:
                     signal.abort()
                     lease_start = sent + (int(since_ms) - int(now_ms)) / 1000

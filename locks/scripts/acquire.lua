@@ -1,8 +1,9 @@
--- KEYS: lock fence queue waiters wake taken
+-- KEYS: lock fence queue waiters wake taken [guard...]
 -- ARGV: token ttl_ms owner wait_ms sigprefix fence_ttl_ms(0: one-shot) handoff_ms give_up_ms
 --       payload ('' or absent: a plain acquire; else a request a holder may serve: combining)
 -- -> {1, fence, now_ms, since_ms} acquired (since_ms: when its lease began)
 --  | {-1, 0, now_ms} arrived after give_up_ms: nothing done
+--  | {3, 0, now_ms, 0, {values}} a guard key exists: nothing done; the guards' values (combining)
 --  | {2, pttl_ms, now_ms} this request is in the holder's batch, or its reply is waiting: wait on
 --  | {0, pttl_ms, now_ms} held by someone else (and, if wait_ms > 0, this token is queued:
 --    a release will hand the lock over and push to its signal list)
@@ -13,6 +14,14 @@ local sigprefix, fence_ttl, handoff = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[
 -- A frozen Redis runs buffered commands when it wakes: an abandoned acquire must not queue.
 local give_up = tonumber(ARGV[8] or '0')
 if give_up > 0 and NOW_MS > give_up then return {-1, 0, NOW_MS} end
+-- Guards (KEYS after the lock's six, a request's first send only): keys whose existence stops the
+-- request before it queues, e.g. a sold-out marker. Read here, they cost no round trip of their own.
+if #KEYS > 6 then
+  local values = redis.call('MGET', unpack(KEYS, 7))
+  for i = 1, #values do
+    if values[i] then return {3, 0, NOW_MS, 0, values} end
+  end
+end
 
 local held = redis.call('HMGET', lock, 'token', 'fence', 'since_us')
 if held[1] == token then

@@ -1,7 +1,7 @@
 """place_order: the path of one checkout (see DESIGN.md).
 
-    validate -> sold-out markers + idempotency record (one MGET) -> replay if the key has a
-    record -> refuse if sold out ->
+    validate -> sold-out markers + idempotency record (read by the queueing script, or one MGET
+    first) -> replay if the key has a record -> refuse if sold out ->
       one product, SHOP["COMBINING"], a backend with combining: queue on its lock; whoever holds
         it commits the queue (shop/services/combining.py)
       otherwise (a cart, COMBINING off, locks off, a backend without combining): the sorted
@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 
 from locks.backends import get_backend
+from locks.combining import Guarded
 from shop import errors, metrics, selectors
 from shop.conf import shop_settings
 from shop.models import Coupon, Order, OrderLine, Product
@@ -79,28 +80,26 @@ def place_order(
     code = validate_code(coupon_code) if coupon_code is not None else None
     key = validate_idempotency_key(idempotency_key) if idempotency_key is not None else None
     digest = request_digest(lines, code)
-
-    # Fast path, one Redis round trip: a product known to be sold out is refused without the
-    # lock or MySQL, unless this key already placed an order (then it gets that order back).
-    try:
-        fast = soldout.markers_and_record((pid for pid, _ in lines),
-                                          record_key=idempotency.record_key(user.pk, key) if key is not None else None)
-    except soldout.SoldOutCheckFailed as exc:
-        raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc  # not a second wait
-    asked_mysql = key is not None and fast.has_record is not False
-    if asked_mysql and (replayed := _replay(user=user, key=key, digest=digest)) is not None:
-        return replayed
-    marked = fast.marked
-    if marked:
-        metrics.soldout_rejected()
-        raise errors.OutOfStock(details={"lines": [
-            {"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in marked
-        ]})
-
+    record_key = idempotency.record_key(user.pk, key) if key is not None else None
     use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
+    backend = get_backend()
     # One product: queue on its lock; whoever holds it commits everyone queued at once. (The
     # queue is a Redis one: on Redlock, ZooKeeper or MySQL every order takes the lock itself.)
-    combined = use_locks and shop_settings.COMBINING and len(lines) == 1 and get_backend().supports_combining
+    combined = use_locks and shop_settings.COMBINING and len(lines) == 1 and backend.supports_combining
+    # Fast path: a product known to be sold out is refused without the lock or MySQL, unless this
+    # key already placed an order (then it gets that order back). The markers and the record are
+    # read by the queueing script itself where it can (guards: no round trip of their own), else
+    # by one MGET first.
+    guards = (soldout.guard_keys((pid for pid, _ in lines), record_key=record_key)
+              if combined and backend.supports_guards and soldout.shares_lock_redis() else [])
+    if not guards:
+        try:
+            fast = soldout.markers_and_record((pid for pid, _ in lines), record_key=record_key)
+        except soldout.SoldOutCheckFailed as exc:
+            raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc  # not a second wait
+        if (replayed := _fast_path(fast, user=user, key=key, digest=digest, lines=lines)) is not None:
+            return replayed
+
     deadline = time.monotonic() + float(shop_settings.LOCK_WAIT)
     mine = Request(id=uuid.uuid4().hex, user_id=user.pk, lines=tuple(lines), code=code, key=key, digest=digest,
                    deadline=deadline, recorded=combined)
@@ -109,7 +108,13 @@ def place_order(
     for n in range(retries + 1):
         # The one retry loop: a stale fence or a lost lock (the writer answers AGAIN) queues or
         # locks again; deadlocks and lock-wait timeouts are retried inside the writer.
-        result = combining.queue(mine, wait=deadline - time.monotonic()) if combined else batch.ALONE
+        result = combining.queue(mine, wait=deadline - time.monotonic(), guards=guards) if combined else batch.ALONE
+        if isinstance(result, Guarded):  # a marker or a record: not queued
+            fast = soldout.fast_path_of((pid for pid, _ in lines), result.values, record_key=record_key)
+            if (replayed := _fast_path(fast, user=user, key=key, digest=digest, lines=lines)) is not None:
+                return replayed
+            guards = []  # a record without its order (the order was deleted): queue after all
+            result = combining.queue(mine, wait=deadline - time.monotonic())
         if isinstance(result, Alone):  # not combined, or handed back by a lane's holder: lock it ourselves
             with held([product_lock(pid) for pid, _ in lines], use_locks=use_locks) as holds:
                 result = batch.write([mine], holds={pid: holds[product_lock(pid)] for pid, _ in lines})[mine.id]
@@ -124,6 +129,21 @@ def place_order(
     if isinstance(result, Refused):
         raise result.error()
     return _placement(result, user=user, key=key, digest=digest)
+
+
+def _fast_path(fast: soldout.FastPath, *, user, key: str | None, digest: str,
+               lines: list[tuple[int, int]]) -> Placement | None:
+    """The replay of this key's order if Redis has its record (or could not tell), else None;
+    OutOfStock if a product is marked sold out."""
+    if key is not None and fast.has_record is not False and (
+            replayed := _replay(user=user, key=key, digest=digest)) is not None:
+        return replayed
+    if fast.marked:
+        metrics.soldout_rejected()
+        raise errors.OutOfStock(details={"lines": [
+            {"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in fast.marked
+        ]})
+    return None
 
 
 def _placement(placed: Placed, *, user, key: str | None, digest: str) -> Placement:

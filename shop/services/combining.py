@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 
 from django.db import IntegrityError
 from redis.exceptions import RedisError
@@ -43,21 +44,24 @@ def queue_lock(product_id: int) -> str:
     return lane_lock(product_id, lanes=int(shop_settings.COMBINE_LANES))
 
 
-def queue(mine: Request, *, wait: float) -> Result:
+def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result | combining.Guarded:
     """One pass: queue `mine` on its product's lock; serve a batch if the lock comes to us.
-    `batch.AGAIN` when the lock was lost before our request was committed: queue again."""
+    `batch.AGAIN` when the lock was lost before our request was committed: queue again.
+    `guards`: keys that stop the request before it queues (`Guarded`: the sold-out check)."""
     lanes = int(shop_settings.COMBINE_LANES)
     lock = shop_lock(lane_lock(mine.lines[0][0], lanes=lanes))
     if wait <= 0:
         return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
     try:
-        got = combining.submit(lock, mine.payload(), wait=wait)
+        got = combining.submit(lock, mine.payload(), wait=wait, guards=guards)
     except locks.LockTimeout:
         # Committed by a combiner whose reply we did not wait for, or never: the request id says.
         return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
     except locks.LockUnavailable:
         # Redis failed us, but a combiner may have taken our request: find out in MySQL.
         return _settled(mine) or Refused.of(errors.LockUnavailable(details={"lock": lock.name}))
+    if isinstance(got, combining.Guarded):
+        return got
     result = (batch.from_json(got.reply) if isinstance(got, combining.Served)
               else _take_turn(got, mine=mine, lanes=lanes))
     if (isinstance(result, Refused) and result.code == errors.DatabaseUnavailable.code

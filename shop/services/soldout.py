@@ -14,7 +14,7 @@ committed. Markers live in Redis with a TTL; a Redis error skips the fast path (
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -85,7 +85,7 @@ def markers_and_record(product_ids: Iterable[int], *, record_key: str | None = N
     decides.
     """
     ids = list(product_ids)
-    keys = [marker_keys(pid)[0] for pid in ids] + ([record_key] if record_key is not None else [])
+    keys = guard_keys(ids, record_key=record_key)
     try:
         client = _client()
         # On Redis Cluster the keys are in several slots, which one MGET may not span: redis-py's
@@ -95,7 +95,19 @@ def markers_and_record(product_ids: Iterable[int], *, record_key: str | None = N
         if shares_lock_redis():
             raise SoldOutCheckFailed(str(exc)) from exc
         return FastPath(marked=set(), has_record=None)
-    marked = {pid for pid, flag in zip(ids, values, strict=False) if flag is not None}
+    return fast_path_of(ids, values, record_key=record_key)
+
+
+def guard_keys(product_ids: Iterable[int], *, record_key: str | None = None) -> list[str]:
+    """The keys `markers_and_record` reads, for a lock's submit to check instead (guards, see
+    locks/combining.py): then the check costs no round trip of its own. Only where the markers
+    live in the locks' Redis and that is one server (`shares_lock_redis`, `supports_guards`)."""
+    return [marker_keys(pid)[0] for pid in product_ids] + ([record_key] if record_key is not None else [])
+
+
+def fast_path_of(product_ids: Iterable[int], values: Sequence[object], *, record_key: str | None = None) -> FastPath:
+    """The FastPath of the values of `guard_keys` (an MGET's, or a guarded submit's)."""
+    marked = {pid for pid, flag in zip(product_ids, values, strict=False) if flag is not None}
     return FastPath(marked=marked, has_record=None if record_key is None else values[-1] is not None)
 
 

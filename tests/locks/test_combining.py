@@ -14,7 +14,7 @@ import pytest
 from django_redis import get_redis_connection
 
 from locks import Lock, LockTimeout
-from locks.combining import Served, Turn, submit
+from locks.combining import Guarded, Served, Turn, submit
 from locks.conf import locks_settings
 from locks.keys import LockKeys
 from tests.locks.conftest import FORK, wait_until_queued
@@ -190,6 +190,54 @@ def test_combining_is_a_capability_only_a_combining_backend_has(name, settings):
     with pytest.raises(NotImplementedError, match="does not combine requests"):
         submit(lock, "request")
     assert lock.held is None and not lock.locked()  # nothing was queued or taken
+
+
+def test_a_guard_key_that_exists_stops_the_request_before_it_queues(name):
+    client = _client()
+    marker, other = f"{name}:marker", f"{name}:absent"
+    client.set(marker, "sold-out", ex=60)
+    holder = Lock(name, ttl=5.0)
+    holder.acquire()  # held: without its guard the request would queue behind this hold
+    got = submit(Lock(name, wait=5.0), "request", guards=[other, marker])
+    assert got == Guarded(values=(None, "sold-out"))
+    keys = LockKeys.for_name(name)
+    assert client.exists(keys.queue, keys.waiters) == 0  # never queued
+    holder.release()
+    assert not Lock(name).locked()
+
+
+def test_guards_that_do_not_exist_let_the_request_queue_and_are_not_read_again(name):
+    client = _client()
+    marker = f"{name}:marker"
+    turn = submit(Lock(name, ttl=5.0), "mine", guards=[marker])
+    assert isinstance(turn, Turn)  # free and unguarded: the lock is ours
+    waiter, queue = start_submitter_guarded(name, "r0", guards=[marker])
+    client.set(marker, "sold-out", ex=60)  # set after it queued: the queued request is not stopped
+    with turn:
+        (request,) = turn.take(limit=10)
+        turn.reply({request.token: "done"})
+    assert queue.get(timeout=10)[:3] == ("r0", "served", "done")
+    waiter.join(5)
+
+
+def _submit_guarded_in_child(name: str, payload: str, guards: list[str], queue) -> None:
+    got = submit(Lock(name, ttl=1.0, wait=10.0), payload, guards=guards)
+    queue.put((payload, "served", got.reply) if isinstance(got, Served) else (payload, type(got).__name__, None))
+
+
+def start_submitter_guarded(name: str, payload: str, *, guards: list[str]):
+    queue = FORK.Queue()
+    proc = FORK.Process(target=_submit_guarded_in_child, args=(name, payload, guards, queue))
+    proc.start()
+    wait_until_queued(name, 1)
+    return proc, queue
+
+
+def test_guards_are_refused_where_one_script_cannot_read_them(name, settings):
+    lock = Lock(name, wait=1.0)
+    assert lock.backend.supports_guards  # one Redis server
+    settings.LOCKS = {**settings.LOCKS, "BACKEND": "mysql"}
+    assert not Lock(name).backend.supports_guards
 
 
 def _combine_then_die(name: str, queue) -> None:

@@ -140,6 +140,17 @@ def test_combining_serves_the_queued_requests_on_the_cluster(backend, name):
     test_the_holder_takes_the_queued_requests_in_order_and_answers_each(name)
 
 
+def test_guards_are_refused_on_the_cluster(backend, name):
+    """Guard keys live in other slots than the lock's: one script cannot read them."""
+    from locks.combining import submit
+
+    lock = Lock(name, wait=1.0)
+    assert lock.backend.supports_combining and not lock.backend.supports_guards
+    with pytest.raises(ValueError, match="not on a cluster"):
+        submit(lock, "request", guards=["shop:x:soldout:{1}"])
+    assert not lock.locked()
+
+
 def test_the_default_cache_and_rate_limits_work_on_the_cluster(backend, name, rf):
     """The "default" alias on the cluster too: keys of many slots in one get_many (MGET per slot),
     django-ratelimit's counter (one key: add + INCR), the sold-out markers' lookup (one MGET of

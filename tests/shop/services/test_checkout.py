@@ -288,3 +288,62 @@ def test_the_placement_is_complete_and_renders_without_a_query(user, make_produc
     assert shown["total"] == "14.00" and shown["coupon_code"] == coupon.code and len(shown["lines"]) == 2
     again = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)], coupon_code=coupon.code, idempotency_key="pc-1")
     assert again.replayed and order_json(again.order) == shown
+
+
+# --- the sold-out check in the queueing script (guards) ------------------------------------------
+@pytest.fixture
+def mget_calls(monkeypatch) -> list[list[int]]:
+    """The product ids of every separate sold-out MGET (`markers_and_record`)."""
+    calls, real = [], soldout.markers_and_record
+
+    def counted(product_ids, **kwargs):
+        ids = list(product_ids)
+        calls.append(ids)
+        return real(ids, **kwargs)
+
+    monkeypatch.setattr(soldout, "markers_and_record", counted)
+    return calls
+
+
+def test_a_queued_order_reads_the_markers_and_its_record_in_the_queueing_script(user, make_product, combining,
+                                                                                mget_calls):
+    p = make_product(stock=1)
+    last = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="gk-1")  # leaves 0: marked
+    name = product_lock(p.pk)
+    stats.flush()
+    acquired = inspect.acquisitions([name])[name]
+    with pytest.raises(errors.OutOfStock) as err:
+        place_order(user=user, lines=[(p.pk, 1)], idempotency_key="gk-2")
+    assert err.value.details["lines"] == [{"product_id": p.pk, "requested": 1, "available": 0}]
+    # The retry of the key that bought the last unit gets its order, though the product is marked.
+    again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="gk-1")
+    assert again.replayed and again.order.pk == last.order.pk
+    assert mget_calls == ([] if combining else [[p.pk]] * 3)  # combining: no round trip of its own
+    stats.flush()
+    assert inspect.acquisitions([name])[name] == acquired  # neither took the lock
+    assert Order.objects.filter(user=user).count() == 1
+
+
+def test_a_record_whose_order_is_gone_queues_after_all(user, make_product, mget_calls):
+    from django_redis import get_redis_connection
+
+    from shop.services import idempotency
+
+    p = make_product(stock=3)
+    get_redis_connection("default").set(idempotency.record_key(user.pk, "gk-gone"), 999999, ex=60)
+    placed = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="gk-gone")
+    assert not placed.replayed and placed.order.idempotency_key == "gk-gone"
+    assert Order.objects.get(pk=placed.order.pk).idempotency_key == "gk-gone"
+
+
+def test_markers_in_another_redis_are_read_by_one_mget_first(user, make_product, combining, mget_calls,
+                                                            redis_server, settings):
+    from shop.settings import _redis_cache
+
+    settings.CACHES = {**settings.CACHES, "default": _redis_cache(redis_server.url)}  # markers elsewhere
+    assert not soldout.shares_lock_redis()
+    p = make_product(stock=1)
+    place_order(user=user, lines=[(p.pk, 1)])
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=user, lines=[(p.pk, 1)])
+    assert mget_calls == [[p.pk], [p.pk]]
