@@ -213,7 +213,7 @@ class Lock:
         token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
         wait = self.wait if wait is None else wait
         got = self._backend.submit(self, token=token, owner=owner, payload=payload, deadline=started + wait,
-                                   **({"guards": guards} if guards else {}))
+                                   guards=guards)
         if isinstance(got, Served | Guarded):
             return got
         return self._granted(got, holder, token, owner, started, blocking=True, wait=wait)

@@ -18,20 +18,22 @@ from django_redis import get_redis_connection
 from tests.helpers import RedisServer
 
 
+def _delete_matching(client, pattern: str) -> None:
+    """Delete the keys matching `pattern` (SCAN, never KEYS), 500 at a time."""
+    keys = list(client.scan_iter(match=pattern, count=1000))
+    for i in range(0, len(keys), 500):
+        client.delete(*keys[i : i + 500])
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _lock_key_prefix():
     prefix = f"test{os.getpid()}:"
     settings.LOCKS = {**settings.LOCKS, "KEY_PREFIX": prefix}
     client = get_redis_connection(settings.LOCKS["CACHE_ALIAS"])
 
-    def delete_prefix_keys() -> None:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
-
     # At exit, and registered before the lock statistics' own exit flush, so it runs after it
     # (atexit is last in, first out): that flush would write this run's stats keys again.
-    atexit.register(delete_prefix_keys)
+    atexit.register(_delete_matching, client, f"{prefix}*")
     yield prefix
 
 
@@ -68,14 +70,9 @@ def _no_stale_shop_keys(django_db_setup, django_db_blocker):
         name = connection.settings_dict["NAME"]
     client = get_redis_connection("default")
 
-    def delete_shop_keys() -> None:
-        keys = list(client.scan_iter(match=f"shop:{name}:*", count=1000))  # the test database's own
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
-
-    delete_shop_keys()
+    _delete_matching(client, f"shop:{name}:*")  # the test database's own
     yield
-    delete_shop_keys()
+    _delete_matching(client, f"shop:{name}:*")
 
 
 @pytest.fixture

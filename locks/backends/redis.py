@@ -215,7 +215,8 @@ class RedisBackend(LockBackend):
         started = time.monotonic()
         client = self.client
         keys = lock.keys
-        key_list = [*_lock_keys(keys), *guards]  # the guards are checked on the first send only
+        lock_keys = _lock_keys(keys)
+        key_list = [*lock_keys, *guards]  # the guards are read on the first send only
         signal = _Signal(client, [keys.signal(token), keys.wake], cancel, _wait_replicas())
         queued = False
         try:
@@ -226,7 +227,7 @@ class RedisBackend(LockBackend):
                 acquired, value, now_ms, since_ms, *checked = self._run_acquire(lock, client, key_list, args, payload)
                 if acquired == 3:
                     return Guarded(tuple(None if v is None else text(v) for v in checked[0]))
-                del key_list[6:]
+                key_list = lock_keys
                 if acquired == 1:
                     signal.abort()
                     lease_start = sent + (int(since_ms) - int(now_ms)) / 1000

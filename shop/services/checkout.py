@@ -80,6 +80,7 @@ def place_order(
     code = validate_code(coupon_code) if coupon_code is not None else None
     key = validate_idempotency_key(idempotency_key) if idempotency_key is not None else None
     digest = request_digest(lines, code)
+    product_ids = [pid for pid, _ in lines]
     record_key = idempotency.record_key(user.pk, key) if key is not None else None
     use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
     backend = get_backend()
@@ -90,11 +91,11 @@ def place_order(
     # key already placed an order (then it gets that order back). The markers and the record are
     # read by the queueing script itself where it can (guards: no round trip of their own), else
     # by one MGET first.
-    guards = (soldout.guard_keys((pid for pid, _ in lines), record_key=record_key)
+    guards = (soldout.guard_keys(product_ids, record_key=record_key)
               if combined and backend.supports_guards and soldout.shares_lock_redis() else [])
     if not guards:
         try:
-            fast = soldout.markers_and_record((pid for pid, _ in lines), record_key=record_key)
+            fast = soldout.markers_and_record(product_ids, record_key=record_key)
         except soldout.SoldOutCheckFailed as exc:
             raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc  # not a second wait
         if (replayed := _fast_path(fast, user=user, key=key, digest=digest, lines=lines)) is not None:
@@ -110,14 +111,14 @@ def place_order(
         # locks again; deadlocks and lock-wait timeouts are retried inside the writer.
         result = combining.queue(mine, wait=deadline - time.monotonic(), guards=guards) if combined else batch.ALONE
         if isinstance(result, Guarded):  # a marker or a record: not queued
-            fast = soldout.fast_path_of((pid for pid, _ in lines), result.values, record_key=record_key)
+            fast = soldout.fast_path_of(product_ids, result.values, record_key=record_key)
             if (replayed := _fast_path(fast, user=user, key=key, digest=digest, lines=lines)) is not None:
                 return replayed
             guards = []  # a record without its order (the order was deleted): queue after all
             result = combining.queue(mine, wait=deadline - time.monotonic())
         if isinstance(result, Alone):  # not combined, or handed back by a lane's holder: lock it ourselves
-            with held([product_lock(pid) for pid, _ in lines], use_locks=use_locks) as holds:
-                result = batch.write([mine], holds={pid: holds[product_lock(pid)] for pid, _ in lines})[mine.id]
+            with held([product_lock(pid) for pid in product_ids], use_locks=use_locks) as holds:
+                result = batch.write([mine], holds={pid: holds[product_lock(pid)] for pid in product_ids})[mine.id]
         if not isinstance(result, Again):
             break
         log.info("place_order: again (%d) after a lost lock", n + 1)
