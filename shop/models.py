@@ -116,6 +116,10 @@ class Order(models.Model):
     idempotency_key = models.CharField(max_length=128, null=True, blank=True, db_collation="utf8mb4_bin")  # noqa: DJ001
     # Digest of (lines, coupon) so a replayed key with a different body is detected.
     request_digest = models.CharField(max_length=64, blank=True, editable=False)
+    # The checkout request that placed it (time-ordered, unique; NULL on orders from before it).
+    # How the writer learns a batch's order ids where INSERT ... RETURNING does not exist (MySQL):
+    # it reads them back by these, whatever the auto-increment lock mode or step.
+    request_id = models.CharField(max_length=32, null=True, blank=True, unique=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)  # cancelled or expired
     # Unpaid past this, the order expires and its stock goes back (SHOP["PAYMENT_WINDOW"]).

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import secrets
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -52,6 +53,12 @@ DEADLINE_MARGIN = 0.05
 
 
 # --- requests and results -------------------------------------------------------------------
+def new_request_id() -> str:
+    """32 hex digits, time-ordered (microseconds, then 72 random bits): unique, and appended at
+    the end of the request-id indexes rather than scattered through them."""
+    return f"{time.time_ns() // 1000:014x}{secrets.token_hex(9)}"
+
+
 @dataclass(frozen=True)
 class Request:
     """One buyer's order. `token`: the combining token of a queued buyer (None for the caller's
@@ -252,6 +259,8 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
         if not placed:
             return results, stock
         written = _write_orders(placed, rows=rows, claims=claims, holds=holds, results=results, isolate=isolate)
+        if not written:  # every request was refused alone (isolate): nothing to take
+            return results, stock
         totals: dict[int, int] = {}
         for r, _ in written:
             for pid, qty in r.lines:
@@ -409,11 +418,10 @@ def _insert_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict
                           coupon_id=claim.coupon_id if claim is not None else None,
                           coupon_code=claim.coupon.code if claim is not None else None,
                           status=status, pay_by=pay_by, paid_at=None, created_at=now, lines=lines))
-        values.append((r.user_id, status, subtotal, discount, subtotal - discount, out[-1].coupon_id, r.key,
+        values.append((r.id, r.user_id, status, subtotal, discount, subtotal - discount, out[-1].coupon_id, r.key,
                        r.digest, db_now, db_pay_by))
-    ids = _insert_rows(Order, ("user", "status", "subtotal", "discount", "total", "coupon", "idempotency_key",
-                               "request_digest", "created_at", "pay_by"), values, returning=True)
-    pairs = [(r, replace(p, order_id=oid)) for r, p, oid in zip(placed, out, ids, strict=True)]
+    ids = _insert_orders_rows(values)
+    pairs = [(r, replace(p, order_id=ids[r.id])) for r, p in zip(placed, out, strict=True)]
     _insert_rows(OrderLine, ("order", "product", "quantity", "unit_price"),
                  [(o.order_id, pid, qty, rows[pid]["price"]) for r, o in pairs for pid, qty in r.lines])
     _insert_rows(StockLedger, ("product", "quantity", "reason", "order", "fence", "actor", "created_at"),
@@ -425,27 +433,43 @@ def _insert_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict
     return pairs
 
 
-def _insert_rows(model: type[models.Model], fields: tuple[str, ...], rows: list[tuple], *,
-                 returning: bool = False) -> list[int]:
-    """One multi-row INSERT from plain values (already in their database form); the new ids in
-    row order with `returning` (MariaDB 10.5+: INSERT ... RETURNING). bulk_create builds and
-    compiles a model instance per row, which was most of a batch's client CPU (docs/benchmarks.md)."""
-    if not rows:
-        return []
+_ORDER_FIELDS = ("request_id", "user", "status", "subtotal", "discount", "total", "coupon", "idempotency_key",
+                 "request_digest", "created_at", "pay_by")
+
+
+def _insert_orders_rows(values: list[tuple]) -> dict[str, int]:
+    """INSERT the orders (one statement); their ids by request id. MariaDB returns them from the
+    INSERT itself (RETURNING); MySQL has no RETURNING, and the ids of a multi-row INSERT need not
+    be consecutive there (innodb_autoinc_lock_mode 2, its default; auto_increment_increment > 1
+    under replication), so they are read back by the orders' own unique request ids."""
+    qn = connection.ops.quote_name
+    table, pk, request_id = qn(Order._meta.db_table), qn(Order._meta.pk.column), qn("request_id")
+    returning = connection.features.can_return_rows_from_bulk_insert
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(Order, _ORDER_FIELDS, len(values))
+                       + (f" RETURNING {request_id}, {pk}" if returning else ""),
+                       [value for row in values for value in row])
+        if not returning:
+            marks = ", ".join(["%s"] * len(values))
+            cursor.execute(f"SELECT {request_id}, {pk} FROM {table} WHERE {request_id} IN ({marks})",
+                           [row[0] for row in values])
+        return dict(cursor.fetchall())
+
+
+def _insert_sql(model: type[models.Model], fields: tuple[str, ...], count: int) -> str:
     opts = model._meta
-    if returning and not connection.features.can_return_rows_from_bulk_insert:
-        names = [opts.get_field(f).attname for f in fields]
-        objs = [model(**dict(zip(names, row, strict=True))) for row in rows]
-        model.objects.bulk_create(objs)  # MySQL: ids of consecutive auto-increment values
-        return [o.pk for o in objs]
     qn = connection.ops.quote_name
     columns = ", ".join(qn(opts.get_field(f).column) for f in fields)
     one = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    sql = f"INSERT INTO {qn(opts.db_table)} ({columns}) VALUES " + ", ".join([one] * len(rows))
-    with connection.cursor() as cursor:
-        cursor.execute(sql + (f" RETURNING {qn(opts.pk.column)}" if returning else ""),
-                       [value for row in rows for value in row])
-        return [row[0] for row in cursor.fetchall()] if returning else []
+    return f"INSERT INTO {qn(opts.db_table)} ({columns}) VALUES " + ", ".join([one] * count)
+
+
+def _insert_rows(model: type[models.Model], fields: tuple[str, ...], rows: list[tuple]) -> None:
+    """One multi-row INSERT from plain values (already in their database form). bulk_create
+    builds and compiles a model instance per row, which was most of a batch's client CPU."""
+    if rows:
+        with connection.cursor() as cursor:
+            cursor.execute(_insert_sql(model, fields, len(rows)), [value for row in rows for value in row])
 
 
 def _use_claims(written: list[tuple[Request, Placed]], claims: dict[str, CouponClaim]) -> None:

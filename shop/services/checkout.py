@@ -19,7 +19,6 @@ import json
 import logging
 import random
 import time
-import uuid
 from dataclasses import dataclass
 
 from locks.backends import get_backend
@@ -102,7 +101,7 @@ def place_order(
             return replayed
 
     deadline = time.monotonic() + float(shop_settings.LOCK_WAIT)
-    mine = Request(id=uuid.uuid4().hex, user_id=user.pk, lines=tuple(lines), code=code, key=key, digest=digest,
+    mine = Request(id=batch.new_request_id(), user_id=user.pk, lines=tuple(lines), code=code, key=key, digest=digest,
                    deadline=deadline, recorded=combined)
     retries = int(shop_settings.RETRIES)
     result: Result = batch.AGAIN

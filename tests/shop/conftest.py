@@ -45,3 +45,19 @@ def user(db):
 @pytest.fixture
 def other_user(db):
     return get_user_model().objects.create_user(f"shopper-{next(_seq)}", password="pw-not-used")
+
+
+@pytest.fixture(params=["mariadb", "mysql8"])
+def flavour(request):
+    """Run the test twice: on MariaDB as it is, and with the connection dressed as MySQL 8.4 (no
+    INSERT ... RETURNING, no idle_transaction_timeout, so stale transactions in kill mode;
+    shop/loadtest/mysql8). Forked processes inherit the dress."""
+    from django.db import connection
+
+    from shop.loadtest import mysql8
+
+    if request.param == "mariadb":
+        yield request.param
+        return
+    with mysql8.emulate(connection):
+        yield request.param

@@ -18,7 +18,7 @@ from shop.models import CouponClaim, Order, OrderLine, StockLedger
 from shop.services import batch, cancel_order, claim_coupon, hooks, place_order, restock, soldout
 from shop.services.locking import product_lock
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["combining", "batch-of-1"])
