@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
 
 
 class ShopConfig(AppConfig):
@@ -9,3 +10,7 @@ class ShopConfig(AppConfig):
     def ready(self) -> None:
         # The shop's scheduled jobs (run by `manage.py run_jobs` on every server).
         from shop import checks, jobs  # noqa: F401
+        from shop.services import stale_transactions
+
+        # Service transactions are bounded; everything else on a pooled connection is not.
+        connection_created.connect(stale_transactions.install, dispatch_uid="shop.unbound_other_work")

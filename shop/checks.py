@@ -31,8 +31,10 @@ def check_stale_transactions(app_configs=None, databases=None, **kwargs) -> list
             cursor.execute("SELECT CURRENT_USER()")
             (user,) = cursor.fetchone()
         return [Warning(f"Paused holders are ended by KILL of their MySQL connection (this server has no "
-                        f"idle_transaction_timeout): every app server must connect as the same MySQL user "
-                        f"({user}) or have CONNECTION_ADMIN; a refused KILL is logged and the product waits "
-                        f"for the paused holder as before.",
+                        f"idle_transaction_timeout): only the connection that blocks a checkout's row and is "
+                        f"recorded as an older holder of its lock is killed. The MySQL user ({user}) needs "
+                        f"{stale_transactions.KILL_PRIVILEGES} (or every app server connects as the same user); "
+                        f"without them a KILL is refused or never found, logged, and the product waits for the "
+                        f"paused holder as before.",
                         hint="Silence with SILENCED_SYSTEM_CHECKS once this holds.", id="shop.W002")]
     return []

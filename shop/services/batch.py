@@ -210,7 +210,7 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
             if not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
                 raise
             if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
-                stale_transactions.end_older_holders()  # a holder paused past its lease keeps the row
+                stale_transactions.lock_wait_timed_out()  # a holder paused past its lease may keep the row
             log.info("checkout: retry %d after mysql %s", n + 1, exc.args[0])
             time.sleep(random.uniform(0, 0.005 * (2**n)))
             continue

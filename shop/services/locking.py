@@ -86,6 +86,7 @@ def held(names: list[str], *, use_locks: bool | None = None) -> Iterator[dict[st
             holds[name] = hold
             stack.callback(release_safely, hold)
         stale_transactions.record(holds)
+        stack.callback(stale_transactions.forget, holds)  # runs first: the records go before the locks
         yield holds
 
 

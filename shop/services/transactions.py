@@ -55,8 +55,8 @@ def durable_transaction() -> Iterator[None]:
     """`transaction.atomic(durable=True)` that turns a lost connection into DatabaseUnavailable."""
     committing = False
     try:
-        stale_transactions.prepare_connection()  # a paused holder's transaction must end (I7)
-        with transaction.atomic(durable=True):
+        # Bounded (a paused holder's transaction must end, I7), and watched after a row wait ran out.
+        with stale_transactions.service_transaction(), transaction.atomic(durable=True):
             yield
             committing = True  # the block is done: what fails from here on is the COMMIT
     except (OperationalError, InterfaceError) as exc:
@@ -89,7 +89,7 @@ def with_retries(attempt: Callable[[], T], *, what: str) -> T:
             if exc.args[0] not in RETRYABLE_MYSQL:
                 raise
             if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
-                stale_transactions.end_older_holders()  # a holder paused past its lease keeps the row
+                stale_transactions.lock_wait_timed_out()  # a holder paused past its lease may keep the row
             reason = f"mysql {exc.args[0]}"
         except (StaleFence, locks.LockLost) as exc:
             if isinstance(exc, StaleFence):

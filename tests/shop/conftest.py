@@ -61,3 +61,14 @@ def flavour(request):
         return
     with mysql8.emulate(connection):
         yield request.param
+
+
+@pytest.fixture
+def mysql8():
+    """The connection dressed as MySQL 8.4 for this test only (see `flavour`)."""
+    from django.db import connection
+
+    from shop.loadtest import mysql8 as emulation
+
+    with emulation.emulate(connection):
+        yield

@@ -20,7 +20,7 @@ from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK, wait_until_queued
 from tests.shop.services.test_combining import assert_books
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("flavour")]
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ from shop.services.locking import product_lock
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK, wait_until_queued
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("flavour")]
 
 
 @pytest.fixture(autouse=True)

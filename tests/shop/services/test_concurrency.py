@@ -19,7 +19,7 @@ from shop.models import Coupon, CouponClaim, Order, OrderLine, Product, StockLed
 from shop.services import cancel_order, claim_coupon, hooks, place_order
 from tests.helpers import make_users, run_processes
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("flavour")]
 
 
 def buy_until_sold_out(user_id: int, lines: list[tuple[int, int]], max_tries: int = 1000) -> dict:

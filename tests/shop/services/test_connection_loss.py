@@ -15,7 +15,7 @@ from shop.models import ApiToken, Order, Product
 from shop.services import hooks, place_order
 from tests.mysql_proxy import MySQLProxy
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
 
 def _kill_own_connection() -> None:

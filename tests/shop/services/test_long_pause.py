@@ -36,10 +36,14 @@ def _timed_buy(user_id: int, product_id: int) -> tuple[str, int | None, float]:
     return code, order_id, time.monotonic() - started
 
 
-@pytest.mark.parametrize(("mode", "pause"), [("timeout", 10.0), ("kill", 6.0)])
+@pytest.mark.parametrize(("mode", "pause"), [("timeout", 10.0), ("kill", 6.0), ("mysql8", 6.0)])
 def test_a_holder_paused_mid_transaction_stalls_its_product_at_most_wait_plus_a_second(make_product, settings,
-                                                                                      mode, pause):
-    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": True, "STALE_TRANSACTIONS": mode}
+                                                                                      mode, pause, request):
+    """MariaDB's timeout, kill mode on MariaDB, and MySQL 8 (dressed: "auto" is kill there)."""
+    if mode == "mysql8":
+        request.getfixturevalue("mysql8")
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": True,
+                     "STALE_TRANSACTIONS": "auto" if mode == "mysql8" else mode}
     wait = float(django_settings.SHOP.get("LOCK_WAIT", 3.0))
     p = make_product(stock=100)
     # The combiner stops with its batch written and the product's row locked, not committed.

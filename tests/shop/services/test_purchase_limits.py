@@ -12,7 +12,7 @@ from shop.models import Order, Product
 from shop.services import cancel_order, place_order
 from tests.helpers import make_users, run_processes
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
 
 @pytest.fixture(params=[True, False], ids=["combining", "per-order"])

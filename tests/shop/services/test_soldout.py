@@ -14,7 +14,7 @@ from shop import errors
 from shop.conf import shop_settings
 from shop.services import place_order, restock, soldout
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
 FORK = multiprocessing.get_context("fork")
 

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import math
+import os
+import signal
+import time
+
 import MySQLdb
 import pytest
+from django.conf import settings as django_settings
+from django.contrib.auth import get_user_model
 from django.core import checks
-from django.db import connection
+from django.db import OperationalError, connection, connections, transaction
 
-from shop.services import stale_transactions
+from shop.models import Product
+from shop.services import hooks, stale_transactions
+from shop.services.locking import product_lock
+from tests.helpers import make_users, run_processes
+from tests.locks.conftest import FORK
+from tests.shop.services.test_combining import _run_behind_combiner
+from tests.shop.services.test_long_pause import _timed_buy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,10 +34,19 @@ def test_auto_on_mariadb_uses_the_server_timeout_and_check_is_quiet(settings):
     assert connection.mysql_is_mariadb
     assert _check_ids(settings, "auto") == []
     settings.SHOP = {**getattr(settings, "SHOP", {}), "STALE_TRANSACTIONS": "auto"}
-    assert stale_transactions.prepare_connection() == "timeout"
-    with connection.cursor() as cursor:
+    with stale_transactions.service_transaction() as mode, connection.cursor() as cursor:
+        assert mode == "timeout"
         cursor.execute("SELECT @@SESSION.idle_transaction_timeout")
         assert cursor.fetchone()[0] == stale_transactions.timeout_seconds()
+
+
+def test_in_mysql8_mode_auto_is_kill_and_check_names_the_privileges(settings, mysql8):
+    assert _check_ids(settings, "auto") == ["shop.W002"]
+    assert _check_ids(settings, "timeout") == ["shop.E002"]
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "STALE_TRANSACTIONS": "auto"}
+    message = next(m.msg for m in checks.run_checks(tags=["database"], databases=["default"]) if m.id == "shop.W002")
+    assert "PROCESS" in message and "CONNECTION_ADMIN" in message
+    assert stale_transactions.mode() == "kill"
 
 
 def test_check_names_a_bad_value_the_off_switch_and_kill_mode(settings):
@@ -44,28 +66,165 @@ def limited_user():
         cursor.execute("DROP USER IF EXISTS 'shop_limited'@'127.0.0.1'")
 
 
-def test_a_refused_kill_is_logged_and_leaves_the_old_behaviour(settings, limited_user, caplog):
+def test_a_refused_kill_is_logged_and_leaves_the_old_behaviour(limited_user, caplog):
     """KILL of another user's connection without the privilege: error 1095, logged, not raised."""
-    settings.SHOP = {**getattr(settings, "SHOP", {}), "STALE_TRANSACTIONS": "kill"}
-    stale_transactions.prepare_connection()
-    victim = connection.connection.thread_id()  # root's connection, recorded as an older holder
-
-    class Hold:
-        name, fence = "product:stale-test", 10
-
+    connection.ensure_connection()
+    victim = connection.connection.thread_id()  # root's connection, taken for a stale holder
     db = connection.settings_dict
     limited = MySQLdb.connect(host="127.0.0.1", port=int(db["PORT"] or 3306), user=limited_user, passwd="pw")
     try:
-        stale_transactions._client().lpush(stale_transactions._key(Hold.name), f"5 {victim}")
-        stale_transactions._recorded.holds = {Hold.name: Hold}
-        connection.connection, own = limited, connection.connection
-        try:
-            assert stale_transactions.end_older_holders() == 0
-        finally:
-            connection.connection = own
+        suspect = stale_transactions.Candidate(thread_id=victim, fence=5, lock="product:stale-test")
+        watcher = stale_transactions._Watcher(params={}, waiter=0, holds={}, suspects={victim: suspect}, until=0)
+        watcher._kill(limited, suspect)
+        assert watcher.killed is None
         assert "refused (error 1095)" in caplog.text
         with connection.cursor() as cursor:  # the root connection is alive
             cursor.execute("SELECT 1")
     finally:
         limited.close()
-        stale_transactions._client().delete(stale_transactions._key(Hold.name))
+
+
+# --- the session bounds are the services' only (M2) ------------------------------------------
+def _buy_once(user, product) -> None:
+    from shop.services import place_order
+
+    place_order(user=user, lines=[(product.pk, 1)])
+
+
+def test_a_transaction_outside_the_services_may_sit_idle_past_the_timeout(settings, user, make_product):
+    """A job or an admin form on a connection that served a checkout is not dropped after 2 s idle."""
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "STALE_TRANSACTIONS": "timeout"}
+    p = make_product(stock=5)
+    _buy_once(user, p)
+    with transaction.atomic():
+        Product.objects.filter(pk=p.pk).update(name="renamed by a slow job")
+        time.sleep(stale_transactions.timeout_seconds() + 1.0)
+        assert Product.objects.get(pk=p.pk).name == "renamed by a slow job"  # the connection is alive
+
+
+def test_outside_the_services_a_row_wait_has_the_servers_default(settings, user, make_product):
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "STALE_TRANSACTIONS": "kill"}
+    p = make_product(stock=5)
+    seen = {}
+
+    def hook(stage: str, holds: dict) -> None:
+        if stage == "before_update":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+                seen["service"] = cursor.fetchone()[0]
+
+    hooks.checkout_hook = hook
+    try:
+        _buy_once(user, p)
+    finally:
+        hooks.checkout_hook = None
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout")
+        session, server = cursor.fetchone()
+    assert seen["service"] == math.ceil(float(django_settings.SHOP.get("LOCK_TTL", 1.0)))
+    assert session == server
+
+
+# --- kill mode kills only the stale holder that blocks the row (M1) --------------------------
+def _holder_records(product) -> list[str]:
+    client = stale_transactions._client()
+    return [e.decode() for e in client.lrange(stale_transactions._key(product_lock(product.pk)), 0, -1)]
+
+
+@pytest.mark.parametrize("combining", [True, False], ids=["combining", "batch-of-1"])
+def test_a_hold_that_ended_leaves_no_holder_record(settings, user, make_product, mysql8, combining):
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": combining}
+    assert stale_transactions.mode() == "kill"
+    p = make_product(stock=5)
+    _buy_once(user, p)
+    assert _holder_records(p) == []
+
+
+def _earlier_holder(user_id: int, product_id: int, go, queue) -> None:
+    """Buys once (its hold records its connection), then keeps that pooled connection, idle,
+    until `go`; then says whether it is still alive."""
+    from shop.services import place_order
+
+    user = get_user_model().objects.get(pk=user_id)
+    place_order(user=user, lines=[(product_id, 1)])
+    queue.put(("bought", connection.connection.thread_id()))
+    go.wait(60)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        queue.put(("alive", None))
+    except OperationalError as exc:
+        queue.put(("killed", exc.args[0]))
+
+
+@pytest.mark.slow
+def test_kill_mode_kills_only_the_stale_holder_that_blocks_the_row(settings, make_product, mysql8):
+    """An earlier holder's pooled connection (its hold long over) and a session named by a forged
+    record both live; the paused holder that blocks the row is the one killed, and buyers behind
+    it wait at most their wait + 1 s."""
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": True}
+    assert stale_transactions.mode() == "kill"
+    wait = float(django_settings.SHOP.get("LOCK_WAIT", 3.0))
+    p, other = make_product(stock=100), make_product(stock=100)
+    buyer = make_users(1, prefix="early")[0]
+    connections.close_all()  # (after the last query: the child must not share our connection)
+    go, earlier_q = FORK.Event(), FORK.Queue()
+    earlier = FORK.Process(target=_earlier_holder, args=(buyer.pk, p.pk, go, earlier_q))
+    earlier.start()
+    assert earlier_q.get(timeout=30)[0] == "bought"
+
+    # A bystander in a transaction of its own (another product's row), named by a forged record.
+    db = connection.settings_dict
+    bystander = MySQLdb.connect(host="127.0.0.1", port=int(db["PORT"] or 3306), user=db["USER"],
+                                passwd=db["PASSWORD"], database=db["NAME"])
+    bystander.autocommit(False)
+    bystander.cursor().execute("SELECT id FROM shop_product WHERE id = %s FOR UPDATE", [other.pk])
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@hostname, @@port, UNIX_TIMESTAMP()")
+        host, port, now = cursor.fetchone()
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'Uptime'")
+        boot = int(now) - int(cursor.fetchone()[1])
+    stale_transactions._client().lpush(stale_transactions._key(product_lock(p.pk)),
+                                       f"1 {bystander.thread_id()} {host}:{port}:{boot}")
+
+    combiner, others, queue = _run_behind_combiner(p, stage="before_commit", action="pause", buyers=1)
+    try:
+        late = run_processes(_timed_buy, [(u.pk, p.pk) for u in make_users(3, prefix="late")], timeout=60)
+        assert [code for code, _, _ in late] == ["placed"] * 3, late
+        slowest = max(seconds for _, _, seconds in late)
+        assert slowest <= wait + 1.0, f"a buyer waited {slowest:.2f} s behind a paused holder"
+        go.set()
+        assert earlier_q.get(timeout=30) == ("alive", None), "an earlier holder's idle connection was killed"
+        with bystander.cursor() as cursor:
+            cursor.execute("SELECT 1")  # raises if it was killed
+    finally:
+        bystander.close()
+        if combiner.is_alive():
+            os.kill(combiner.pid, signal.SIGCONT)
+        combiner.join(20)
+        for proc in [earlier, *others]:
+            proc.join(10)
+    kind, _ = queue.get(timeout=20)
+    assert kind in {"placed", "database_unavailable", "lock_timeout"}, kind
+
+
+def test_only_records_of_older_holders_on_this_server_are_suspects():
+    class Hold:
+        name, fence = "product:suspects", 100
+
+    key = stale_transactions._key(Hold.name)
+    client = stale_transactions._client()
+    client.delete(key)
+    here = "db1:3306:1700000000"
+    client.rpush(key, "90 11 db1:3306:1700000001",  # older, this server (boot time read a second apart)
+                 "95 12 db1:3306:1690000000",  # older, but the server restarted since: ids start again
+                 "99 13 db2:3306:1700000000",  # older, another server
+                 "120 14 db1:3306:1700000000",  # newer than our hold
+                 "98 15",  # an old-style record without a server
+                 "80 77 db1:3306:1700000000")  # ourselves
+    try:
+        found = stale_transactions.candidates({Hold.name: Hold}, own=77, server=here)
+    finally:
+        client.delete(key)
+    assert set(found) == {11}
