@@ -8,4 +8,10 @@ class ShopConfig(AppConfig):
 
     def ready(self) -> None:
         # The shop's scheduled jobs (run by `manage.py run_jobs` on every server).
-        from shop import checks, jobs  # noqa: F401
+        from django.conf import settings
+        from django.db.models.signals import post_save
+
+        from shop import checks, jobs, tokens  # noqa: F401
+
+        post_save.connect(tokens.revoke_on_password_change, sender=settings.AUTH_USER_MODEL,
+                          dispatch_uid="shop.tokens.revoke_on_password_change")
