@@ -47,6 +47,9 @@ from shop.services import cancel_order, inventory, refund_order, restock
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 
+# Staff changing their own password read that it revoked their API tokens (shop.tokens).
+admin.site.password_change_done_template = "admin/shop/password_change_done.html"
+
 
 def money_column(field: str, description: str):
     """A changelist column showing `field` as the shop's pages do ("$1,658.00"), still sortable."""

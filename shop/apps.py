@@ -8,9 +8,15 @@ class ShopConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.conf import settings
+        from django.db.models.signals import post_save
+
         # The shop's scheduled jobs (run by `manage.py run_jobs` on every server).
-        from shop import checks, jobs  # noqa: F401
+        from shop import checks, jobs, tokens  # noqa: F401
         from shop.services import stale_transactions
 
         # Service transactions are bounded; everything else on a pooled connection is not.
         connection_created.connect(stale_transactions.install, dispatch_uid="shop.unbound_other_work")
+        # A new password ends the API tokens issued under the old one.
+        post_save.connect(tokens.revoke_on_password_change, sender=settings.AUTH_USER_MODEL,
+                          dispatch_uid="shop.tokens.revoke_on_password_change")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 from django.core.cache import caches
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
@@ -61,12 +62,38 @@ def user_for_token(raw: str):
     return token.user
 
 
+def _forget(key_hash: str) -> None:
+    with contextlib.suppress(Exception):
+        _cache().delete(_cache_key(key_hash))
+
+
 def revoke(*, token: ApiToken) -> ApiToken:
     """Revoke now: the row first, then the cached user (if Redis is away, the cache entry lapses
-    within TOKEN_CACHE_TTL)."""
+    within TOKEN_CACHE_TTL). Inside a transaction the cached user is dropped again at COMMIT: a
+    request that read the row before then may have cached it meanwhile."""
     if token.revoked_at is None:
         ApiToken.objects.filter(pk=token.pk, revoked_at=None).update(revoked_at=timezone.now())
         token.refresh_from_db()
-    with contextlib.suppress(Exception):
-        _cache().delete(_cache_key(token.key_hash))
+    _forget(token.key_hash)
+    if connection.in_atomic_block:
+        transaction.on_commit(functools.partial(_forget, token.key_hash))
     return token
+
+
+def revoke_all(*, user_id: int) -> int:
+    """Revoke every active token of a user; how many were."""
+    tokens = list(ApiToken.objects.filter(user_id=user_id, revoked_at=None))
+    for token in tokens:
+        revoke(token=token)
+    return len(tokens)
+
+
+def revoke_on_password_change(sender, instance, created: bool = False, raw: bool = False, **kwargs) -> None:
+    """post_save of the user model: a new password ends the user's API tokens, whoever held the
+    old one may have made them (issue 26, L4). Every route sets it through set_password() and
+    save() (the password-change and reset views, the admin's form, `manage.py changepassword`),
+    and AbstractBaseUser keeps the raw password in `_password` until its save() returns; a hash
+    upgrade at log-in clears it first, so it revokes nothing."""
+    if created or raw or getattr(instance, "_password", None) is None:
+        return
+    revoke_all(user_id=instance.pk)

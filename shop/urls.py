@@ -40,6 +40,6 @@ urlpatterns = [
     path("password-reset/done/", views.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
     path("password-reset/<uidb64>/<token>/", auth_views.PasswordResetConfirmView.as_view(),
          name="password_reset_confirm"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", views.logout_view, name="logout"),
     path("account/tokens/", views.api_tokens, name="api_tokens"),
 ]

@@ -8,8 +8,9 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
@@ -267,12 +268,26 @@ def coupon_claim(request: HttpRequest, code: str) -> HttpResponse:
 
 
 def safe_next(request: HttpRequest) -> str:
-    """The `next` page asked for (POST or GET), if it is on this site; "" otherwise. The same check
-    as Django's LoginView, so sign-up and password reset never redirect off-site."""
+    """The `next` page asked for (POST or GET) if it is a path of this site; "" otherwise (the
+    caller's default page). Only "/...": Django's own check (url_has_allowed_host_and_scheme, kept
+    for other hosts and schemes) lets "foo" through, which the browser reads relative to the page
+    and `redirect()` resolves as a URL name (a 500 when there is none: issue 26, L2). Control
+    characters never go into a Location header either."""
     target = request.POST.get("next") or request.GET.get("next") or ""
+    if not target.startswith("/") or not target.isprintable():
+        return ""
     allowed = url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
                                               require_https=request.is_secure())
     return target if allowed else ""
+
+
+class SafeNextMixin:
+    """Django's auth views follow `next` by their own, looser check: ours is `safe_next`."""
+
+    request: HttpRequest
+
+    def get_redirect_url(self) -> str:
+        return safe_next(self.request)
 
 
 @require_http_methods(["GET", "HEAD", "POST"])
@@ -284,12 +299,21 @@ def signup(request: HttpRequest) -> HttpResponse:
         user = form.save()
         login(request, user)
         messages.success(request, f"Welcome, {user.username}!")
-        return redirect(safe_next(request) or "catalog")
+        return HttpResponseRedirect(safe_next(request) or reverse("catalog"))  # a path, never a URL name
     return render(request, "registration/signup.html", {"form": form, "next": safe_next(request)})
 
 
-# Login is Django's view; every POST counts per client IP and per username tried.
-login_view = ratelimits.limit_posts("login", "login_account")(auth_views.LoginView.as_view())
+class LoginView(SafeNextMixin, auth_views.LoginView):
+    pass
+
+
+class LogoutView(SafeNextMixin, auth_views.LogoutView):
+    pass
+
+
+# Login is Django's view; every POST counts per client IP and per account tried.
+login_view = ratelimits.limit_posts("login", "login_account")(LoginView.as_view())
+logout_view = LogoutView.as_view()
 
 # Password reset: Django's views and tokens, the site's templates. A request for a reset counts
 # per client IP (each one may send a mail). The page the buyer was heading for waits in the

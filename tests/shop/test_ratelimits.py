@@ -100,6 +100,25 @@ def test_login_is_limited_per_ip_and_per_username(limits, client):
     assert client.get("/login/").status_code == 200
 
 
+def test_the_account_limit_counts_every_spelling_the_login_accepts(limits, client):
+    """Log-in finds the account whatever the case, the surrounding spaces (the form strips them)
+    or the accents (MariaDB's collation): one account, one budget (issue 26, L3)."""
+    get_user_model().objects.create_user("alice", password="a-long-pass-123")
+    limits(login=None, login_account="50/h")
+    for name in (" ALICE ", "Alicé", "al\u200bice"):  # the premise: each of them logs in as alice
+        assert client.post("/login/", {"username": name, "password": "a-long-pass-123"}).status_code == 302
+        client.logout()
+    limits(login=None, login_account="3/h")  # a fresh budget: the counters are per rate
+    for name in ("Alice", " alice", "ALICE "):
+        assert client.post("/login/", {"username": name, "password": "guess"}).status_code == 200
+    for name in ("alice", "Alicé", "al\u200bice"):  # spent: even the right password waits
+        assert_web_rate_limited(client.post("/login/", {"username": name, "password": "a-long-pass-123"}))
+    # A name with no account has a budget of its own, shared by its spellings too.
+    for name in ("Nobody", "nobody ", " NOBODY"):
+        assert client.post("/login/", {"username": name, "password": "guess"}).status_code == 200
+    assert_web_rate_limited(client.post("/login/", {"username": "nobody", "password": "guess"}))
+
+
 def test_signup_is_limited_per_ip(limits, client):
     limits(signup="2/h")
     for i in range(2):

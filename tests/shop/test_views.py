@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
@@ -137,6 +139,66 @@ def test_signup_login_logout(client):
     client.post("/logout/")
     assert "Log in" in client.get("/").content.decode()
     assert client.post("/login/", {"username": "newbie", "password": "a-long-pass-123"}).status_code == 302
+
+
+# --- issue 26 (L2): `next` is followed only to a path of this site ------------------------------
+BAD_NEXT = [
+    "foo",  # was a 500 after sign-up: redirect() took it for a URL name
+    "order",  # a URL name that needs arguments
+    "catalog",  # a URL name: never resolved as one
+    "//evil.example",
+    "https://evil.example/",
+    "/\\evil.example",  # a backslash: browsers read //evil.example
+    "javascript:alert(1)",
+    "",
+    "/" + "a" * 5000,
+    "x" * 5000,
+    " /cart/",
+    "/cart/\r\nSet-Cookie: x=1",  # a header in the Location: refused, not a 500
+]
+
+
+@pytest.mark.parametrize("target", BAD_NEXT)
+def test_a_bad_next_is_never_followed_nor_a_500(client, target):
+    """Sign-up (the `?next=` of the finding, and the form's hidden field), log-in and log-out: a
+    `next` that is not a path of this site falls back to the catalog."""
+    catalog = reverse("catalog")
+    signup = client.post(f"/signup/?next={quote(target, safe='')}", {
+        "username": "newbie", "password1": "a-long-pass-123", "password2": "a-long-pass-123"})
+    assert signup.status_code == 302 and signup["Location"] == catalog
+    assert get_user_model().objects.filter(username="newbie").exists()
+    client.post("/logout/")
+    again = client.post("/signup/", {"username": "newbie2", "password1": "a-long-pass-123",
+                                     "password2": "a-long-pass-123", "next": target})
+    assert again.status_code == 302 and again["Location"] == catalog
+    logout = client.post("/logout/", {"next": target})
+    assert logout.status_code == 302 and logout["Location"] == catalog
+    login = client.post("/login/", {"username": "newbie", "password": "a-long-pass-123", "next": target})
+    assert login.status_code == 302 and login["Location"] == catalog
+    client.post("/logout/")
+    by_query = client.post(f"/login/?next={quote(target, safe='')}",
+                           {"username": "newbie", "password": "a-long-pass-123"})
+    assert by_query.status_code == 302 and by_query["Location"] == catalog
+    client.post("/logout/")
+    # The pages never carry it on (the hidden field, the links to each other and the reset).
+    for page in ("/login/", "/signup/"):
+        response = client.get(f"{page}?next={quote(target, safe='')}")
+        assert response.status_code == 200 and response.context["next"] == ""
+    assert client.get(f"/password-reset/?next={quote(target, safe='')}").status_code == 200
+    assert "shop.next_after_reset" not in client.session
+
+
+@pytest.mark.parametrize("target", ["/cart/", "/products/1/?ref=mail", "/coupons/"])
+def test_a_path_of_this_site_is_followed(client, target):
+    signup = client.post(f"/signup/?next={quote(target, safe='')}", {
+        "username": "newbie", "password1": "a-long-pass-123", "password2": "a-long-pass-123"})
+    assert signup.status_code == 302 and signup["Location"] == target
+    client.post("/logout/")
+    login = client.post("/login/", {"username": "newbie", "password": "a-long-pass-123", "next": target})
+    assert login.status_code == 302 and login["Location"] == target
+    assert client.get(f"/login/?next={quote(target, safe='')}").context["next"] == target
+    logout = client.post("/logout/", {"next": target})
+    assert logout.status_code == 302 and logout["Location"] == target
 
 
 def test_api_token_page_creates_and_revokes(shopper, user):
