@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 
-from django.db import IntegrityError, OperationalError, connection, models, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -44,7 +44,13 @@ from shop.services import fence_refusals, hooks, idempotency, purchase_limits, s
 from shop.services.coupons import coupon_error
 from shop.services.locking import StaleFence, check_before_commit, product_lock
 from shop.services.orders import pay_by_from
-from shop.services.transactions import ER_LOCK_WAIT_TIMEOUT, RETRYABLE_MYSQL, durable_transaction
+from shop.services.transactions import (
+    ER_LOCK_WAIT_TIMEOUT,
+    RETRYABLE_MYSQL,
+    drop_connection,
+    durable_transaction,
+    lost_connection,
+)
 
 log = logging.getLogger("shop")
 
@@ -218,6 +224,7 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
             if isinstance(exc, StaleFence):
                 fence_refusals.refused(exc.lock, operation="place_order")
             return {**results, **{r.id: AGAIN for r in pending}}
+        hooks.call("after_commit", _by_name(holds))
         _explain_refusals(pending, done)
         for pid, stock in left.items():
             if stock == 0:
@@ -488,11 +495,23 @@ def _explain_refusals(pending: list[Request], results: dict[str, Result]) -> Non
     served: its id committed by a combiner that stalled before replying (its buyer queued again),
     or its key placed an order meanwhile. The unique keys catch those only when we write, so the
     (rare) refused ones are looked up here, after the fact."""
-    refused = {r.id: results.pop(r.id) for r in pending
+    refused = {r.id: results[r.id] for r in pending
                if isinstance(results.get(r.id), Refused) and (r.recorded or r.key)}
     if not refused:
         return
-    left = _drop_replays(_drop_settled([r for r in pending if r.id in refused], results), results)
+    explained: dict[str, Result] = {}
+    try:
+        left = _drop_replays(_drop_settled([r for r in pending if r.id in refused], explained), explained)
+    except (OperationalError, InterfaceError) as exc:
+        if not lost_connection(exc):
+            raise
+        # The batch is committed and its orders stand; these refusals could not be checked:
+        # "unknown", which the request id or the key's replay settles on a retry.
+        drop_connection()
+        unknown = Refused.of(errors.DatabaseUnavailable(details={"outcome": "unknown"}))
+        results.update(dict.fromkeys(refused, unknown))
+        return
+    results.update(explained)
     results.update({r.id: refused[r.id] for r in left})
 
 

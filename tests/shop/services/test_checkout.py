@@ -347,3 +347,18 @@ def test_markers_in_another_redis_are_read_by_one_mget_first(user, make_product,
     with pytest.raises(errors.OutOfStock):
         place_order(user=user, lines=[(p.pk, 1)])
     assert mget_calls == [[p.pk], [p.pk]]
+
+
+def test_a_batch_whose_every_request_cannot_be_written_is_refused_not_a_500(make_product):
+    """The buyer's account was deleted while a cached token still named it (L1): its rows fail on
+    the foreign key, so the request is refused alone, and no empty stock write follows."""
+    from django.contrib.auth import get_user_model
+
+    p = make_product(stock=5)
+    gone = get_user_model().objects.create_user("deleted-meanwhile", password="pw-not-used")
+    get_user_model().objects.filter(pk=gone.pk).delete()
+    before = counts()
+    with pytest.raises(errors.OrderNotWritable):
+        place_order(user=gone, lines=[(p.pk, 1)])
+    p.refresh_from_db()
+    assert p.stock == 5 and counts() == before

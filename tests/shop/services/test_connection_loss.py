@@ -146,3 +146,26 @@ def test_a_connection_lost_outside_the_services_is_a_friendly_503_page(client, m
     page = client.get("/")
     assert page.status_code == 503
     assert "Back in a moment" in page.content.decode()
+
+
+def test_a_connection_lost_after_the_commit_keeps_the_batchs_orders_and_calls_the_rest_unknown(
+        kill_at, make_product, user, other_user):
+    """After COMMIT the writer looks up why a request was refused (L5); losing the connection
+    there must not turn the batch's committed order into "not written"."""
+    from locks import Lock
+    from shop.services import batch
+    from shop.services.locking import product_lock
+
+    p = make_product(stock=1)
+    placed = batch.Request(id=batch.new_request_id(), user_id=user.pk, lines=((p.pk, 1),), code=None, key=None,
+                           digest="d", deadline=float("inf"))
+    refused = batch.Request(id=batch.new_request_id(), user_id=other_user.pk, lines=((p.pk, 5),), code=None,
+                            key="k-after-commit", digest="d", deadline=float("inf"), token="t", recorded=True)
+    kill_at("after_commit")
+    with Lock(product_lock(p.pk), ttl=10) as hold:
+        results = batch.write([placed, refused], holds={p.pk: hold})
+    assert isinstance(results[placed.id], batch.Placed)
+    assert Order.objects.get(pk=results[placed.id].order_id).user == user
+    assert results[refused.id] == batch.Refused.of(errors.DatabaseUnavailable(details={"outcome": "unknown"}))
+    p.refresh_from_db()
+    assert p.stock == 0
