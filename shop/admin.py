@@ -109,9 +109,10 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
         try:
             inventory.hidden(product_id=product.pk)
         except errors.ShopError as exc:
-            messages.warning(request, f"{product.name} is hidden, but its sold-out marker could not be cleared "
-                                      f"({exc.message}): it may still answer 'sold out' for up to "
-                                      f"{shop_settings.SOLDOUT_TTL} s.")
+            messages.warning(request, f"{product.name} is hidden, but its sold-out marker could not be cleared yet "
+                                      f"({exc.message}): until the jobs runner (manage.py run_jobs) clears it, "
+                                      f"within seconds once the product's lock is free, buyers may still be told "
+                                      f"it is sold out.")
 
     def get_readonly_fields(self, request, obj=None):
         # A new product gets its opening stock from the form; after that only the services move it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from locks import jobs
+from shop.services.inventory import clear_hidden_markers as clear_markers
 from shop.services.orders import expire_unpaid
 
 
@@ -14,3 +15,14 @@ def expire_unpaid_orders(ctx: jobs.JobContext) -> str:
 
 
 jobs.register("shop.expire_unpaid", expire_unpaid_orders, every=30, lease=60, atomic=False)
+
+
+def clear_hidden_markers(ctx: jobs.JobContext) -> str:
+    """Hidden products answer as missing, never "sold out": a hide that could not take its
+    product's lock (a sale's queue longer than LOCK_WAIT) left the marker; this clears it as soon
+    as the lock can be had."""
+    cleared, left = clear_markers(check=ctx.check)
+    return f"cleared {cleared} marker(s) of hidden products" + (f", {left} still queued" if left else "")
+
+
+jobs.register("shop.clear_hidden_markers", clear_hidden_markers, every=5, lease=60, atomic=False)

@@ -7,7 +7,10 @@ shop/services/soldout.py), and writes a fenced UPDATE plus a ledger row.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db.models import F
+from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
@@ -54,7 +57,7 @@ def unmark_sold_out(product_ids: list[int], holds: dict) -> None:
         raise errors.LockUnavailable() from exc
 
 
-def hidden(*, product_id: int) -> None:
+def hidden(*, product_id: int, wait: float | None = None) -> None:
     """Call once hiding a product has committed (the admin does, on commit).
 
     A hidden product must answer as a missing one, never `out_of_stock` from a sold-out marker
@@ -62,11 +65,31 @@ def hidden(*, product_id: int) -> None:
     the marker and raise the refill floor to this hold's fence. Every buyer that read the
     product on sale held the lock before us (an older fence: its mark is refused now); every
     later one reads it hidden and marks nothing. Raises LockTimeout/LockUnavailable if the lock
-    cannot be had (then the marker lapses after SHOP["SOLDOUT_TTL"]).
+    cannot be had within `wait` (default LOCK_WAIT): then `clear_hidden_markers` (a job) tries
+    again until it can.
     """
     refuse_outer_transaction("hidden")
-    with held([product_lock(product_id)]) as holds:
+    with held([product_lock(product_id)], wait=wait) as holds:
         unmark_sold_out([product_id], holds)
+
+
+def clear_hidden_markers(*, check=None) -> tuple[int, int]:
+    """Clear the sold-out markers that hidden products still have (a hide that could not take
+    the product's lock behind a long queue). Only products hidden within SOLDOUT_TTL can have
+    one: a marker is written under the lock for a product on sale and lapses after that TTL.
+    Returns (cleared, left for the next run)."""
+    recent = timezone.now() - timedelta(seconds=float(shop_settings.SOLDOUT_TTL))
+    ids = list(Product.objects.filter(active=False, updated_at__gte=recent).values_list("pk", flat=True))
+    cleared = left = 0
+    for pid in sorted(soldout.sold_out(ids)):
+        if check is not None:
+            check()
+        try:
+            hidden(product_id=pid, wait=float(shop_settings.LOCK_WAIT) * 5)
+            cleared += 1
+        except (errors.LockTimeout, errors.LockUnavailable):
+            left += 1
+    return cleared, left
 
 
 @connection_errors()

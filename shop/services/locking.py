@@ -46,10 +46,10 @@ def coupon_lock(coupon_id: int) -> str:
     return f"coupon:{coupon_id}"
 
 
-def shop_lock(name: str) -> locks.Lock:
-    """The lock `name` with the shop's lease, wait and watchdog settings."""
-    return locks.Lock(name, ttl=shop_settings.LOCK_TTL, wait=shop_settings.LOCK_WAIT, renew=True,
-                      max_hold=shop_settings.LOCK_MAX_HOLD)
+def shop_lock(name: str, *, wait: float | None = None) -> locks.Lock:
+    """The lock `name` with the shop's lease, wait (unless given) and watchdog settings."""
+    return locks.Lock(name, ttl=shop_settings.LOCK_TTL, wait=shop_settings.LOCK_WAIT if wait is None else wait,
+                      renew=True, max_hold=shop_settings.LOCK_MAX_HOLD)
 
 
 def refuse_outer_transaction(service: str) -> None:
@@ -62,8 +62,10 @@ def refuse_outer_transaction(service: str) -> None:
 
 
 @contextmanager
-def held(names: list[str], *, use_locks: bool | None = None) -> Iterator[dict[str, locks.Hold | None]]:
-    """Hold every lock in `names` (already in lock order). Yields name -> Hold (None if locks are off).
+def held(names: list[str], *, use_locks: bool | None = None,
+         wait: float | None = None) -> Iterator[dict[str, locks.Hold | None]]:
+    """Hold every lock in `names` (already in lock order), each waited for up to `wait` (default
+    LOCK_WAIT). Yields name -> Hold (None if locks are off).
 
     A release that finds the lock gone (lease ran out after our COMMIT) is logged and counted by
     the lock's metrics; it never turns a committed order into a failure.
@@ -76,7 +78,7 @@ def held(names: list[str], *, use_locks: bool | None = None) -> Iterator[dict[st
         return
     with ExitStack() as stack:
         for name in names:
-            lock = shop_lock(name)
+            lock = shop_lock(name, wait=wait)
             try:
                 hold = lock.__enter__()
             except locks.LockTimeout as exc:

@@ -127,3 +127,31 @@ def test_a_buyer_that_read_stock_0_before_the_hide_cannot_mark_it_afterwards(use
     _hide_in_admin(admin_client, p)
     assert soldout.mark(p.pk, fence=older_fence) is False
     assert soldout.sold_out([p.pk]) == set()
+
+
+def test_a_hide_that_could_not_take_the_lock_clears_the_marker_once_it_can(user, make_product, admin_client,
+                                                                           settings):
+    """L7: the product's lock is busy for longer than LOCK_WAIT (a sale's queue) when the admin
+    hides it: the marker stays for now, and the jobs runner clears it as soon as the lock is free."""
+    from locks import Lock
+    from shop.jobs import clear_hidden_markers
+
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "LOCK_WAIT": 0.3}
+    p = make_product(stock=1)
+    place_order(user=user, lines=[(p.pk, 1)])
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=user, lines=[(p.pk, 1)])
+    assert soldout.sold_out([p.pk]) == {p.pk}
+    with Lock(f"product:{p.pk}", ttl=10.0):  # the queue of a busy sale
+        _hide_in_admin(admin_client, p)
+        assert soldout.sold_out([p.pk]) == {p.pk}
+    assert "1 marker" in clear_hidden_markers(_JobContext())
+    assert soldout.sold_out([p.pk]) == set()
+    assert "0 marker" in clear_hidden_markers(_JobContext())
+
+
+class _JobContext:
+    """What a job function uses of locks.jobs.JobContext."""
+
+    def check(self) -> None:
+        pass
