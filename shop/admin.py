@@ -40,6 +40,7 @@ from shop.models import (
     OrderLine,
     Product,
     ProductSales,
+    Refund,
     StockLedger,
 )
 from shop.selectors import STOCK_LEVELS, by_stock_level, orders_in_chunks, product_sales
@@ -448,6 +449,17 @@ class StockLedgerAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "product", "quantity", "reason", "order", "fence", "actor")
     list_filter = ("reason",)
     search_fields = ("product__sku", "actor")
+
+
+@admin.register(Refund)
+class RefundAdmin(ReadOnlyAdmin):
+    """Refunds and where each stands (pending / sent / completed), read-only: a refund is asked for
+    and finished through the order's "Refund…" (or the `shop.finish_refunds` job)."""
+
+    list_display = ("order", "status", "amount", "actor", "attempts", "created_at", "sent_at", "completed_at",
+                    "claimed_until")
+    list_filter = ("status",)
+    search_fields = ("order__id", "key", "actor")
 
 
 @admin.register(ApiToken)

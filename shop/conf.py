@@ -41,6 +41,10 @@ DEFAULTS: dict[str, Any] = {
     # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
     # and coupon go back. Checked when the order is paid, so a late payment is refused.
     "PAYMENT_WINDOW": 15 * 60,
+    # A refund's worker (refund_order, or the `shop.finish_refunds` job) claims the refund for this
+    # long (seconds): no other worker touches it meanwhile. Longer than a provider call may take;
+    # a refund whose worker died is finished by the job once the claim lapses.
+    "REFUND_CLAIM": 60,
     # The admin's Sales view (Shop > Sales) calls a product with 1 to LOW_STOCK units left "low".
     "LOW_STOCK": 10,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.

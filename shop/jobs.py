@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from locks import jobs
-from shop.services.orders import expire_unpaid
+from shop.services.orders import expire_unpaid, finish_refunds
 
 
 def expire_unpaid_orders(ctx: jobs.JobContext) -> str:
@@ -13,4 +13,12 @@ def expire_unpaid_orders(ctx: jobs.JobContext) -> str:
     return f"expired {expire_unpaid(check=ctx.check)} orders"
 
 
+def finish_unfinished_refunds(ctx: jobs.JobContext) -> str:
+    """Finish refunds left pending or sent once their worker's claim lapsed (a crash between the
+    provider call and the books). Not atomic: the provider is called outside any transaction and
+    each refund's books commit on their own, under its products' locks."""
+    return f"finished {finish_refunds(check=ctx.check)} refunds"
+
+
 jobs.register("shop.expire_unpaid", expire_unpaid_orders, every=30, lease=60, atomic=False)
+jobs.register("shop.finish_refunds", finish_unfinished_refunds, every=60, lease=120, atomic=False)
