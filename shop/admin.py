@@ -38,6 +38,7 @@ from shop.models import (
     CouponClaim,
     Order,
     OrderLine,
+    OutboxMail,
     Product,
     ProductSales,
     Refund,
@@ -460,6 +461,18 @@ class RefundAdmin(ReadOnlyAdmin):
                     "claimed_until")
     list_filter = ("status",)
     search_fields = ("order__id", "key", "actor")
+
+
+@admin.register(OutboxMail)
+class OutboxMailAdmin(ReadOnlyAdmin):
+    """The mail outbox, read-only: what is queued, sent, skipped or given up, with the last error.
+    The `shop.send_mail` job sends it (manage.py run_jobs)."""
+
+    list_display = ("id", "kind", "recipient", "order", "status", "attempts", "created_at", "next_attempt_at",
+                    "sent_at")
+    list_filter = ("status", "kind")
+    search_fields = ("recipient", "order__id")
+    exclude = ("context",)
 
 
 @admin.register(ApiToken)

@@ -45,6 +45,10 @@ DEFAULTS: dict[str, Any] = {
     # long (seconds): no other worker touches it meanwhile. Longer than a provider call may take;
     # a refund whose worker died is finished by the job once the claim lapses.
     "REFUND_CLAIM": 60,
+    # Mail (shop/services/emails.py) leaves through an outbox sent by the `shop.send_mail` job; a
+    # mail that fails is retried with a growing delay (30 s, doubling, at most an hour) and given
+    # up after this many attempts (about 2 hours with 8).
+    "MAIL_ATTEMPTS": 8,
     # The admin's Sales view (Shop > Sales) calls a product with 1 to LOW_STOCK units left "low".
     "LOW_STOCK": 10,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.

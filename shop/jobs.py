@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from locks import jobs
+from shop.services.emails import prune_mail, send_pending_mail
 from shop.services.orders import expire_unpaid, finish_refunds
 
 
@@ -20,5 +21,19 @@ def finish_unfinished_refunds(ctx: jobs.JobContext) -> str:
     return f"finished {finish_refunds(check=ctx.check)} refunds"
 
 
+def send_mail(ctx: jobs.JobContext) -> str:
+    """Send the outbox's due mails (shop/services/emails.py). Not atomic: each mail is claimed
+    and marked sent in its own autocommit UPDATE around its SMTP call, never in a transaction
+    held open across it."""
+    return str(send_pending_mail(check=ctx.check))
+
+
+def prune_old_mail(ctx: jobs.JobContext) -> str:
+    """Delete outbox rows settled more than 30 days ago (they hold addresses)."""
+    return f"deleted {prune_mail()} mails"
+
+
 jobs.register("shop.expire_unpaid", expire_unpaid_orders, every=30, lease=60, atomic=False)
 jobs.register("shop.finish_refunds", finish_unfinished_refunds, every=60, lease=120, atomic=False)
+jobs.register("shop.send_mail", send_mail, every=5, lease=60, atomic=False)
+jobs.register("shop.prune_mail", prune_old_mail, every=3600, lease=300)

@@ -221,6 +221,53 @@ class Refund(models.Model):
         return f"refund of order {self.order_id} ({self.status})"
 
 
+class OutboxMail(models.Model):
+    """A mail to send (issue 26, M4): never sent inside a request. It is written in the
+    transaction of what it tells (an order's payment commits with its confirmation's row, or
+    neither does) and sent by the `shop.send_mail` job (manage.py run_jobs): claimed, sent,
+    marked sent; a failure is kept in `last_error` and retried later (`next_attempt_at`), up to
+    SHOP["MAIL_ATTEMPTS"] times, then the mail is marked failed. What it says is rendered when it
+    is sent (`shop.services.emails`, one renderer per kind), so a row holds no secret (a password
+    reset's token is made at send time). A mail about an order is queued once per kind (unique
+    kind + order); a mail with no order (a password reset) is not deduplicated.
+    """
+
+    class Kind(models.TextChoices):
+        ORDER_PAID = "order_paid", "Order paid"
+        PASSWORD_RESET = "password_reset", "Password reset"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        SKIPPED = "skipped", "Nothing to send"  # e.g. a reset for an address with no account
+        FAILED = "failed", "Failed (gave up)"
+
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    order = models.ForeignKey(Order, null=True, blank=True, on_delete=models.CASCADE, related_name="mails")
+    # The buyer's address when it was queued; a password reset's: the address asked for.
+    recipient = models.EmailField()
+    # What the kind needs besides the order (a password reset: the site's domain and protocol).
+    context = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Not sent before this: a failed attempt backs off; a claimed mail is not due until its claim ends.
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "mail"
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="outboxmail_due")]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "order"], name="outboxmail_once_per_order"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} to {self.recipient} ({self.status})"
+
+
 # Orders that hold their stock: I2 counts their units as taken.
 RESERVING_STATUSES = (Order.Status.PENDING_PAYMENT, Order.Status.PAID, Order.Status.PLACED)
 

@@ -25,8 +25,8 @@ from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
-from shop.models import CouponClaim, Order, OrderLine, Refund, StockLedger
-from shop.services.emails import confirm_payment_on_commit
+from shop.models import CouponClaim, Order, OrderLine, OutboxMail, Refund, StockLedger
+from shop.services.emails import queue_order_mail
 from shop.services.inventory import return_stock, unmark_sold_out
 from shop.services.locking import check_before_commit, held, product_lock, refuse_outer_transaction
 from shop.services.transactions import (
@@ -305,17 +305,34 @@ def pay_order(*, order: Order, actor) -> Order:
     """Record a payment (the simulated provider always accepts). pending_payment -> paid with a
     guarded UPDATE (still pending AND pay_by > now), so a payment never lands on an order that
     expired or was cancelled, even one racing the expirer. Paying a paid order again is a no-op
-    that returns it (a client retrying after a timeout must not be told it failed). The buyer's
-    confirmation mail leaves after the commit; a mail failure never fails the payment."""
+    that returns it (a client retrying after a timeout must not be told it failed).
+
+    The flip and the buyer's confirmation mail (an outbox row, sent later by the `shop.send_mail`
+    job: no SMTP in the request) commit in one durable transaction, so the mail follows the
+    committed state. A connection lost during that COMMIT, or while reading the order back after
+    it, is DatabaseUnavailable with outcome "unknown": the payment may well have landed, and a
+    retry of pay returns the paid order."""
     refuse_outer_transaction("pay_order")
-    now = timezone.now()
-    paid = Order.objects.filter(pk=order.pk, status=Order.Status.PENDING_PAYMENT, pay_by__gt=now).update(
-        status=Order.Status.PAID, paid_at=now)
-    order.refresh_from_db()
+
+    def attempt() -> bool:
+        now = timezone.now()
+        with durable_transaction():
+            paid = Order.objects.filter(pk=order.pk, status=Order.Status.PENDING_PAYMENT, pay_by__gt=now).update(
+                status=Order.Status.PAID, paid_at=now)
+            if paid:  # this call paid it (a retry of a paid order queues nothing)
+                queue_order_mail(kind=OutboxMail.Kind.ORDER_PAID, order_id=order.pk)
+        return bool(paid)
+
+    paid = with_retries(attempt, what="pay order")
+    try:
+        order.refresh_from_db()
+    except (OperationalError, InterfaceError) as exc:
+        if not (paid and lost_connection(exc)):
+            raise
+        drop_connection()
+        raise errors.DatabaseUnavailable(details={"outcome": "unknown"}) from exc
     if not paid and order.status != Order.Status.PAID:
         raise errors.OrderNotPayable(details={"order_id": order.pk, "status": order.status})
-    if paid:  # this call paid it (a retry of a paid order mails nothing)
-        confirm_payment_on_commit(order_id=order.pk)
     log.info("order %s paid by %s", order.pk, actor)
     return order
 
