@@ -84,6 +84,8 @@ DEFAULTS: dict[str, Any] = {
         "login_account": "10/m",  # POST /login/, per username tried
         "signup": "10/h",  # POST /signup/, per client IP
         "password_reset": "10/h",  # POST /password-reset/ (each may send a mail), per client IP
+        # ...and per address asked for (normalized, hashed), from any IP: no flooding one inbox.
+        "password_reset_address": "5/h",
         "token_create": "20/h",  # new API tokens on /account/tokens/, per user
         "coupon_claim": "30/m",  # coupon claims (web and API), per user
         "checkout": "600/m",  # orders (web and API), per user
