@@ -156,23 +156,20 @@ def _open_refund(*, order: Order, actor: str) -> tuple[Refund, str] | None:
     """Step 1: the pending refund of a paid order, claimed by this call; None when a twin call
     created it first (the unique order)."""
     token = secrets.token_hex(8)
-
-    def attempt() -> Refund:
+    try:
         with durable_transaction():
             total = (Order.objects.select_for_update().filter(pk=order.pk, status=Order.Status.PAID)
                      .values_list("total", flat=True).first())
             if total is None:
                 raise _refund_refusal(order.pk)
-            return Refund.objects.create(order_id=order.pk, key=f"rf_{secrets.token_hex(16)}", amount=total,
-                                         actor=actor[:150], claimed_by=token, attempts=1,
-                                         claimed_until=_claim_window(timezone.now()))
-
-    try:
-        return with_retries(attempt, what="open refund"), token
+            refund = Refund.objects.create(order_id=order.pk, key=f"rf_{secrets.token_hex(16)}", amount=total,
+                                           actor=actor[:150], claimed_by=token, attempts=1,
+                                           claimed_until=_claim_window(timezone.now()))
     except IntegrityError:
         if Refund.objects.filter(order_id=order.pk).exists():
             return None
         raise
+    return refund, token
 
 
 def _pay_back(refund: Refund) -> None:
@@ -313,17 +310,12 @@ def pay_order(*, order: Order, actor) -> Order:
     it, is DatabaseUnavailable with outcome "unknown": the payment may well have landed, and a
     retry of pay returns the paid order."""
     refuse_outer_transaction("pay_order")
-
-    def attempt() -> bool:
-        now = timezone.now()
-        with durable_transaction():
-            paid = Order.objects.filter(pk=order.pk, status=Order.Status.PENDING_PAYMENT, pay_by__gt=now).update(
-                status=Order.Status.PAID, paid_at=now)
-            if paid:  # this call paid it (a retry of a paid order queues nothing)
-                queue_order_mail(kind=OutboxMail.Kind.ORDER_PAID, order_id=order.pk)
-        return bool(paid)
-
-    paid = with_retries(attempt, what="pay order")
+    now = timezone.now()
+    with durable_transaction():
+        paid = Order.objects.filter(pk=order.pk, status=Order.Status.PENDING_PAYMENT, pay_by__gt=now).update(
+            status=Order.Status.PAID, paid_at=now)
+        if paid:  # this call paid it (a retry of a paid order queues nothing)
+            queue_order_mail(kind=OutboxMail.Kind.ORDER_PAID, order_id=order.pk)
     try:
         order.refresh_from_db()
     except (OperationalError, InterfaceError) as exc:
