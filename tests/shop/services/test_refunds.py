@@ -103,6 +103,10 @@ def test_the_invariants_see_a_refund_the_order_does_not_explain(user, make_produ
     found = release_violations([p.pk])
     assert any("gave back stock of an order that still holds it" in v for v in found), found
     assert any("gave back other than they reserved" in v for v in found), found
+    # A refund recorded as completed while its order is still paid: the record and the books tore.
+    Refund.objects.create(order=order, key="rf_torn", amount=order.total, actor="t", status="completed",
+                          sent_at=timezone.now(), completed_at=timezone.now())
+    assert any(v.startswith("refunds: 1 refund records disagree") for v in release_violations([p.pk]))
 
 
 def _refund(order_id: int) -> str:
