@@ -307,3 +307,14 @@ def test_staff_see_the_outbox_in_the_admin(admin_client, buyer, make_product, se
     [queued] = outbox()
     detail = admin_client.get(f"/admin/shop/outboxmail/{queued.pk}/change/").content.decode()
     assert "mail server down" in detail
+
+
+def test_settled_mail_is_pruned_after_30_days_and_pending_mail_never(buyer, make_product):
+    from shop.models import OutboxMail
+    from shop.services.emails import prune_mail
+
+    for status in ("sent", "skipped", "failed", "pending"):
+        OutboxMail.objects.create(kind="password_reset", recipient="x@example.com", status=status)
+    assert prune_mail() == 0
+    assert prune_mail(now=timezone.now() + timedelta(days=31)) == 3
+    assert [m.status for m in outbox()] == ["pending"]
