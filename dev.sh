@@ -113,7 +113,8 @@ PY
   fi
 }
 
-# The dev server and the jobs runner (it expires unpaid orders, as on a real server), stopped
+# The dev server and the jobs runner (it expires unpaid orders, sends the mail outbox and finishes
+# half-done refunds, as on a real server), stopped
 # together: Ctrl-C, a SIGTERM to this script, or either of them exiting stops both.
 serve_pids=()
 stop_serving() {
@@ -213,7 +214,7 @@ case "${1:-}" in
     SEED_DEMO=1 "$VENV/bin/python" manage.py seed_demo
     check_port "$port"
     say "serving on http://127.0.0.1:$port (admin: /admin/, user admin / password admin);" \
-      "run_jobs runs beside it (expires unpaid orders); Ctrl-C stops both"
+      "run_jobs runs beside it (expires unpaid orders, sends mail, finishes refunds); Ctrl-C stops both"
     serve "$port"
     ;;
   test)

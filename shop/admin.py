@@ -38,8 +38,10 @@ from shop.models import (
     CouponClaim,
     Order,
     OrderLine,
+    OutboxMail,
     Product,
     ProductSales,
+    Refund,
     StockLedger,
 )
 from shop.selectors import STOCK_LEVELS, by_stock_level, orders_in_chunks, product_sales
@@ -452,6 +454,29 @@ class StockLedgerAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "product", "quantity", "reason", "order", "fence", "actor")
     list_filter = ("reason",)
     search_fields = ("product__sku", "actor")
+
+
+@admin.register(Refund)
+class RefundAdmin(ReadOnlyAdmin):
+    """Refunds and where each stands (pending / sent / completed), read-only: a refund is asked for
+    and finished through the order's "Refund…" (or the `shop.finish_refunds` job)."""
+
+    list_display = ("order", "status", "amount", "actor", "attempts", "created_at", "sent_at", "completed_at",
+                    "claimed_until")
+    list_filter = ("status",)
+    search_fields = ("order__id", "key", "actor")
+
+
+@admin.register(OutboxMail)
+class OutboxMailAdmin(ReadOnlyAdmin):
+    """The mail outbox, read-only: what is queued, sent, skipped or given up, with the last error.
+    The `shop.send_mail` job sends it (manage.py run_jobs)."""
+
+    list_display = ("id", "kind", "recipient", "order", "status", "attempts", "created_at", "next_attempt_at",
+                    "sent_at")
+    list_filter = ("status", "kind")
+    search_fields = ("recipient", "order__id")
+    exclude = ("context",)
 
 
 @admin.register(ApiToken)

@@ -41,6 +41,14 @@ DEFAULTS: dict[str, Any] = {
     # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
     # and coupon go back. Checked when the order is paid, so a late payment is refused.
     "PAYMENT_WINDOW": 15 * 60,
+    # A refund's worker (refund_order, or the `shop.finish_refunds` job) claims the refund for this
+    # long (seconds): no other worker touches it meanwhile. Longer than a provider call may take;
+    # a refund whose worker died is finished by the job once the claim lapses.
+    "REFUND_CLAIM": 60,
+    # Mail (shop/services/emails.py) leaves through an outbox sent by the `shop.send_mail` job; a
+    # mail that fails is retried with a growing delay (30 s, doubling, at most an hour) and given
+    # up after this many attempts (about 2 hours with 8).
+    "MAIL_ATTEMPTS": 8,
     # The admin's Sales view (Shop > Sales) calls a product with 1 to LOW_STOCK units left "low".
     "LOW_STOCK": 10,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.
@@ -76,6 +84,8 @@ DEFAULTS: dict[str, Any] = {
         "login_account": "10/m",  # POST /login/, per username tried
         "signup": "10/h",  # POST /signup/, per client IP
         "password_reset": "10/h",  # POST /password-reset/ (each may send a mail), per client IP
+        # ...and per address asked for (normalized, hashed), from any IP: no flooding one inbox.
+        "password_reset_address": "5/h",
         "token_create": "20/h",  # new API tokens on /account/tokens/, per user
         "coupon_claim": "30/m",  # coupon claims (web and API), per user
         "checkout": "600/m",  # orders (web and API), per user

@@ -212,6 +212,17 @@ class DatabaseUnavailable(ShopError):
     default_message = "The database connection was lost. Retry with the same Idempotency-Key."
 
 
+class ProviderUnavailable(ShopError):
+    """The payment provider failed a refund call. The refund stays recorded (pending) and is
+    retried with the same idempotency key: by a second call, or by the `shop.finish_refunds` job.
+    details = {"order_id", "refund"}."""
+
+    code = "provider_unavailable"
+    status = 503
+    retry_after = 60
+    default_message = "The payment provider did not answer; the refund is recorded and will be retried."
+
+
 class Conflict(ShopError):
     """Deadlocks, lock-wait timeouts or stale fences that outlasted the bounded retries."""
 
@@ -228,7 +239,7 @@ ERRORS_BY_CODE: dict[str, type[ShopError]] = {
         UnpaidOrdersLimit, CartFull, CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed,
         CouponNotClaimed, OrderNotFound, OrderNotCancellable, OrderNotRefundable, OrderNotPayable, OrderNotWritable,
         IdempotencyConflict, RateLimited,
-        LockTimeout, LockUnavailable, DatabaseUnavailable, Conflict,
+        LockTimeout, LockUnavailable, DatabaseUnavailable, ProviderUnavailable, Conflict,
     )
 }
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django_redis import get_redis_connection
 
 from locks.conf import locks_settings
 from locks.keys import families_key, family_of, held_key, hot_key, stats_key
-from shop.models import RESERVING_STATUSES, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+from shop.models import RESERVING_STATUSES, Coupon, CouponClaim, Order, OrderLine, Product, Refund, StockLedger
 
 
 def check_invariants(
@@ -145,6 +145,13 @@ def release_violations(product_ids: Iterable[int]) -> list[str]:
                                                 order__status__in=RESERVING_STATUSES).count()
     if unpaid_returns:
         out.append(f"returns: {unpaid_returns} ledger rows gave back stock of an order that still holds it")
+    # A refund's record and its order's books commit together (issue 26): completed <-> refunded.
+    torn = Refund.objects.filter(order_id__in=orders.values("pk")).exclude(
+        Q(status=Refund.Status.COMPLETED, order__status=Order.Status.REFUNDED)
+        | Q(status__in=Refund.UNFINISHED, order__status=Order.Status.PAID)).count()
+    if torn:
+        out.append(f"refunds: {torn} refund records disagree with their order (completed but not refunded, "
+                   "or refunded with the refund unfinished)")
     return out
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from locks import jobs
+from shop.services.emails import prune_mail, send_pending_mail
 from shop.services.inventory import clear_hidden_markers as clear_markers
-from shop.services.orders import expire_unpaid
+from shop.services.orders import expire_unpaid, finish_refunds
 
 
 def expire_unpaid_orders(ctx: jobs.JobContext) -> str:
@@ -14,7 +15,23 @@ def expire_unpaid_orders(ctx: jobs.JobContext) -> str:
     return f"expired {expire_unpaid(check=ctx.check)} orders"
 
 
-jobs.register("shop.expire_unpaid", expire_unpaid_orders, every=30, lease=60, atomic=False)
+def finish_unfinished_refunds(ctx: jobs.JobContext) -> str:
+    """Finish refunds left pending or sent once their worker's claim lapsed (a crash between the
+    provider call and the books). Not atomic: the provider is called outside any transaction and
+    each refund's books commit on their own, under its products' locks."""
+    return f"finished {finish_refunds(check=ctx.check)} refunds"
+
+
+def send_mail(ctx: jobs.JobContext) -> str:
+    """Send the outbox's due mails (shop/services/emails.py). Not atomic: each mail is claimed
+    and marked sent in its own autocommit UPDATE around its SMTP call, never in a transaction
+    held open across it."""
+    return str(send_pending_mail(check=ctx.check))
+
+
+def prune_old_mail(ctx: jobs.JobContext) -> str:
+    """Delete outbox rows settled more than 30 days ago (they hold addresses)."""
+    return f"deleted {prune_mail()} mails"
 
 
 def clear_hidden_markers(ctx: jobs.JobContext) -> str:
@@ -25,4 +42,8 @@ def clear_hidden_markers(ctx: jobs.JobContext) -> str:
     return f"cleared {cleared} marker(s) of hidden products" + (f", {left} still queued" if left else "")
 
 
+jobs.register("shop.expire_unpaid", expire_unpaid_orders, every=30, lease=60, atomic=False)
+jobs.register("shop.finish_refunds", finish_unfinished_refunds, every=60, lease=120, atomic=False)
+jobs.register("shop.send_mail", send_mail, every=5, lease=60, atomic=False)
+jobs.register("shop.prune_mail", prune_old_mail, every=3600, lease=300)
 jobs.register("shop.clear_hidden_markers", clear_hidden_markers, every=5, lease=60, atomic=False)

@@ -173,6 +173,101 @@ class ProductSales(Product):
         verbose_name_plural = "sales by product"
 
 
+class Refund(models.Model):
+    """The refund of a paid order: the record that makes its money go back once (issue 26, M3).
+
+    The provider is called outside any transaction with `key` as its idempotency key, so a
+    retried or dropped transaction never pays twice; whoever finishes the refund later (a second
+    call, the `shop.finish_refunds` job) finds this record and carries on from its status:
+    pending (the provider may not have paid yet: call it again, same key) -> sent (it paid) ->
+    completed (the books too: the order refunded, stock and coupon back, in one transaction). One
+    per order: a twin refund collides on the unique order. Whoever works on it claims it first
+    (`claimed_until`, a lease), so two workers never run it at once.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending (provider not yet known to have paid)"
+        SENT = "sent", "Sent (provider paid; books not done yet)"
+        COMPLETED = "completed", "Completed"
+
+    order = models.OneToOneField(Order, on_delete=models.PROTECT, related_name="refund")
+    key = models.CharField(max_length=40, unique=True, editable=False,
+                           help_text="The idempotency key the provider is called with")
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    actor = models.CharField(max_length=150, help_text="Who asked for it (the ledger's actor)")
+    attempts = models.PositiveIntegerField(default=0, help_text="Times it was claimed to be worked on")
+    last_error = models.TextField(blank=True)
+    claimed_by = models.CharField(max_length=32, blank=True, editable=False)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    UNFINISHED = (Status.PENDING, Status.SENT)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "claimed_until"], name="refund_status_claimed")]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gte=0), name="refund_amount_not_negative"),
+            models.CheckConstraint(condition=Q(status="pending") | Q(sent_at__isnull=False),
+                                   name="refund_sent_has_sent_at"),
+            models.CheckConstraint(condition=~Q(status="completed") | Q(completed_at__isnull=False),
+                                   name="refund_completed_has_completed_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"refund of order {self.order_id} ({self.status})"
+
+
+class OutboxMail(models.Model):
+    """A mail to send (issue 26, M4): never sent inside a request. It is written in the
+    transaction of what it tells (an order's payment commits with its confirmation's row, or
+    neither does) and sent by the `shop.send_mail` job (manage.py run_jobs): claimed, sent,
+    marked sent; a failure is kept in `last_error` and retried later (`next_attempt_at`), up to
+    SHOP["MAIL_ATTEMPTS"] times, then the mail is marked failed. What it says is rendered when it
+    is sent (`shop.services.emails`, one renderer per kind), so a row holds no secret (a password
+    reset's token is made at send time). A mail about an order is queued once per kind (unique
+    kind + order); a mail with no order (a password reset) is not deduplicated.
+    """
+
+    class Kind(models.TextChoices):
+        ORDER_PAID = "order_paid", "Order paid"
+        PASSWORD_RESET = "password_reset", "Password reset"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        SKIPPED = "skipped", "Nothing to send"  # e.g. a reset for an address with no account
+        FAILED = "failed", "Failed (gave up)"
+
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    order = models.ForeignKey(Order, null=True, blank=True, on_delete=models.CASCADE, related_name="mails")
+    # The buyer's address when it was queued; a password reset's: the address asked for.
+    recipient = models.EmailField()
+    # What the kind needs besides the order (a password reset: the site's domain and protocol).
+    context = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Not sent before this: a failed attempt backs off; a claimed mail is not due until its claim ends.
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "mail"
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="outboxmail_due")]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "order"], name="outboxmail_once_per_order"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} to {self.recipient} ({self.status})"
+
+
 # Orders that hold their stock: I2 counts their units as taken.
 RESERVING_STATUSES = (Order.Status.PENDING_PAYMENT, Order.Status.PAID, Order.Status.PLACED)
 

@@ -1,5 +1,6 @@
-"""Rate limits for the endpoints worth hammering: login, signup, password reset, token creation,
-coupon claims, checkout, pay and cancel, on the web and in the API.
+"""Rate limits for the endpoints worth hammering: login, signup, password reset (per client IP and
+per address asked for), token creation, coupon claims, checkout, pay and cancel, on the web and in
+the API.
 
 Counting is django-ratelimit's (fixed windows, one atomic INCR in the default Redis cache); the
 rates are SHOP["RATE_LIMITS"] (defaults in shop/conf.py), looked up by name on every request so
@@ -24,6 +25,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils.crypto import salted_hmac
 from django_ratelimit.core import get_usage
 
 from shop import errors
@@ -46,10 +48,18 @@ def login_account_key(group: str, request: HttpRequest) -> str:
     return f"user:{pk}" if pk is not None else f"name:{name.casefold()}"
 
 
+def reset_address(group: str, request: HttpRequest) -> str:
+    """The key of the per-address password reset limit: the address asked for, normalized
+    (strip, casefold: "Ann@Example.com " is "ann@example.com") and hashed with the secret key, so
+    the counters in Redis name no address. An unknown address counts exactly like a known one."""
+    address = request.POST.get("email", "").strip().casefold()
+    return salted_hmac("shop.ratelimits.reset_address", address).hexdigest()
+
+
 @dataclass(frozen=True)
 class Limit:
     name: str
-    # django-ratelimit key: "ip", "user_or_ip", "post:username"... or a function (group, request)
+    # django-ratelimit key: "ip", "user_or_ip", "post:username"..., or a callable (group, request) -> str
     key: str | Callable[[str, HttpRequest], str]
 
 
@@ -58,6 +68,7 @@ LIMITS: dict[str, Limit] = {
     "login_account": Limit("login_account", login_account_key),
     "signup": Limit("signup", "ip"),
     "password_reset": Limit("password_reset", "ip"),
+    "password_reset_address": Limit("password_reset_address", reset_address),
     "token_create": Limit("token_create", "user_or_ip"),
     "coupon_claim": Limit("coupon_claim", "user_or_ip"),
     "checkout": Limit("checkout", "user_or_ip"),

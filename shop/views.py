@@ -17,7 +17,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from shop import cart, errors, ratelimits, selectors
 from shop.conf import shop_settings
-from shop.forms import AddToCartForm, CheckoutForm, QuantityForm, SignUpForm, TokenForm
+from shop.forms import AddToCartForm, CheckoutForm, QuantityForm, QueuedPasswordResetForm, SignUpForm, TokenForm
 from shop.models import ApiToken
 from shop.services import cancel_order, claim_coupon, pay_order, place_order
 from shop.templatetags.shop_tags import money
@@ -316,13 +316,13 @@ login_view = ratelimits.limit_posts("login", "login_account")(LoginView.as_view(
 logout_view = LogoutView.as_view()
 
 # Password reset: Django's views and tokens, the site's templates. A request for a reset counts
-# per client IP (each one may send a mail). The page the buyer was heading for waits in the
+# per client IP and per address asked for (each one may send a mail), and only queues the mail
+# (QueuedPasswordResetForm): the same work and the same answer whether or not the address has an
+# account; the `shop.send_mail` job sends it. The page the buyer was heading for waits in the
 # session (the mail's link may not carry it) for the "log in" link at the end.
 NEXT_AFTER_RESET = "shop.next_after_reset"
-_password_reset = ratelimits.limit_posts("password_reset")(auth_views.PasswordResetView.as_view(
-    subject_template_name="registration/password_reset_subject.txt",
-    email_template_name="registration/password_reset_email.txt",
-))
+_password_reset = ratelimits.limit_posts("password_reset", "password_reset_address")(
+    auth_views.PasswordResetView.as_view(form_class=QueuedPasswordResetForm))
 
 
 def password_reset(request: HttpRequest) -> HttpResponse:

@@ -4,23 +4,38 @@ Cancelling, expiring and refunding give the stock and the coupon back exactly on
 called twice at once or racing a payment: the status flip (a conditional UPDATE) inside the
 transaction that returns the stock is the guard, so exactly one of pay / cancel / expire wins an
 unpaid order, and one refund a paid one.
+
+A refund also pays money back, which no transaction can take back: the provider is called
+outside any transaction, once per `Refund` record (issue 26, M3), and the books follow in their
+own retried transaction that never calls it again. See `refund_order`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import secrets
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from decimal import Decimal
 
+from django.db import IntegrityError, InterfaceError, OperationalError
+from django.db.models import F, Q
 from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
-from shop.models import CouponClaim, Order, OrderLine, StockLedger
-from shop.services.emails import confirm_payment_on_commit
+from shop.models import CouponClaim, Order, OrderLine, OutboxMail, Refund, StockLedger
+from shop.services.emails import queue_order_mail
 from shop.services.inventory import return_stock, unmark_sold_out
 from shop.services.locking import check_before_commit, held, product_lock, refuse_outer_transaction
-from shop.services.transactions import connection_errors, durable_transaction, with_retries
+from shop.services.transactions import (
+    connection_errors,
+    drop_connection,
+    durable_transaction,
+    lost_connection,
+    with_retries,
+)
 
 log = logging.getLogger("shop")
 
@@ -49,7 +64,8 @@ def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: 
     guard: a loser (a twin call, a payment that came first) raises `refusal` with nothing
     written. `due_before`: only if pay_by is before it (expiry). `stamp`: the time field the
     flip sets (cancelled_at for cancel and expiry, refunded_at for a refund). `after_flip`: runs
-    in the transaction once the flip won (the provider's refund).
+    in the transaction once the flip won (a refund marks its record completed). Everything here
+    may run more than once (retries): nothing in it may reach outside the database.
     """
     lines = list(
         OrderLine.objects.filter(order_id=order.pk).order_by("product_id").values_list("product_id", "quantity")
@@ -94,26 +110,191 @@ def cancel_order(*, order: Order, actor, unpaid_only: bool = False) -> Order:
     return order
 
 
-def provider_refund(*, order_id: int) -> None:
-    """The simulated payment provider's refund (it always succeeds, as its payment does). It
-    runs inside the refund's transaction after the guarded flip, so a twin call never reaches
-    it and a failure here (a real provider's) rolls the whole refund back."""
-    log.info("provider: order %s refunded", order_id)
+def provider_refund(*, key: str, order_id: int, amount: Decimal) -> None:
+    """The simulated payment provider's refund (it always succeeds, as its payment does). A real
+    provider takes `key` as its idempotency key: a second call with the same key (we crashed
+    after it paid, before we wrote that down) pays nothing more."""
+    log.info("provider: refund %s of order %s (%s) paid back", key, order_id, amount)
+
+
+def _refund_refusal(order_pk: int) -> errors.ShopError:
+    """Why this order cannot be refunded by this call: not paid, already refunded, or a refund
+    of it under way in another call (claimed: it is working on it now)."""
+    refund = Refund.objects.filter(order_id=order_pk).values_list("status", flat=True).first()
+    if refund not in Refund.UNFINISHED:
+        return _refusal(order_pk, errors.OrderNotRefundable)
+    status = Order.objects.filter(pk=order_pk).values_list("status", flat=True).first()
+    return errors.OrderNotRefundable("This order is already being refunded.",
+                                     details={"order_id": order_pk, "status": status, "refund": refund})
+
+
+def _claim_window(now: datetime) -> datetime:
+    return now + timedelta(seconds=float(shop_settings.REFUND_CLAIM))
+
+
+def _claim(refund_pk: int, *, now: datetime | None = None) -> str | None:
+    """Claim an unfinished refund to work on it (conditional UPDATE): the claim token, or None
+    when it is finished or another worker's claim has not lapsed."""
+    now = now or timezone.now()
+    token = secrets.token_hex(8)
+    claimed = (Refund.objects.filter(pk=refund_pk, status__in=Refund.UNFINISHED)
+               .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+               .update(claimed_by=token, claimed_until=_claim_window(now), attempts=F("attempts") + 1))
+    return token if claimed else None
+
+
+def _let_go(refund_pk: int, token: str, error: BaseException) -> None:
+    """A claimed refund failed: note why and free it at once for the next call or the job (best
+    effort: with the database gone, the claim lapses on its own)."""
+    cause = error.__cause__ or error  # the provider's or the database's own error, not our wrapper
+    with contextlib.suppress(Exception):
+        Refund.objects.filter(pk=refund_pk, claimed_by=token, status__in=Refund.UNFINISHED).update(
+            claimed_until=timezone.now(), last_error=f"{type(cause).__name__}: {cause}"[:2000])
+
+
+def _open_refund(*, order: Order, actor: str) -> tuple[Refund, str] | None:
+    """Step 1: the pending refund of a paid order, claimed by this call; None when a twin call
+    created it first (the unique order)."""
+    token = secrets.token_hex(8)
+    try:
+        with durable_transaction():
+            total = (Order.objects.select_for_update().filter(pk=order.pk, status=Order.Status.PAID)
+                     .values_list("total", flat=True).first())
+            if total is None:
+                raise _refund_refusal(order.pk)
+            refund = Refund.objects.create(order_id=order.pk, key=f"rf_{secrets.token_hex(16)}", amount=total,
+                                           actor=actor[:150], claimed_by=token, attempts=1,
+                                           claimed_until=_claim_window(timezone.now()))
+    except IntegrityError:
+        if Refund.objects.filter(order_id=order.pk).exists():
+            return None
+        raise
+    return refund, token
+
+
+def _pay_back(refund: Refund) -> None:
+    """Step 2: the provider pays the money back (outside any transaction), then the refund is
+    marked sent (autocommit). Lost between the two, the refund stays pending and its next worker
+    calls the provider again with the same key: the provider pays once."""
+    try:
+        provider_refund(key=refund.key, order_id=refund.order_id, amount=refund.amount)
+    except Exception as exc:  # a real provider's timeout or refusal: the record stays, retried
+        log.warning("refund %s of order %s: the provider failed", refund.key, refund.order_id, exc_info=True)
+        raise errors.ProviderUnavailable(details={"order_id": refund.order_id, "refund": refund.status}) from exc
+    refund.sent_at = timezone.now()
+    try:
+        Refund.objects.filter(pk=refund.pk, status=Refund.Status.PENDING).update(
+            status=Refund.Status.SENT, sent_at=refund.sent_at)
+    except (OperationalError, InterfaceError) as exc:
+        if not lost_connection(exc):
+            raise
+        drop_connection()
+        raise errors.DatabaseUnavailable(
+            "The refund is under way (the provider was called); Refund again, or the shop.finish_refunds job, "
+            "finishes it without paying twice.",
+            details={"order_id": refund.order_id, "outcome": "unknown", "refund": refund.status}) from exc
+    refund.status = Refund.Status.SENT
+
+
+def _book_refund(refund: Refund) -> None:
+    """Step 3: the books, under the product locks in one durable transaction with retries: the
+    order paid -> refunded, stock and coupon back, the refund completed. The provider is not in
+    it, so no retry pays again. A connection lost here is tried once more on a new connection:
+    the flip is the guard, and an earlier COMMIT that did land shows as a completed refund."""
+
+    def completed() -> None:
+        Refund.objects.filter(pk=refund.pk, status=Refund.Status.SENT).update(
+            status=Refund.Status.COMPLETED, completed_at=timezone.now(), claimed_until=None)
+
+    for again in (True, False):
+        try:
+            _release(order=Order(pk=refund.order_id), actor=refund.actor, allowed=(Order.Status.PAID,),
+                     to=Order.Status.REFUNDED, reason=StockLedger.Reason.REFUND, stamp="refunded_at",
+                     refusal=errors.OrderNotRefundable, after_flip=completed)
+            return
+        except errors.OrderNotRefundable:
+            if Refund.objects.filter(pk=refund.pk, status=Refund.Status.COMPLETED).exists():
+                return  # our earlier COMMIT landed; its reply was lost
+            raise
+        except errors.DatabaseUnavailable as exc:
+            if not again:
+                raise errors.DatabaseUnavailable(
+                    "The refund is under way (the money went back); Refund again, or the shop.finish_refunds "
+                    "job, finishes its books.",
+                    details={**exc.details, "order_id": refund.order_id, "refund": refund.status}) from exc
+            log.warning("refund %s of order %s: connection lost in the books (%s); once more",
+                        refund.key, refund.order_id, exc.details.get("outcome"))
+
+
+def _finish_refund(refund: Refund, token: str) -> None:
+    """Steps 2 (unless the provider already paid) and 3 of a refund this call has claimed; on
+    failure the claim is let go, so the next call or the job carries on."""
+    try:
+        if refund.status == Refund.Status.PENDING:
+            _pay_back(refund)
+        _book_refund(refund)
+    except BaseException as exc:
+        _let_go(refund.pk, token, exc)
+        raise
 
 
 @connection_errors()
 def refund_order(*, order: Order, actor) -> Order:
-    """Refund a paid order (staff): paid -> refunded, the provider pays the money back, the stock
-    returns under the product locks (ledger reason `refund`) and the coupon goes back to its
-    owner, exactly as a cancellation gives them back. Only once: a second call, or one on an
-    order that is not paid, raises OrderNotRefundable (409) with nothing written."""
+    """Refund a paid order (staff): the provider pays the money back once, then paid -> refunded,
+    the stock returns under the product locks (ledger reason `refund`) and the coupon goes back to
+    its owner, exactly as a cancellation gives them back. Idempotent end to end (a `Refund`
+    record, see its docstring): a call that finds an unfinished refund of the order (left by a
+    crash or a lost connection) finishes it without paying twice; one that finds it refunded,
+    not paid, or being refunded by another call right now raises OrderNotRefundable (409)."""
     refuse_outer_transaction("refund_order")
-    _release(order=order, actor=actor, allowed=(Order.Status.PAID,), to=Order.Status.REFUNDED,
-             reason=StockLedger.Reason.REFUND, stamp="refunded_at", refusal=errors.OrderNotRefundable,
-             after_flip=lambda: provider_refund(order_id=order.pk))
+    refund = Refund.objects.filter(order_id=order.pk).first()
+    if refund is None:
+        opened = _open_refund(order=order, actor=str(actor))
+        if opened is None:
+            raise _refund_refusal(order.pk)
+        refund, token = opened
+    else:
+        token = _claim(refund.pk)
+        if token is None:
+            raise _refund_refusal(order.pk)
+        refund.refresh_from_db()  # its status as of our claim
+        if refund.actor != str(actor):
+            log.info("refund %s of order %s: finished by %s", refund.key, order.pk, actor)
+    _finish_refund(refund, token)
     order.refresh_from_db()
-    log.info("order %s refunded by %s", order.pk, actor)
+    log.info("order %s refunded by %s", order.pk, refund.actor)
     return order
+
+
+@connection_errors()
+def finish_refunds(*, now: datetime | None = None, limit: int = 100, check=None) -> int:
+    """Finish refunds left pending or sent whose claim lapsed (the call working on one crashed,
+    lost its connection, or the provider failed); returns how many were completed. Each goes on
+    from where it stopped: the provider only if it was not known to have paid (same key).
+    `check`: called before each (a job passes ctx.check)."""
+    refuse_outer_transaction("finish_refunds")
+    now = now or timezone.now()
+    due = list(Refund.objects.filter(status__in=Refund.UNFINISHED)
+               .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+               .order_by("pk").values_list("pk", flat=True)[:limit])
+    finished = 0
+    for pk in due:
+        if check is not None:
+            check()
+        token = _claim(pk, now=now)
+        if token is None:
+            continue  # finished, or claimed, since we listed it
+        refund = Refund.objects.get(pk=pk)
+        try:
+            _finish_refund(refund, token)
+        except errors.ShopError as exc:
+            log.warning("refund %s of order %s not finished: %s %s", refund.key, refund.order_id, exc.code,
+                        exc.details)
+            continue
+        log.info("refund %s of order %s finished by the job (asked by %s)", refund.key, refund.order_id,
+                 refund.actor)
+        finished += 1
+    return finished
 
 
 @connection_errors()
@@ -121,17 +302,29 @@ def pay_order(*, order: Order, actor) -> Order:
     """Record a payment (the simulated provider always accepts). pending_payment -> paid with a
     guarded UPDATE (still pending AND pay_by > now), so a payment never lands on an order that
     expired or was cancelled, even one racing the expirer. Paying a paid order again is a no-op
-    that returns it (a client retrying after a timeout must not be told it failed). The buyer's
-    confirmation mail leaves after the commit; a mail failure never fails the payment."""
+    that returns it (a client retrying after a timeout must not be told it failed).
+
+    The flip and the buyer's confirmation mail (an outbox row, sent later by the `shop.send_mail`
+    job: no SMTP in the request) commit in one durable transaction, so the mail follows the
+    committed state. A connection lost during that COMMIT, or while reading the order back after
+    it, is DatabaseUnavailable with outcome "unknown": the payment may well have landed, and a
+    retry of pay returns the paid order."""
     refuse_outer_transaction("pay_order")
     now = timezone.now()
-    paid = Order.objects.filter(pk=order.pk, status=Order.Status.PENDING_PAYMENT, pay_by__gt=now).update(
-        status=Order.Status.PAID, paid_at=now)
-    order.refresh_from_db()
+    with durable_transaction():
+        paid = Order.objects.filter(pk=order.pk, status=Order.Status.PENDING_PAYMENT, pay_by__gt=now).update(
+            status=Order.Status.PAID, paid_at=now)
+        if paid:  # this call paid it (a retry of a paid order queues nothing)
+            queue_order_mail(kind=OutboxMail.Kind.ORDER_PAID, order_id=order.pk)
+    try:
+        order.refresh_from_db()
+    except (OperationalError, InterfaceError) as exc:
+        if not (paid and lost_connection(exc)):
+            raise
+        drop_connection()
+        raise errors.DatabaseUnavailable(details={"outcome": "unknown"}) from exc
     if not paid and order.status != Order.Status.PAID:
         raise errors.OrderNotPayable(details={"order_id": order.pk, "status": order.status})
-    if paid:  # this call paid it (a retry of a paid order mails nothing)
-        confirm_payment_on_commit(order_id=order.pk)
     log.info("order %s paid by %s", order.pk, actor)
     return order
 

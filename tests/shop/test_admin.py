@@ -261,6 +261,9 @@ def test_a_paid_order_offers_refund_and_never_cancel(admin_client, make_product,
     page = admin_client.get(f"/admin/shop/order/{paid.pk}/change/").content.decode()
     assert refund not in page and cancel not in page  # nothing left to do
     assert "is refunded" in admin_client.get(refund).content.decode()
+    # The refund's record (issue 26): read-only, where it stands.
+    refunds = admin_client.get("/admin/shop/refund/").content.decode()
+    assert f"Order #{paid.pk}" in refunds and "Completed" in refunds and "admin:root" in refunds
 
 
 def test_the_cancel_page_says_what_state_the_order_is_in(admin_client, make_product, user):

@@ -4,14 +4,19 @@ payment), the password reset through Django's views, the mail settings from the 
 
 from __future__ import annotations
 
+import io
 import logging
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail
 from django.core.mail.backends.base import BaseEmailBackend
+from django.core.management import call_command
+from django.utils import timezone
 
+from shop import errors
 from shop.models import ApiToken, Order
 from shop.services import pay_order, place_order
 from tests.shop.test_settings import start
@@ -44,17 +49,52 @@ def buyer(db):
     return get_user_model().objects.create_user("ann", email="ann@example.com", password=PASSWORD)
 
 
-def test_paying_sends_one_confirmation_with_the_order(buyer, make_product):
+def outbox(**filters) -> list:
+    """The queued mails (shop.models.OutboxMail), oldest first."""
+    from shop.models import OutboxMail
+
+    return list(OutboxMail.objects.filter(**filters).order_by("pk"))
+
+
+def send_mail_job() -> str:
+    """One pass of the mail job through the jobs runner; its run's detail."""
+    from locks.models import JobRun
+
+    JobRun.objects.filter(job="shop.send_mail").delete()  # the same tick may run again
+    call_command("run_jobs", "--once", "--job", "shop.send_mail", stdout=io.StringIO())
+    run = JobRun.objects.filter(job="shop.send_mail").latest("pk")
+    assert run.outcome == JobRun.OK, run.error
+    return run.detail
+
+
+def send_pending(**kwargs) -> int:
+    from shop.services.emails import send_pending_mail
+
+    return send_pending_mail(**kwargs).sent
+
+
+def test_paying_queues_the_confirmation_and_the_job_sends_it_once(client, buyer, make_product):
     p = make_product(stock=9, price="1658.00")
     order = place_order(user=buyer, lines=[(p.pk, 2)]).order
-    assert mail.outbox == []  # placing is not paying
-    pay_order(order=order, actor="test")
+    client.force_login(buyer)
+    assert client.post(f"/orders/{order.pk}/pay/").status_code == 302
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
+    assert mail.outbox == []  # no SMTP inside the Pay request (old code: sent here, synchronously)
+    [queued] = outbox()
+    assert (queued.kind, queued.order_id, queued.recipient, queued.status) == (
+        "order_paid", order.pk, "ann@example.com", "pending")
+
+    assert send_mail_job() == "sent 1, failed 0"
     assert len(mail.outbox) == 1
     sent = mail.outbox[0]
     assert sent.to == ["ann@example.com"] and f"#{order.pk}" in sent.subject
     assert "2 \u00d7 Product" in sent.body and "$3,316.00" in sent.body and f"/orders/{order.pk}/" in sent.body
-    pay_order(order=order, actor="test")  # a retried payment: already paid, no second mail
-    assert len(mail.outbox) == 1
+    [queued] = outbox()
+    assert queued.status == "sent" and queued.sent_at is not None and queued.attempts == 1
+
+    assert send_pending() == 0 and send_mail_job() == "sent 0, failed 0"  # sent once
+    pay_order(order=order, actor="test")  # a retried payment: already paid, nothing queued
+    assert len(outbox()) == 1 and send_pending() == 0 and len(mail.outbox) == 1
 
 
 def test_the_confirmation_leaves_after_the_payment_is_committed(buyer, make_product, settings):
@@ -62,29 +102,77 @@ def test_the_confirmation_leaves_after_the_payment_is_committed(buyer, make_prod
     StatusAtSendBackend.seen = []
     order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
     pay_order(order=order, actor="test")
+    assert StatusAtSendBackend.seen == []
+    assert send_pending() == 1
     assert StatusAtSendBackend.seen == [Order.Status.PAID]
 
 
-def test_a_mail_failure_never_fails_the_payment(buyer, make_product, settings, caplog):
+def test_a_failing_mail_server_leaves_the_mail_pending_and_a_later_run_sends_it(buyer, make_product, settings,
+                                                                               caplog):
     settings.EMAIL_BACKEND = f"{__name__}.BrokenBackend"
     order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
+    assert pay_order(order=order, actor="test").status == Order.Status.PAID  # the mail is not the payment's
+    with caplog.at_level(logging.WARNING, logger="shop"):
+        assert send_mail_job() == "sent 0, failed 1"
+    [queued] = outbox()
+    assert queued.status == "pending" and queued.attempts == 1 and "mail server down" in queued.last_error
+    assert queued.next_attempt_at > timezone.now()  # backs off
+    assert any(f"order {order.pk}" in r.getMessage() and "order_paid" in r.getMessage() for r in caplog.records)
+    assert send_pending() == 0  # not due yet
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    assert send_pending(now=timezone.now() + timedelta(hours=2)) == 1
+    assert [m.to for m in mail.outbox] == [["ann@example.com"]]
+    [queued] = outbox()
+    assert queued.status == "sent" and queued.attempts == 2
+
+
+def test_a_mail_that_keeps_failing_is_given_up_after_its_attempts(buyer, make_product, settings, caplog):
+    settings.EMAIL_BACKEND = f"{__name__}.BrokenBackend"
+    settings.SHOP = {**settings.SHOP, "MAIL_ATTEMPTS": 3}
+    pay_order(order=place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order, actor="test")
+    later = timezone.now()
     with caplog.at_level(logging.ERROR, logger="shop"):
-        paid = pay_order(order=order, actor="test")
-    assert paid.status == Order.Status.PAID
-    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
-    assert any(f"order {order.pk}" in r.getMessage() and "confirmation" in r.getMessage() for r in caplog.records)
+        for _ in range(4):
+            later += timedelta(days=1)
+            send_pending(now=later)
+    [queued] = outbox()
+    assert (queued.status, queued.attempts) == ("failed", 3)
+    assert any("gave up" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+
+
+def test_the_mail_row_commits_with_the_payment_or_not_at_all(buyer, make_product, monkeypatch):
+    from django.db import OperationalError
+
+    from shop.services import emails
+
+    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
+
+    def lost(**kwargs):
+        raise OperationalError(2013, "Lost connection to server during query")
+
+    monkeypatch.setattr(emails.OutboxMail.objects, "create", lost)
+    with pytest.raises(errors.DatabaseUnavailable) as caught:
+        pay_order(order=order, actor="test")
+    assert caught.value.details == {"outcome": "not_written"}
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PENDING_PAYMENT  # the flip went with it
+    monkeypatch.undo()
+    pay_order(order=order, actor="test")
+    assert len(outbox(order=order)) == 1
 
 
 def test_no_address_no_mail_and_the_api_pays_with_the_same_service(user, make_product, client):
     order = place_order(user=user, lines=[(make_product(stock=3).pk, 1)]).order  # `user` has no e-mail address
     pay_order(order=order, actor="test")
-    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID and mail.outbox == []
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID and outbox() == []
     user.email = "u@example.com"
     user.save(update_fields=["email"])
     second = place_order(user=user, lines=[(make_product(stock=3).pk, 1)]).order
     token = ApiToken.issue(user_id=user.pk, name="test")
     response = client.post(f"/api/orders/{second.pk}/pay/", HTTP_AUTHORIZATION=f"Bearer {token}")
     assert response.status_code == 200, response.content
+    assert mail.outbox == [] and [m.recipient for m in outbox()] == ["u@example.com"]
+    assert send_pending() == 1
     assert [m.to for m in mail.outbox] == [["u@example.com"]]
 
 
@@ -94,6 +182,8 @@ def test_password_reset_through_djangos_views(client, buyer):
     assert client.get("/password-reset/").status_code == 200
     response = client.post("/password-reset/", {"email": "ann@example.com"})
     assert response.status_code == 302 and response["Location"].startswith("/password-reset/sent/")
+    assert mail.outbox == []  # the job sends it (its token is made then)
+    assert send_mail_job() == "sent 1, failed 0"
     assert len(mail.outbox) == 1 and mail.outbox[0].to == ["ann@example.com"]
     link = re.search(r"http://testserver(/password-reset/\S+/\S+/)", mail.outbox[0].body).group(1)
     form = client.get(link, follow=True)
@@ -106,9 +196,36 @@ def test_password_reset_through_djangos_views(client, buyer):
     assert buyer.check_password("brand-new-pass-789")
 
 
+def _normalized(queries: list[dict], address: str) -> list[str]:
+    """The request's SQL with the address and the times taken out: what work it did."""
+    sql = [q["sql"].replace(address, "<address>") for q in queries]
+    return [re.sub(r"'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?'", "<time>", q) for q in sql]
+
+
+def test_password_reset_does_the_same_work_whether_or_not_the_address_has_an_account(client, buyer):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    answers, work = [], []
+    for address in ("ann@example.com", "nobody@example.com"):
+        with CaptureQueriesContext(connection) as queries:
+            response = client.post("/password-reset/", {"email": address})
+        answers.append((response.status_code, response["Location"]))
+        work.append(_normalized(queries.captured_queries, address))
+        assert mail.outbox == []  # no SMTP inside the request (old code: the known address's mail)
+    assert answers[0] == answers[1] == (302, "/password-reset/sent/")
+    assert work[0] == work[1], work
+
+    assert send_pending() == 1  # the account's mail; nothing for the unknown address
+    assert [m.to for m in mail.outbox] == [["ann@example.com"]]
+    assert [(m.recipient, m.status) for m in outbox(kind="password_reset")] == [
+        ("ann@example.com", "sent"), ("nobody@example.com", "skipped")]
+
+
 def test_password_reset_for_an_unknown_address_looks_the_same_and_sends_nothing(client, buyer):
     response = client.post("/password-reset/", {"email": "nobody@example.com"})
     assert response.status_code == 302 and response["Location"].startswith("/password-reset/sent/")
+    send_pending()
     assert mail.outbox == []
 
 
@@ -117,6 +234,7 @@ def test_password_reset_requests_are_rate_limited(client, buyer, settings):
     for _ in range(2):
         assert client.post("/password-reset/", {"email": "ann@example.com"}).status_code == 302
     assert client.post("/password-reset/", {"email": "ann@example.com"}).status_code == 429
+    send_pending()
     assert len(mail.outbox) == 2
 
 
@@ -177,3 +295,26 @@ def test_smtp_from_email_variables_in_production():
 def test_a_bad_email_url_is_refused_at_start():
     result = start(MAIL, DEBUG="true", EMAIL_URL="http://mail.example.com")
     assert result.returncode != 0 and "EMAIL_URL" in result.stderr
+
+
+def test_staff_see_the_outbox_in_the_admin(admin_client, buyer, make_product, settings):
+    settings.EMAIL_BACKEND = f"{__name__}.BrokenBackend"
+    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
+    pay_order(order=order, actor="test")
+    send_pending()
+    page = admin_client.get("/admin/shop/outboxmail/").content.decode()
+    assert "ann@example.com" in page and "Order paid" in page and "Pending" in page
+    [queued] = outbox()
+    detail = admin_client.get(f"/admin/shop/outboxmail/{queued.pk}/change/").content.decode()
+    assert "mail server down" in detail
+
+
+def test_settled_mail_is_pruned_after_30_days_and_pending_mail_never(buyer, make_product):
+    from shop.models import OutboxMail
+    from shop.services.emails import prune_mail
+
+    for status in ("sent", "skipped", "failed", "pending"):
+        OutboxMail.objects.create(kind="password_reset", recipient="x@example.com", status=status)
+    assert prune_mail() == 0
+    assert prune_mail(now=timezone.now() + timedelta(days=31)) == 3
+    assert [m.status for m in outbox()] == ["pending"]

@@ -223,3 +223,33 @@ def test_default_pay_and_cancel_limits_leave_room_for_the_load_test():
 
     assert per_minute("pay") >= per_minute("checkout")
     assert 10 <= per_minute("cancel") <= per_minute("checkout")
+
+
+def test_password_reset_is_limited_per_address_from_any_ip(limits, client):
+    """Issue 26 L6: one address cannot be flooded with reset mails from many client IPs. The
+    address is normalized (strip, casefold), and an unknown one is limited alike."""
+    limits(password_reset="100/h", password_reset_address="2/h")
+    get_user_model().objects.create_user("ann", email="ann@example.com", password="a-long-pass-123")
+
+    def reset(address: str, ip: str):
+        return client.post("/password-reset/", {"email": address}, REMOTE_ADDR=ip)
+
+    assert reset("ann@example.com", "10.0.0.1").status_code == 302
+    assert reset("  ANN@example.com ", "10.0.0.2").status_code == 302
+    assert_web_rate_limited(reset("Ann@Example.COM", "10.0.0.3"))
+    assert reset("other@example.com", "10.0.0.3").status_code == 302  # another address: its own budget
+    for ip in ("10.0.1.1", "10.0.1.2"):
+        assert reset("nobody@example.com", ip).status_code == 302
+    assert_web_rate_limited(reset("nobody@example.com", "10.0.1.3"))
+
+
+def test_the_per_address_key_holds_no_address():
+    from django.test import RequestFactory
+
+    from shop.ratelimits import LIMITS
+
+    key = LIMITS["password_reset_address"].key
+    factory = RequestFactory()
+    a = key("shop.password_reset_address", factory.post("/password-reset/", {"email": " Ann@Example.com "}))
+    b = key("shop.password_reset_address", factory.post("/password-reset/", {"email": "ann@example.com"}))
+    assert a == b and "ann" not in a.lower() and "example" not in a.lower()

@@ -12,7 +12,7 @@ from django.db import connection
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import ApiToken, Order, Product
-from shop.services import hooks, place_order
+from shop.services import hooks, pay_order, place_order
 from tests.mysql_proxy import MySQLProxy
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
@@ -169,3 +169,66 @@ def test_a_connection_lost_after_the_commit_keeps_the_batchs_orders_and_calls_th
     assert results[refused.id] == batch.Refused.of(errors.DatabaseUnavailable(details={"outcome": "unknown"}))
     p.refresh_from_db()
     assert p.stock == 0
+
+
+# --- issue 26 L5: a payment's outcome is never reported "not_written" when it was written ---------
+def _outbox(order: Order) -> list:
+    from shop.models import OutboxMail
+
+    return list(OutboxMail.objects.filter(order=order))
+
+
+@pytest.fixture
+def buyer_with_mail(user):
+    user.email = "buyer@example.com"
+    user.save(update_fields=["email"])
+    return user
+
+
+def test_a_payment_whose_commit_reply_is_lost_is_unknown_and_its_retry_returns_it(
+    through_proxy, make_product, buyer_with_mail
+):
+    order = place_order(user=buyer_with_mail, lines=[(make_product(stock=5).pk, 1)]).order
+    through_proxy.drop_next_commit_reply.set()
+    with pytest.raises(errors.DatabaseUnavailable) as caught:  # old code: no COMMIT of its own, no error
+        pay_order(order=order, actor="test")
+    assert caught.value.details == {"outcome": "unknown"} and through_proxy.commits_dropped == 1
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID  # it did commit
+    assert len(_outbox(order)) == 1  # and its mail with it
+
+    retry = pay_order(order=order, actor="test")  # the truth
+    assert retry.status == Order.Status.PAID and len(_outbox(order)) == 1
+
+
+def test_a_lost_payment_reply_never_says_not_written_for_a_written_payment(
+    through_proxy, make_product, buyer_with_mail
+):
+    """The reply to the flip's UPDATE is lost. In autocommit that UPDATE was its own COMMIT (old
+    code: paid, yet "not_written"); inside the payment's transaction it was not committed."""
+    order = place_order(user=buyer_with_mail, lines=[(make_product(stock=5).pk, 1)]).order
+    through_proxy.drop_next_reply_to(b"UPDATE `shop_order` SET `status`")
+    with pytest.raises(errors.DatabaseUnavailable) as caught:
+        pay_order(order=order, actor="test")
+    assert through_proxy.replies_dropped == 1
+    status = Order.objects.get(pk=order.pk).status
+    assert caught.value.details["outcome"] == "unknown" or status == Order.Status.PENDING_PAYMENT, status
+    assert len(_outbox(order)) == (status == Order.Status.PAID)
+    assert pay_order(order=order, actor="test").status == Order.Status.PAID
+    assert len(_outbox(order)) == 1
+
+
+def test_a_connection_lost_reading_back_a_committed_payment_is_unknown(monkeypatch, make_product, buyer_with_mail):
+    order = place_order(user=buyer_with_mail, lines=[(make_product(stock=5).pk, 1)]).order
+    read_back = Order.refresh_from_db
+
+    def lost_then_read(self, *args, **kwargs):
+        monkeypatch.setattr(Order, "refresh_from_db", read_back)
+        _kill_own_connection()
+        return read_back(self, *args, **kwargs)
+
+    monkeypatch.setattr(Order, "refresh_from_db", lost_then_read)
+    with pytest.raises(errors.DatabaseUnavailable) as caught:
+        pay_order(order=order, actor="test")
+    assert caught.value.details == {"outcome": "unknown"}  # old code: "not_written"
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
+    assert pay_order(order=order, actor="test").status == Order.Status.PAID and len(_outbox(order)) == 1
