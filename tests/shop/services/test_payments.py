@@ -21,7 +21,7 @@ from shop.models import CouponClaim, Order, Product, StockLedger
 from shop.services import cancel_order, claim_coupon, expire_unpaid, pay_order, place_order
 from tests.helpers import make_users, run_processes
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
 
 def make_late(order: Order) -> None:

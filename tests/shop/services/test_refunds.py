@@ -23,7 +23,7 @@ from shop.services import cancel_order, claim_coupon, orders, pay_order, place_o
 from shop.services.orders import finish_refunds
 from tests.helpers import FORK, run_processes
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
 
 def paid_order(user, lines, **kwargs) -> Order:
