@@ -24,9 +24,15 @@ env = environ.Env()
 # laptop; a server has no such file, so nothing changes there. DEV_ENV_FILE names another file
 # ("" for none: the test suite, which must not depend on a developer's file).
 DEFAULT_DEV_ENV_FILE = str(BASE_DIR / ".env.dev")
+# Where DEBUG came from, when a file set it: a server started from a developer's checkout says so
+# at start (shop/wsgi.py, shop/asgi.py), loudly.
+DEBUG_FROM_FILE = ""
 for _env_file in (BASE_DIR / ".env", os.environ.get("DEV_ENV_FILE", DEFAULT_DEV_ENV_FILE)):
     if _env_file and os.path.isfile(_env_file):
+        _debug_before = "DEBUG" in os.environ
         environ.Env.read_env(_env_file)
+        if not _debug_before and "DEBUG" in os.environ:
+            DEBUG_FROM_FILE = str(_env_file)
 
 
 def _env_bool(name: str, default: bool) -> bool:

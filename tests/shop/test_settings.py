@@ -151,6 +151,22 @@ def test_compose_requires_a_secret_key_and_has_no_default_one():
     assert "SECRET_KEY:-" not in compose
 
 
+def test_compose_runs_the_tested_database_and_mysql8_is_an_override():
+    """MariaDB 10.11 (what every test runs on) by default; MySQL 8.4 from its override file, on a
+    volume of its own (the two servers' data files do not mix)."""
+    import yaml
+
+    base = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    mysql8 = yaml.safe_load((ROOT / "docker-compose.mysql8.yml").read_text())
+    assert base["services"]["mysql"]["image"] == "mariadb:10.11"
+    assert mysql8["services"]["mysql"]["image"] == "mysql:8.4"
+    base_volume = base["services"]["mysql"]["volumes"][0]
+    mysql8_volume = mysql8["services"]["mysql"]["volumes"][0]
+    assert base_volume.split(":")[1] == mysql8_volume.split(":")[1] == "/var/lib/mysql"  # one replaces the other
+    assert base_volume.split(":")[0] != mysql8_volume.split(":")[0]
+    assert "docker-compose.mysql8.yml" in (ROOT / "README.md").read_text()
+
+
 def _run_image_start(tmp_path: Path, **env: str) -> list[str]:
     """Run the Dockerfile's CMD with `python` and `gunicorn` stubs that only log their arguments."""
     dockerfile = (ROOT / "Dockerfile").read_text()
@@ -208,3 +224,23 @@ def test_a_bad_zookeeper_auth_is_refused_without_printing_it():
     assert good.returncode == 0, good.stderr
     assert good.stdout.split() == [f"shop:{SECRET}"]
     assert start("settings.LOCKS['ZOOKEEPER_AUTH']", DEBUG="true").stdout.split() == ["None"]
+
+
+def _load_wsgi(tmp_path: Path, env_file_text: str | None, **env: str) -> subprocess.CompletedProcess:
+    """Import shop.wsgi (what gunicorn does) with DEV_ENV_FILE pointing at a file of this text."""
+    dev_env = tmp_path / "dev.env"
+    if env_file_text is not None:
+        dev_env.write_text(env_file_text)
+    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARIABLES}
+    return subprocess.run([sys.executable, "-c", "import shop.wsgi"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**clean, "DJANGO_SETTINGS_MODULE": "shop.settings",
+                                           "DEV_ENV_FILE": str(dev_env), **env})
+
+
+def test_a_server_whose_debug_comes_from_the_dev_env_file_says_so_at_start(tmp_path):
+    loud = _load_wsgi(tmp_path, "DEBUG=true\nSECRET_KEY=" + "k" * 50 + "\n")
+    assert loud.returncode == 0, loud.stderr
+    assert "DEBUG is on, read from" in loud.stderr and str(tmp_path / "dev.env") in loud.stderr
+    # DEBUG from the environment (./dev.sh exports it) or off: nothing to say.
+    assert "DEBUG is on" not in _load_wsgi(tmp_path, None, DEBUG="true").stderr
+    assert "DEBUG is on" not in _load_wsgi(tmp_path, "SECRET_KEY=" + "k" * 50 + "\n").stderr
