@@ -362,3 +362,33 @@ def test_a_batch_whose_every_request_cannot_be_written_is_refused_not_a_500(make
         place_order(user=gone, lines=[(p.pk, 1)])
     p.refresh_from_db()
     assert p.stock == 5 and counts() == before
+
+
+def test_a_batchs_order_ids_are_right_whatever_the_auto_increment_step(make_product, flavour):
+    """Without RETURNING (MySQL 8) the writer reads its orders' ids back by their request ids: right
+    under any auto_increment_increment/offset (replication sets them) and lock mode, where the
+    ids of one multi-row INSERT need not be consecutive."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from locks import Lock
+
+    users = [get_user_model().objects.create_user(f"step-{i}", password="pw-not-used") for i in range(3)]
+    p = make_product(stock=10)
+    requests = [batch.Request(id=batch.new_request_id(), user_id=u.pk, lines=((p.pk, i + 1),), code=None, key=None,
+                              digest="d", deadline=float("inf")) for i, u in enumerate(users)]
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION auto_increment_increment = 7, auto_increment_offset = 3")
+    try:
+        with Lock(product_lock(p.pk), ttl=10) as hold:
+            results = batch.write(requests, holds={p.pk: hold})
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION auto_increment_increment = DEFAULT, auto_increment_offset = DEFAULT")
+    for i, (r, u) in enumerate(zip(requests, users, strict=True)):
+        order = Order.objects.get(pk=results[r.id].order_id)
+        assert (order.user_id, order.request_id) == (u.pk, r.id)
+        assert list(order.lines.values_list("product_id", "quantity")) == [(p.pk, i + 1)]
+        assert list(StockLedger.objects.filter(order=order).values_list("quantity", flat=True)) == [-(i + 1)]
+    ids = sorted(results[r.id].order_id for r in requests)
+    assert ids[1] - ids[0] == 7  # not consecutive: counting from the first id would be wrong
