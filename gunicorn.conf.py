@@ -1,6 +1,11 @@
-"""gunicorn settings of the shop: Prometheus multi-process mode (docs/metrics.md).
+"""gunicorn settings of the shop: its worker (overload), Prometheus multi-process mode (docs/metrics.md).
 
-    gunicorn -c gunicorn.conf.py shop.wsgi --workers 4 --threads 4 --bind 0.0.0.0:8000
+    gunicorn -c gunicorn.conf.py shop.wsgi --workers 4 --threads 16 --bind 0.0.0.0:8000
+
+The worker is gthread with its queue bounded (shop/gunicorn_worker.py): past capacity a request
+is answered 503 `busy` with Retry-After at once instead of waiting unbounded for a thread. It
+accepts eagerly (worker_connections), so the kernel's backlog stays short: a crowd is answered,
+not left in SYN retransmits (docs/operations.md, "A crowd bigger than the server").
 
 Each worker is a process with its own counters; a scrape lands on one of them. So every worker
 writes its values to files in PROMETHEUS_MULTIPROC_DIR and /metrics sums the files of all of
@@ -29,6 +34,12 @@ if _OWN_DIR:
     os.environ["FLASHSALE_METRICS_OWN_DIR"] = "1"  # survives a config reload (HUP) in the master
 elif os.environ.get("FLASHSALE_METRICS_OWN_DIR") == "1":
     _OWN_DIR = True
+
+
+worker_class = "shop.gunicorn_worker.ShopWorker"
+# Connections one worker holds (being served, waiting for a thread, kept alive): far more than
+# its threads, so a crowd is accepted and answered rather than left in the kernel's backlog.
+worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS", "1000"))
 
 
 def _dir() -> Path:

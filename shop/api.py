@@ -18,7 +18,7 @@ from django.http import HttpRequest, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from shop import errors, ratelimits, selectors
+from shop import deadlines, errors, ratelimits, selectors
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, Product
 from shop.services import cancel_order, claim_coupon, pay_order, place_order
@@ -231,7 +231,8 @@ def orders(request: HttpRequest) -> JsonResponse:
         except errors.InvalidInput as exc:
             exc.details = {"Idempotency-Key": exc.details.get("idempotency_key", "invalid")}
             raise
-    placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key)
+    placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key,
+                         deadline=deadlines.of_request(request))
     return JsonResponse(order_json(placed.order), status=200 if placed.replayed else 201)
 
 

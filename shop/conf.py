@@ -37,6 +37,16 @@ DEFAULTS: dict[str, Any] = {
     # whose lock is busy (a cart holds it) is handed back to its buyers, who take it themselves.
     # Env: SHOP_COMBINE_LANES.
     "COMBINE_LANES": 0,
+    # Overload (shop/gunicorn_worker.py, shop/admission.py, shop/deadlines.py). A request waits for
+    # a thread of its worker at most QUEUE_INTERVAL s while the queue drains now and then, and
+    # QUEUE_TARGET s once a standing queue formed (CoDel); more than QUEUE_MAX requests waiting
+    # (None: the worker's thread count) and a new one is answered 503 `busy` at once, without the
+    # app. MAX_WAITING buyers of one process may wait in the products' lines at once (None: the
+    # worker's threads minus a quarter; unbounded outside the shop's gunicorn worker).
+    "QUEUE_TARGET": 0.02,
+    "QUEUE_INTERVAL": 0.2,
+    "QUEUE_MAX": None,
+    "MAX_WAITING": None,
     # Payment (issue 13): a new order awaits payment this long (seconds) with its stock reserved;
     # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
     # and coupon go back. Checked when the order is paid, so a late payment is refused.

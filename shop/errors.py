@@ -182,6 +182,19 @@ class OrderNotWritable(ShopError):
     default_message = "This order could not be written; nothing was charged or reserved."
 
 
+# --- overload (retryable) -------------------------------------------------------------------
+class Busy(ShopError):
+    """More buyers than can be served within their deadline: this request was not started, and
+    nothing was written. details = {"reason": "full" (the server lets no more buyers wait) or
+    "deadline" (its deadline had passed before its work would start), "retry_after"}. A buyer who
+    waited in line until its deadline gets `lock_timeout` instead."""
+
+    code = "busy"
+    status = 503
+    retry_after = 1  # a place frees within the time one batch takes (milliseconds)
+    default_message = "The shop is very busy right now; nothing was done. Please retry in a moment."
+
+
 # --- infrastructure (retryable) --------------------------------------------------------------
 class LockTimeout(ShopError):
     code = "lock_timeout"
@@ -238,7 +251,7 @@ ERRORS_BY_CODE: dict[str, type[ShopError]] = {
         InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock, PurchaseLimitExceeded,
         UnpaidOrdersLimit, CartFull, CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed,
         CouponNotClaimed, OrderNotFound, OrderNotCancellable, OrderNotRefundable, OrderNotPayable, OrderNotWritable,
-        IdempotencyConflict, RateLimited,
+        IdempotencyConflict, RateLimited, Busy,
         LockTimeout, LockUnavailable, DatabaseUnavailable, ProviderUnavailable, Conflict,
     )
 }

@@ -29,7 +29,14 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -52,6 +59,14 @@ ORDERS_REFUSED = Counter("flashsale_orders_refused", "Checkouts refused, by shop
                          ["reason"])
 SOLDOUT_REJECTIONS = Counter("flashsale_soldout_rejections", "Checkouts refused by the sold-out marker, "
                              "without the lock or MySQL (also counted in orders_refused{reason=out_of_stock}).")
+SHED = Counter("flashsale_shed", "Requests answered 503 busy without their work: queue_full and queue_delay "
+               "(the worker's queue for a thread was full, or the request waited in it too long), admission "
+               "(the process lets no more buyers wait in the lines).", ["reason"])
+DEADLINE_EXPIRED = Counter("flashsale_deadline_expired", "Order requests whose deadline passed before their work "
+                           "was done, by stage: arrival (before it started), take (when a combiner took it), "
+                           "commit (before its batch's COMMIT).", ["stage"])
+QUEUE_WAIT = Histogram("flashsale_queue_wait_seconds", "How long a request waited for a thread of its worker "
+                       "(admitted requests).", buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0))
 FENCE_REFUSALS = Counter("flashsale_fence_refusals", "Writes refused because a newer lock holder had already "
                          "written the row (a stale fence: the holder lost its lock); retried.", ["operation"])
 
@@ -96,6 +111,28 @@ def fence_refused(operation: str) -> None:
     """`operation`: a fixed name per call site (place_order, claim_coupon, restock, combining, ...)."""
     try:
         FENCE_REFUSALS.labels(operation).inc()
+    except Exception as exc:
+        _failed(exc)
+
+
+def shed(reason: str) -> None:
+    """A request answered `busy` without its work (see SHED's reasons)."""
+    try:
+        SHED.labels(reason).inc()
+    except Exception as exc:
+        _failed(exc)
+
+
+def deadline_expired(stage: str) -> None:
+    try:
+        DEADLINE_EXPIRED.labels(stage).inc()
+    except Exception as exc:
+        _failed(exc)
+
+
+def queue_waited(seconds: float) -> None:
+    try:
+        QUEUE_WAIT.observe(seconds)
     except Exception as exc:
         _failed(exc)
 

@@ -15,7 +15,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from shop import cart, errors, ratelimits, selectors
+from shop import cart, deadlines, errors, ratelimits, selectors
 from shop.conf import shop_settings
 from shop.forms import AddToCartForm, CheckoutForm, QuantityForm, QueuedPasswordResetForm, SignUpForm, TokenForm
 from shop.models import ApiToken
@@ -37,7 +37,8 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
             parts.append(f"{name}: Sold out" if left == 0 else f"{name}: Only {left} left")
         return "; ".join(parts) or "Sold out"
     return {
-        "lock_timeout": "Busy right now, please retry.",
+        "lock_timeout": "So many people are buying right now that your turn did not come in time.",
+        "busy": "The shop is very busy right now.",
         "lock_unavailable": "We can't take orders this second. Nothing was charged; please retry.",
         "database_unavailable": "We lost our connection to the database while placing your order. Press "
                                 "Place order again: if the order went through you'll see it, never twice.",
@@ -132,13 +133,15 @@ def _coupon_choices(user, subtotal: Decimal) -> tuple[list[tuple[str, str]], dic
 
 
 def _checkout_page(request: HttpRequest, rows: list[cart.Line], form: CheckoutForm,
-                   effects: dict[str, dict[str, str]], status: int = 200) -> HttpResponse:
+                   effects: dict[str, dict[str, str]], status: int = 200, retry: dict | None = None) -> HttpResponse:
+    """`retry`: the order could not be placed now (busy, a timeout): the page says so and sends
+    the same form again by itself in retry["in"] seconds (the same key: never two orders)."""
     subtotal = cart.subtotal(rows)
     code = form["coupon_code"].value() or ""
     chosen = effects.get(code, {"discount": money(0), "total": money(subtotal)})
     return render(request, "shop/checkout.html", {
         "rows": rows, "total": subtotal, "form": form, "problems": any(r.problem for r in rows),
-        "coupon_effects": effects, "chosen": chosen, "coupon_chosen": code in effects,
+        "coupon_effects": effects, "chosen": chosen, "coupon_chosen": code in effects, "retry": retry,
     }, status=status)
 
 
@@ -171,14 +174,19 @@ def checkout(request: HttpRequest) -> HttpResponse:
                 lines=[(r.product_id, r.quantity) for r in rows],
                 coupon_code=form.cleaned_data["coupon_code"] or None,
                 idempotency_key=form.cleaned_data["idempotency_key"],
+                deadline=deadlines.of_request(request),
             )
         except errors.ShopError as exc:
-            messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows},
-                                                staff=request.user.is_staff))
             if exc.status == 503:  # retryable: the same key, so a resubmit never orders twice
                 form = CheckoutForm(codes=codes, initial={"idempotency_key": key,
                                                           "coupon_code": form.cleaned_data["coupon_code"]})
-                return _checkout_page(request, rows, form, effects, status=503)
+                response = _checkout_page(request, rows, form, effects, status=503,
+                                          retry={"in": exc.retry_after or 1, "why": plain_words(
+                                              exc, {r.product_id: r.name for r in rows}, staff=request.user.is_staff)})
+                response["Retry-After"] = str(exc.retry_after or 1)
+                return response
+            messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows},
+                                                staff=request.user.is_staff))
             rows = _cart_rows(request)
         else:
             cart.clear(request.session)

@@ -37,7 +37,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 import locks
-from shop import errors
+from shop import errors, metrics
 from shop.conf import shop_settings
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
 from shop.services import fence_refusals, hooks, idempotency, purchase_limits, soldout, stale_transactions
@@ -54,8 +54,10 @@ from shop.services.transactions import (
 
 log = logging.getLogger("shop")
 
-# A request whose buyer gives up sooner than this is not committed (it could not be told).
+# A request whose buyer gives up sooner than this is not taken into a batch (it could not be told),
+# and none with less than COMMIT_MARGIN left is committed (the COMMIT and the reply take that).
 DEADLINE_MARGIN = 0.05
+COMMIT_MARGIN = 0.02
 
 
 # --- requests and results -------------------------------------------------------------------
@@ -224,14 +226,39 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
             if isinstance(exc, StaleFence):
                 fence_refusals.refused(exc.lock, operation="place_order")
             return {**results, **{r.id: AGAIN for r in pending}}
+        except _Late as exc:
+            # Their deadline passed while the batch was written: nothing of it committed; the
+            # others are written again without them (no order is committed past its deadline).
+            late = set(exc.ids)
+            for r in pending:
+                if r.id in late:
+                    metrics.deadline_expired("commit")
+                    results[r.id] = _too_late(r)
+            pending = [r for r in pending if r.id not in late]
+            if not pending:
+                return results
+            continue
         hooks.call("after_commit", _by_name(holds))
         _explain_refusals(pending, done)
         for pid, stock in left.items():
             if stock == 0:
                 _mark_sold_out(pid, holds.get(pid))
-        return done
+        return {**results, **done}
     conflict = Refused.of(errors.Conflict(details={"retries": retries}))
     return {**results, **{r.id: conflict for r in pending}}
+
+
+class _Late(Exception):
+    """Requests of the batch whose deadline passed before its COMMIT."""
+
+    def __init__(self, ids: list[str]) -> None:
+        super().__init__(ids)
+        self.ids = ids
+
+
+def _too_late(r: Request) -> Refused:
+    """A request that waited in line until its deadline: `lock_timeout`, nothing written."""
+    return Refused.of(errors.LockTimeout(details={"lock": product_lock(r.lines[0][0]), "deadline": True}))
 
 
 def _by_name(holds: Holds) -> dict[str, locks.Hold | None]:
@@ -244,8 +271,9 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
     now = time.monotonic()
     live = []
     for r in pending:
-        if r.token is not None and r.deadline - now < DEADLINE_MARGIN:
-            results[r.id] = Refused.of(errors.LockTimeout(details={"lock": product_lock(r.lines[0][0])}))
+        if r.deadline - now < DEADLINE_MARGIN:
+            metrics.deadline_expired("take")
+            results[r.id] = _too_late(r)
         else:
             live.append(r)
     named = _by_name(holds)
@@ -277,6 +305,8 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
         idempotency.write_records([(r.user_id, r.key, o.order_id) for r, o in written if r.key],
                                   required=any(h is not None for h in holds.values()))
         hooks.call("before_commit", named)
+        if late := [r.id for r, _ in written if r.deadline - time.monotonic() < COMMIT_MARGIN]:
+            raise _Late(late)  # rolls back: written again without them
         check_before_commit(named)
         results.update({r.id: o for r, o in written})
     return results, {pid: n - totals.get(pid, 0) for pid, n in stock.items()}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from locks.backends import get_backend
 from locks.combining import Guarded
-from shop import errors, metrics, selectors
+from shop import admission, deadlines, errors, metrics, selectors
 from shop.conf import shop_settings
 from shop.models import Coupon, Order, OrderLine, Product
 from shop.services import batch, combining, idempotency, soldout
@@ -69,12 +69,18 @@ def place_order(
     coupon_code: str | None = None,
     idempotency_key: str | None = None,
     use_lock: bool | None = None,
+    deadline: float | None = None,
 ) -> Placement:
     """Place an order, all or nothing.
 
-    Raises a `shop.errors.ShopError` for every refusal, with nothing written.
+    `deadline`: time.monotonic() when the answer is due (shop/deadlines.py; default: the
+    server's budget from now). Raises a `shop.errors.ShopError` for every refusal, with nothing
+    written: `busy` when the order cannot be started in time (this process lets no more buyers
+    wait, or the deadline has passed), `lock_timeout` when it waited in line until its deadline.
     """
     refuse_outer_transaction("place_order")
+    if deadline is None:
+        deadline = time.monotonic() + deadlines.budget()
     lines = validate_lines(lines)
     code = validate_code(coupon_code) if coupon_code is not None else None
     key = validate_idempotency_key(idempotency_key) if idempotency_key is not None else None
@@ -89,34 +95,61 @@ def place_order(
     # Fast path: a product known to be sold out is refused without the lock or MySQL, unless this
     # key already placed an order (then it gets that order back). The markers and the record are
     # read by the queueing script itself where it can (guards: no round trip of their own), else
-    # by one MGET first.
+    # by one MGET first. Either way before any refusal for load: "sold out" is always answered.
     guards = (soldout.guard_keys(product_ids, record_key=record_key)
               if combined and backend.supports_guards and soldout.shares_lock_redis() else [])
-    if not guards:
+
+    def fast_path() -> Placement | None:
         try:
             fast = soldout.markers_and_record(product_ids, record_key=record_key)
         except soldout.SoldOutCheckFailed as exc:
             raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc  # not a second wait
-        if (replayed := _fast_path(fast, user=user, key=key, digest=digest, lines=lines)) is not None:
-            return replayed
+        return _fast_path(fast, user=user, key=key, digest=digest, lines=lines)
 
-    deadline = time.monotonic() + float(shop_settings.LOCK_WAIT)
-    mine = Request(id=batch.new_request_id(), user_id=user.pk, lines=tuple(lines), code=code, key=key, digest=digest,
-                   deadline=deadline, recorded=combined)
+    if not guards and (replayed := fast_path()) is not None:
+        return replayed
+    late = deadlines.passed(deadline)
+    if late or not admission.enter():
+        if guards and (replayed := fast_path()) is not None:  # not checked yet
+            return replayed
+        if late:
+            metrics.deadline_expired("arrival")
+            raise errors.Busy(details={"reason": "deadline", "retry_after": errors.Busy.retry_after})
+        raise admission.refusal()
+    try:
+        mine = Request(id=batch.new_request_id(), user_id=user.pk, lines=tuple(lines), code=code, key=key,
+                       digest=digest, deadline=deadlines.line_wait_until(deadline), recorded=combined)
+        result = _in_line(mine, combined=combined, guards=guards, use_locks=use_locks, user=user, key=key,
+                          digest=digest, record_key=record_key)
+    finally:
+        admission.leave()
+    if isinstance(result, Placement):
+        return result
+    if isinstance(result, Refused):
+        raise result.error()
+    return _placement(result, user=user, key=key, digest=digest)
+
+
+def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: bool, user, key: str | None,
+             digest: str, record_key: str | None) -> Result | Placement:
+    """Queue on the product's lock (combined) or take the order's locks, until the request's
+    line deadline; the writer's result (or a replay the queueing script's guards found)."""
+    product_ids = [pid for pid, _ in mine.lines]
     retries = int(shop_settings.RETRIES)
     result: Result = batch.AGAIN
     for n in range(retries + 1):
         # The one retry loop: a stale fence or a lost lock (the writer answers AGAIN) queues or
         # locks again; deadlocks and lock-wait timeouts are retried inside the writer.
-        result = combining.queue(mine, wait=deadline - time.monotonic(), guards=guards) if combined else batch.ALONE
+        result = (combining.queue(mine, wait=mine.deadline - time.monotonic(), guards=guards) if combined
+                  else batch.ALONE)
         if isinstance(result, Guarded):  # a marker or a record: not queued
             fast = soldout.fast_path_of(product_ids, result.values, record_key=record_key)
-            if (replayed := _fast_path(fast, user=user, key=key, digest=digest, lines=lines)) is not None:
+            if (replayed := _fast_path(fast, user=user, key=key, digest=digest, lines=list(mine.lines))) is not None:
                 return replayed
             guards = []  # a record without its order (the order was deleted): queue after all
-            result = combining.queue(mine, wait=deadline - time.monotonic())
+            result = combining.queue(mine, wait=mine.deadline - time.monotonic())
         if isinstance(result, Alone):  # not combined, or handed back by a lane's holder: lock it ourselves
-            with held([product_lock(pid) for pid in product_ids], use_locks=use_locks) as holds:
+            with held([product_lock(pid) for pid in product_ids], use_locks=use_locks, until=mine.deadline) as holds:
                 result = batch.write([mine], holds={pid: holds[product_lock(pid)] for pid in product_ids})[mine.id]
         if not isinstance(result, Again):
             break
@@ -126,9 +159,7 @@ def place_order(
     if isinstance(result, Again):
         result = (combining.queue(mine, wait=0) if combined
                   else Refused.of(errors.Conflict(details={"retries": retries})))
-    if isinstance(result, Refused):
-        raise result.error()
-    return _placement(result, user=user, key=key, digest=digest)
+    return result
 
 
 def _fast_path(fast: soldout.FastPath, *, user, key: str | None, digest: str,

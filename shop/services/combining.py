@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
+import time
 from collections.abc import Sequence
 
-from django.db import IntegrityError
+from django.db import IntegrityError, OperationalError
 from redis.exceptions import RedisError
 
 import locks
@@ -34,7 +36,7 @@ from shop.models import CheckoutRequest
 from shop.services import batch, stale_transactions
 from shop.services.batch import Placed, Refused, Request, Result
 from shop.services.locking import lane_lock, product_lock, release_all_safely, release_safely, shop_lock
-from shop.services.transactions import durable_transaction
+from shop.services.transactions import RETRYABLE_MYSQL, durable_transaction
 
 log = logging.getLogger("shop")
 
@@ -72,14 +74,22 @@ def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result |
 
 def _settled(mine: Request) -> Placed | None:
     """Claim our request id as given up. None: nothing was committed for it, and nothing will be.
-    Placed: a combiner committed it (its INSERT of the same id came first)."""
-    try:
-        with durable_transaction():
-            CheckoutRequest.objects.create(request_id=mine.id)
-        return None
-    except IntegrityError:
-        claim = CheckoutRequest.objects.select_related("order").get(request_id=mine.id)
-        return None if claim.order is None else Placed.of(claim.order, replayed=False)
+    Placed: a combiner committed it (its INSERT of the same id came first). The INSERT may wait
+    for a combiner's transaction that has our id; a deadlock with it is tried again."""
+    retries = int(shop_settings.RETRIES)
+    for n in range(retries + 1):
+        try:
+            with durable_transaction():
+                CheckoutRequest.objects.create(request_id=mine.id)
+            return None
+        except IntegrityError:
+            claim = CheckoutRequest.objects.select_related("order").get(request_id=mine.id)
+            return None if claim.order is None else Placed.of(claim.order, replayed=False)
+        except OperationalError as exc:
+            if not exc.args or exc.args[0] not in RETRYABLE_MYSQL or n == retries:
+                raise
+            time.sleep(random.uniform(0, 0.005 * (2**n)))
+    raise AssertionError("unreachable")
 
 
 def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:

@@ -9,6 +9,7 @@ other in a cycle. A coupon claim used by an order, or an idempotency key, needs 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
@@ -62,10 +63,11 @@ def refuse_outer_transaction(service: str) -> None:
 
 
 @contextmanager
-def held(names: list[str], *, use_locks: bool | None = None,
-         wait: float | None = None) -> Iterator[dict[str, locks.Hold | None]]:
+def held(names: list[str], *, use_locks: bool | None = None, wait: float | None = None,
+         until: float | None = None) -> Iterator[dict[str, locks.Hold | None]]:
     """Hold every lock in `names` (already in lock order), each waited for up to `wait` (default
-    LOCK_WAIT). Yields name -> Hold (None if locks are off).
+    LOCK_WAIT), and all of them taken by `until` (time.monotonic(), a request's deadline) if
+    given. Yields name -> Hold (None if locks are off).
 
     A release that finds the lock gone (lease ran out after our COMMIT) is logged and counted by
     the lock's metrics; it never turns a committed order into a failure.
@@ -78,6 +80,8 @@ def held(names: list[str], *, use_locks: bool | None = None,
         return
     with ExitStack() as stack:
         for name in names:
+            if until is not None:
+                wait = max(0.0, until - time.monotonic())
             lock = shop_lock(name, wait=wait)
             try:
                 hold = lock.__enter__()

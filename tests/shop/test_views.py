@@ -99,7 +99,10 @@ def test_busy_in_plain_words(shopper, make_product, settings):
     shopper.post(f"/products/{p.pk}/", {"quantity": 1})
     with Lock(f"product:{p.pk}", ttl=10.0):
         _, response = _checkout(shopper)
-    assert "Busy right now, please retry" in response.content.decode()
+    page = response.content.decode()
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert "your turn did not come in time" in page and 'id="busy-retry"' in page  # it retries by itself
+    assert "requestSubmit" in page
 
 
 def test_coupon_center_claim_and_checkout_with_it(shopper, user, make_product, make_coupon):

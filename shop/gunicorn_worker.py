@@ -1,0 +1,199 @@
+"""The shop's gunicorn worker: gthread, with the one queue it owns bounded by time and by length.
+
+gthread accepts every connection and hands it to a thread pool whose queue has no bound: past
+capacity, requests wait there (and in the kernel's backlog behind it) far longer than their
+buyers do, and the server works off requests whose buyers have left (measured at 4x capacity:
+99% of buyers got no answer within 10 s, and it did not recover; docs/benchmarks.md). This
+worker keeps gthread's threads and accepts as eagerly, and answers what it cannot serve in time
+at once, in the worker's main loop or the thread that picks it up, without the app:
+
+- a request is stamped when it is queued for a thread; the app's deadline counts from that stamp
+  (`environ["shop.arrived"]`, time.monotonic() of this process: shop/deadlines.py);
+- when more requests already wait for a thread than SHOP["QUEUE_MAX"] (default: the number of
+  threads), a new one is not queued: the main loop reads it and answers 503 `busy` with
+  Retry-After, in microseconds;
+- a thread that picks up a request that waited longer than the queue allows answers it the same
+  way. The allowance is CoDel's (Facebook's "controlled delay"): SHOP["QUEUE_INTERVAL"] (200 ms)
+  while the queue drains now and then (a burst), SHOP["QUEUE_TARGET"] (20 ms) once it has not been
+  empty for a whole interval (a standing queue: more arrives than the threads serve).
+
+So the excess of a crowd is told "busy, retry in 1 s" at once instead of waiting in silence, the
+requests that are served waited at most a few tens of ms for a thread, and the sold-out answer
+stays fast. The buyers the app admits are bounded per process too (shop/admission.py).
+
+    gunicorn shop.wsgi -c gunicorn.conf.py        (worker_class = "shop.gunicorn_worker.ShopWorker")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from functools import partial
+
+from gunicorn.workers.gthread import ThreadWorker
+
+RETRY_AFTER = 1  # seconds: a thread frees within milliseconds; a second spreads the retries
+# How long a connection chosen for a "busy" answer may take to send its request.
+SEND_WITHIN = 2.0
+
+_BUSY_JSON = (b'{"error":{"code":"busy","message":"The shop is very busy right now; nothing was done. '
+              b'Please retry in a moment.","details":{"retry_after":1,"where":"server"}}}')
+_BUSY_HTML = (b"<!doctype html><html lang=en><meta charset=utf-8><meta name=viewport "
+              b"content='width=device-width,initial-scale=1'><title>Very busy</title>"
+              b"<body style='font-family:system-ui,sans-serif;max-width:32em;margin:3em auto;padding:0 1em'>"
+              b"<h1>The shop is very busy</h1><p>Nothing was done with your request. Please try again in a "
+              b"moment: go back and press the button again (an order is never placed twice).</p></body></html>")
+
+
+def busy_response(request_head: bytes) -> bytes:
+    """The whole 503 answer to a request whose first bytes are `request_head`: HTML for a browser
+    page, JSON (the API's error shape) for everything else."""
+    head = request_head.split(b"\r\n\r\n", 1)[0].lower()
+    html = b"text/html" in head and not head.startswith(b"post /api/")
+    body, kind = (_BUSY_HTML, b"text/html; charset=utf-8") if html else (_BUSY_JSON, b"application/json")
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + kind + b"\r\nRetry-After: "
+            + str(RETRY_AFTER).encode() + b"\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+class ShopWorker(ThreadWorker):
+    """gthread, with its thread pool's queue bounded (see the module's docstring)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._arrival = threading.local()
+        self._queue_empty_at = time.monotonic()
+        self._shedding: deque = deque()  # (connection, give-up time) chosen for a "busy" answer
+        self.queue_max = self.queue_target = self.queue_interval = 0.0
+        self._count = self._observe = None
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        from shop import admission, metrics
+        from shop.conf import shop_settings
+
+        self.queue_max = int(shop_settings.QUEUE_MAX or self.cfg.threads)
+        self.queue_target = float(shop_settings.QUEUE_TARGET)
+        self.queue_interval = float(shop_settings.QUEUE_INTERVAL)
+        self._count, self._observe = metrics.shed, metrics.queue_waited
+        admission.serve_with_threads(int(self.cfg.threads))
+        app = self.wsgi
+
+        def stamped(environ, start_response):
+            environ["shop.arrived"] = getattr(self._arrival, "at", None) or time.monotonic()
+            return app(environ, start_response)
+
+        self.wsgi = stamped
+
+    # --- the main loop -------------------------------------------------------------------
+    def _waiting(self) -> int:
+        return self.tpool._work_queue.qsize()
+
+    def enqueue_req(self, conn) -> None:
+        conn.queued_at = time.monotonic()
+        waiting = self._waiting()
+        if waiting == 0:
+            self._queue_empty_at = conn.queued_at
+        if waiting >= self.queue_max:
+            self._shed_when_readable(conn)
+            return
+        super().enqueue_req(conn)
+
+    def _shed_when_readable(self, conn) -> None:
+        conn.sock.setblocking(False)
+        self._shedding.append((conn, time.monotonic() + SEND_WITHIN))
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._answer_busy, conn))
+
+    def _answer_busy(self, conn, _sock=None) -> None:
+        """Readable: read what the client sent, answer 503, close. Never blocks the loop."""
+        self._forget_shedding(conn)
+        head = b""
+        try:
+            while len(head) < 65536:
+                chunk = conn.sock.recv(65536)
+                if not chunk:
+                    break
+                head += chunk
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._close(conn)
+            return
+        if head:
+            try:
+                conn.sock.send(busy_response(head))  # a few hundred bytes: the socket buffer takes them
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            self._counted("queue_full")
+        self._close(conn)
+
+    def _forget_shedding(self, conn) -> None:
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.poller.unregister(conn.sock)
+        for i, (queued, _) in enumerate(self._shedding):
+            if queued is conn:
+                del self._shedding[i]
+                break
+
+    def _close(self, conn) -> None:
+        self.nr_conns -= 1
+        conn.close()
+
+    def murder_pending(self) -> None:
+        super().murder_pending()
+        now = time.monotonic()
+        while self._shedding and self._shedding[0][1] <= now:  # never sent a request: just close
+            conn, _ = self._shedding[0]
+            self._forget_shedding(conn)
+            self._close(conn)
+
+    # --- a thread ----------------------------------------------------------------------
+    def handle(self, conn):
+        now = time.monotonic()
+        queued_at = getattr(conn, "queued_at", now)
+        waited = now - queued_at
+        if self._waiting() == 0:
+            self._queue_empty_at = now
+        standing = now - self._queue_empty_at > self.queue_interval
+        if waited > (self.queue_target if standing else self.queue_interval):
+            self._answer_busy_here(conn)
+            return False  # close
+        if self._observe is not None:
+            self._observe(waited)
+        self._arrival.at = queued_at
+        try:
+            return super().handle(conn)
+        finally:
+            self._arrival.at = None
+
+    def _answer_busy_here(self, conn) -> None:
+        """In a thread: read the request (briefly), answer 503; the main loop closes it."""
+        head = b""
+        try:
+            conn.sock.settimeout(0.05)
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                chunk = conn.sock.recv(65536)
+                if not chunk:
+                    break
+                head += chunk
+        except OSError:
+            pass
+        if head:
+            try:
+                conn.sock.settimeout(0.5)
+                conn.sock.sendall(busy_response(head))
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
+                    self.log.debug("busy answer not sent: %s", exc)
+            self._counted("queue_delay")
+
+    def _counted(self, reason: str) -> None:
+        if self._count is not None:
+            self._count(reason)
