@@ -5,7 +5,9 @@ left for the cheap answers (sold out, a replay, a page), and new buyers queue be
 ones. So a process admits at most MAX_WAITING buyers into the lines at once; the next one is told
 `busy` (503, Retry-After) at once, before it costs a queue slot, a lock or a database
 connection. The sold-out and replay checks come before admission (shop/services/checkout.py), so
-"sold out" is always answered.
+"sold out" is always answered. While the lines are full, the shop's gunicorn worker refuses new
+orders before they reach the app (shop/gunicorn_worker.py), except those for products this
+process knows are sold out (`soldout.known_sold_out`): those go on, to be answered "sold out".
 
 MAX_WAITING: SHOP["MAX_WAITING"] if set; under the shop's gunicorn worker, its threads minus a
 quarter (at least 2 kept free); elsewhere (runserver, management commands, tests) unbounded.
@@ -39,6 +41,12 @@ def limit() -> int | None:
 
 def waiting() -> int:
     return _waiting
+
+
+def full() -> bool:
+    """No place left for another buyer (the worker then refuses new orders before the app)."""
+    most = limit()
+    return most is not None and _waiting >= most
 
 
 def enter() -> bool:

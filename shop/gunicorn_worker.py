@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import selectors
 import socket
 import threading
@@ -41,8 +42,13 @@ RETRY_AFTER = 1  # seconds: a thread frees within milliseconds; a second spreads
 # How long a connection chosen for a "busy" answer may take to send its request.
 SEND_WITHIN = 2.0
 
-_BUSY_JSON = (b'{"error":{"code":"busy","message":"The shop is very busy right now; nothing was done. '
-              b'Please retry in a moment.","details":{"retry_after":1,"where":"server"}}}')
+def _busy_json(reason: str) -> bytes:
+    return (b'{"error":{"code":"busy","message":"The shop is very busy right now; nothing was done. '
+            b'Please retry in a moment.","details":{"retry_after":1,"where":"server","reason":"'
+            + reason.encode() + b'"}}}')
+
+
+_BUSY_JSON = {reason: _busy_json(reason) for reason in ("queue_full", "queue_delay", "full")}
 _BUSY_HTML = (b"<!doctype html><html lang=en><meta charset=utf-8><meta name=viewport "
               b"content='width=device-width,initial-scale=1'><title>Very busy</title>"
               b"<body style='font-family:system-ui,sans-serif;max-width:32em;margin:3em auto;padding:0 1em'>"
@@ -50,15 +56,28 @@ _BUSY_HTML = (b"<!doctype html><html lang=en><meta charset=utf-8><meta name=view
               b"moment: go back and press the button again (an order is never placed twice).</p></body></html>")
 
 
-def busy_response(request_head: bytes) -> bytes:
+def busy_response(request_head: bytes, reason: str) -> bytes:
     """The whole 503 answer to a request whose first bytes are `request_head`: HTML for a browser
     page, JSON (the API's error shape) for everything else."""
     head = request_head.split(b"\r\n\r\n", 1)[0].lower()
     html = b"text/html" in head and not head.startswith(b"post /api/")
-    body, kind = (_BUSY_HTML, b"text/html; charset=utf-8") if html else (_BUSY_JSON, b"application/json")
+    body, kind = (_BUSY_HTML, b"text/html; charset=utf-8") if html else (_BUSY_JSON[reason], b"application/json")
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + kind + b"\r\nRetry-After: "
             + str(RETRY_AFTER).encode() + b"\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: "
             + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+# Orders, as the request line starts: what the worker refuses while this process's lines are full.
+_ORDER_REQUESTS = (b"POST /api/orders/ ", b"POST /checkout/ ")
+
+
+def _product_ids(request: bytes) -> list[int]:
+    """The product ids of an API order (its whole request in bytes); [] if it is not one."""
+    try:
+        lines = json.loads(request.split(b"\r\n\r\n", 1)[1]).get("lines")
+        return [int(line["product_id"]) for line in lines]
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+        return []
 
 
 class ShopWorker(ThreadWorker):
@@ -76,19 +95,29 @@ class ShopWorker(ThreadWorker):
         super().load_wsgi()
         from shop import admission, metrics
         from shop.conf import shop_settings
+        from shop.services import soldout
 
         self.queue_max = int(shop_settings.QUEUE_MAX or self.cfg.threads)
         self.queue_target = float(shop_settings.QUEUE_TARGET)
         self.queue_interval = float(shop_settings.QUEUE_INTERVAL)
         self._count, self._observe = metrics.shed, metrics.queue_waited
         admission.serve_with_threads(int(self.cfg.threads))
-        app = self.wsgi
+        self._lines_full, self._known_sold_out = admission.full, soldout.known_sold_out
+        threading.Thread(target=self._keep_known_sold_out, args=(soldout,), name="shop-sold-out-index",
+                         daemon=True).start()
+        app, arrival = self.wsgi, self._arrival
 
         def stamped(environ, start_response):
-            environ["shop.arrived"] = getattr(self._arrival, "at", None) or time.monotonic()
+            environ["shop.arrived"] = getattr(arrival, "at", None) or time.monotonic()
             return app(environ, start_response)
 
         self.wsgi = stamped
+
+    def _keep_known_sold_out(self, soldout) -> None:
+        """Which products are sold out, read every quarter of a second (never in the main loop)."""
+        while self.alive:
+            soldout.refresh_known()
+            time.sleep(soldout.KNOWN_REFRESH)
 
     # --- the main loop -------------------------------------------------------------------
     def _waiting(self) -> int:
@@ -99,19 +128,44 @@ class ShopWorker(ThreadWorker):
         waiting = self._waiting()
         if waiting == 0:
             self._queue_empty_at = conn.queued_at
-        if waiting >= self.queue_max:
-            self._shed_when_readable(conn)
+        if waiting >= self.queue_max or self._lines_full():
+            self._triage_when_readable(conn)  # look at it first: it may be answered at once
             return
         super().enqueue_req(conn)
 
-    def _shed_when_readable(self, conn) -> None:
+    def _triage_when_readable(self, conn) -> None:
         conn.sock.setblocking(False)
         self._shedding.append((conn, time.monotonic() + SEND_WITHIN))
-        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._answer_busy, conn))
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._triage, conn))
 
-    def _answer_busy(self, conn, _sock=None) -> None:
-        """Readable: read what the client sent, answer 503, close. Never blocks the loop."""
+    def _triage(self, conn, _sock=None) -> None:
+        """Readable, while threads or lines are full: peek at the request (it stays on the socket)
+        and answer it 503 `busy` here, unless it may go on: the threads have room again and it is
+        no order while the lines are full, or it orders only products known to be sold out (the
+        app answers those at once). Never blocks the loop."""
         self._forget_shedding(conn)
+        try:
+            head = conn.sock.recv(65536, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            self._triage_when_readable(conn)
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if not head:
+            self._close(conn)
+            return
+        if self._waiting() >= self.queue_max:
+            self._answer_busy(conn, "queue_full")
+        elif (self._lines_full() and head.startswith(_ORDER_REQUESTS)
+              and not self._known_sold_out(_product_ids(head))):
+            self._answer_busy(conn, "full")
+        else:
+            conn.data_ready = True
+            super().enqueue_req(conn)
+
+    def _answer_busy(self, conn, reason: str) -> None:
+        """Read what the client sent, answer 503, close."""
         head = b""
         try:
             while len(head) < 65536:
@@ -124,13 +178,12 @@ class ShopWorker(ThreadWorker):
         except OSError:
             self._close(conn)
             return
-        if head:
-            try:
-                conn.sock.send(busy_response(head))  # a few hundred bytes: the socket buffer takes them
-                conn.sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-            self._counted("queue_full")
+        try:
+            conn.sock.send(busy_response(head, reason))  # a few hundred bytes: the socket buffer takes them
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self._counted(reason)
         self._close(conn)
 
     def _forget_shedding(self, conn) -> None:
@@ -162,8 +215,11 @@ class ShopWorker(ThreadWorker):
             self._queue_empty_at = now
         standing = now - self._queue_empty_at > self.queue_interval
         if waited > (self.queue_target if standing else self.queue_interval):
-            self._answer_busy_here(conn)
+            self._answer_busy_here(conn, "queue_delay")
             return False  # close
+        if self._lines_full() and self._is_order_to_refuse(conn):  # they filled since it was queued
+            self._answer_busy_here(conn, "full")
+            return False
         if self._observe is not None:
             self._observe(waited)
         self._arrival.at = queued_at
@@ -172,7 +228,17 @@ class ShopWorker(ThreadWorker):
         finally:
             self._arrival.at = None
 
-    def _answer_busy_here(self, conn) -> None:
+    def _is_order_to_refuse(self, conn) -> bool:
+        """An order (not only of products known sold out) waits on the socket, as far as a peek
+        shows now without waiting."""
+        try:
+            conn.sock.setblocking(False)
+            head = conn.sock.recv(65536, socket.MSG_PEEK)
+        except OSError:
+            return False
+        return head.startswith(_ORDER_REQUESTS) and not self._known_sold_out(_product_ids(head))
+
+    def _answer_busy_here(self, conn, reason: str) -> None:
         """In a thread: read the request (briefly), answer 503; the main loop closes it."""
         head = b""
         try:
@@ -187,12 +253,12 @@ class ShopWorker(ThreadWorker):
         if head:
             try:
                 conn.sock.settimeout(0.5)
-                conn.sock.sendall(busy_response(head))
+                conn.sock.sendall(busy_response(head, reason))
                 conn.sock.shutdown(socket.SHUT_WR)
             except OSError as exc:
                 if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
                     self.log.debug("busy answer not sent: %s", exc)
-            self._counted("queue_delay")
+            self._counted(reason)
 
     def _counted(self, reason: str) -> None:
         if self._count is not None:

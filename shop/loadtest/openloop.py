@@ -29,7 +29,7 @@ import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 FORK = multiprocessing.get_context("fork")
@@ -98,6 +98,7 @@ class Sent:
 class Result:
     plan: Plan
     sent: list[Sent] = field(default_factory=list)
+    client_cpu: float = 0.0  # CPU seconds the client processes used (the generator's own cost)
 
     def of_phase(self, p: int) -> list[Sent]:
         return [s for s in self.sent if s.phase == p]
@@ -113,23 +114,71 @@ def _request_bytes(plan: Plan, index: int, product_id: int, host: str) -> bytes:
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
 
+class _Exchange(asyncio.Protocol):
+    """One request on a new connection, its answer read to the end: a bare protocol rather than
+    asyncio's streams, whose per-connection objects cost the generator a third of its CPU."""
+
+    def __init__(self, request: bytes, done: asyncio.Future) -> None:
+        self.request, self.done, self.data = request, done, bytearray()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+        if (answer := _complete(self.data)) is not None and not self.done.done():
+            self.done.set_result(answer)
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        if not self.done.done():
+            answer = _complete(self.data, eof=True)
+            if answer is not None:
+                self.done.set_result(answer)
+            else:
+                self.done.set_exception(exc or ConnectionResetError("closed before a whole answer"))
+
+
+def _complete(data: bytearray, *, eof: bool = False) -> tuple[int, dict[str, str], bytes] | None:
+    """(status, headers, body) once `data` holds a whole answer, else None."""
+    head_end = data.find(b"\r\n\r\n")
+    if head_end < 0:
+        return None
+    lines = bytes(data[:head_end]).decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = bytes(data[head_end + 4:])
+    if (length := headers.get("content-length")) is not None:
+        return (status, headers, body[:int(length)]) if len(body) >= int(length) else None
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        out, at = b"", 0
+        while True:
+            line_end = body.find(b"\r\n", at)
+            if line_end < 0:
+                return None
+            size = int(body[at:line_end].split(b";")[0], 16)
+            if size == 0:
+                return status, headers, out
+            if len(body) < line_end + 2 + size + 2:
+                return None
+            out += body[line_end + 2:line_end + 2 + size]
+            at = line_end + 2 + size + 2
+    return (status, headers, body) if eof else None
+
+
 async def _exchange(host: str, port: int, local: str | None, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    reader, writer = await asyncio.open_connection(host, port, local_addr=(local, 0) if local else None)
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    transport, _ = await loop.create_connection(lambda: _Exchange(request, done), host, port,
+                                                local_addr=(local, 0) if local else None)
     try:
-        writer.write(request)
-        status_line = await reader.readline()
-        if not status_line:
-            raise ConnectionResetError("closed before an answer")
-        status = int(status_line.split()[1])
-        headers: dict[str, str] = {}
-        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = headers.get("content-length")
-        body = await (reader.readexactly(int(length)) if length is not None else reader.read())
-        return status, headers, body
+        return await done
     finally:
-        writer.close()
+        transport.close()
 
 
 def classify(status: int, body: bytes) -> tuple[str, str, int | None]:
@@ -138,14 +187,18 @@ def classify(status: int, body: bytes) -> tuple[str, str, int | None]:
         data = json.loads(body) if body else {}
     except ValueError:
         data = {}
-    code = (data.get("error") or {}).get("code", "") if isinstance(data, dict) else ""
+    error = (data.get("error") or {}) if isinstance(data, dict) else {}
+    code = error.get("code", "")
+    if code == "busy":  # where it was refused: the server's queue, or the app's admission/deadline
+        details = error.get("details") or {}
+        code = f"busy:{details.get('where', 'app')}:{details.get('reason', '?')}"
     if status == 201:
         return PLACED, "", data.get("id")
     if status == 200:
         return REPLAYED, "", data.get("id")
     if code == "out_of_stock":
         return SOLD_OUT, code, None
-    if code == "busy":
+    if code.startswith("busy"):
         return BUSY, code, None
     if code == "lock_timeout":
         return TIMEOUT, code, None
@@ -200,7 +253,8 @@ async def _send_all(plan: Plan, mine: list[tuple[int, int, float]], t0: float) -
 
 def _client(plan: Plan, mine: list[tuple[int, int, float]], t0: float, queue) -> None:
     try:
-        queue.put(("ok", asyncio.run(_send_all(plan, mine, t0))))
+        sent = asyncio.run(_send_all(plan, mine, t0))
+        queue.put(("ok", (sent, time.process_time())))
     except BaseException as exc:  # the parent reports it
         queue.put(("error", repr(exc)))
 
@@ -222,7 +276,8 @@ def run(plan: Plan, *, start_in: float = 1.0) -> Result:
     for _ in procs:
         status, value = queue.get(timeout=total)
         if status == "ok":
-            result.sent += value
+            result.sent += value[0]
+            result.client_cpu += value[1]
         else:
             errors.append(value)
     for proc in procs:
@@ -260,7 +315,7 @@ async def _closed_loop(plan: Plan, product_id: int, buyers: int, seconds: float,
     return placed
 
 
-def capacity(plan: Plan, *, product_id: int, buyers: int = 32, seconds: float = 5.0) -> float:
+def measure_capacity(plan: Plan, *, product_id: int, buyers: int = 32, seconds: float = 5.0) -> float:
     """Orders per second the server places for `buyers` closed-loop clients (each waits for its
     answer before it sends again): the capacity C that the open-loop phases are multiples of."""
     started = time.monotonic()
@@ -326,3 +381,68 @@ def unseen(result: Result, p: int | None = None) -> tuple[int, int]:
     keys = [k for k in Order.objects.filter(idempotency_key__startswith=f"ol-{result.plan.run_id}-")
             .values_list("idempotency_key", flat=True) if k in asked]
     return len(keys), sum(1 for k in keys if k not in seen)
+
+
+# --- a crowd: the profiles of `loadtest --url URL --profile spike|flash` ---------------------
+SPIKE = (0.5, 1.0, 2.0, 4.0, 10.0, 0.5)  # multiples of the capacity, one phase each
+FLASH = (4.0, 10.0)  # one flash sale each, on a product of its own
+FLASH_STOCK = 1000
+
+
+@dataclass
+class Crowd:
+    """What `crowd` measured: the capacity, each phase, the books."""
+
+    profile: str
+    capacity: float
+    result: Result
+    summaries: list[Summary]
+    unseen: list[tuple[int, int]]  # per phase: (orders committed, of which unseen by their buyer)
+    oversold: int
+    sold_out_at: list[float | None]  # per phase: seconds into it of the first "sold out" answer
+    deadline: float
+
+
+def crowd(url: str, *, profile: str, capacity: float | None = None, rate: float | None = None,
+          seconds: float = 8.0, clients: int = 3, patience: float = 10.0, users: int = 300,
+          prefer_wait: float | None = None) -> Crowd:
+    """Create the buyers and products, measure the capacity C (unless given), send the profile's
+    phases open-loop, read the books, clean up. `profile`: "spike" (SPIKE x C on one product),
+    "flash" (FLASH x C, each on a product of FLASH_STOCK units) or "rate" (`rate` for `seconds`)."""
+    from shop import deadlines
+    from shop.loadtest import workload
+    from shop.models import ApiToken
+
+    products = len(FLASH) if profile == "flash" else 1
+    w = workload.create(workload.new_run_id(), products=products,
+                        stock=FLASH_STOCK if profile == "flash" else 10**9, users=users)
+    try:
+        tokens = [ApiToken.issue(user_id=uid) for uid in w.user_ids]
+        base = Plan(url=url, phases=[], tokens=tokens, run_id=w.run_id, clients=clients, patience=patience,
+                    prefer_wait=prefer_wait)
+        if profile == "rate":
+            capacity = capacity or float(rate or 0)
+            phases = [Phase(f"{rate:g}/s", rate=float(rate or 0), seconds=seconds, product_id=w.product_ids[0])]
+        else:
+            if capacity is None:  # on a product of its own: the flash products keep their stock
+                probe = workload.create(workload.new_run_id(), products=1, stock=10**9, users=0)
+                try:
+                    capacity = measure_capacity(base, product_id=probe.product_ids[0])
+                finally:
+                    workload.cleanup(probe)
+            multiples = FLASH if profile == "flash" else SPIKE
+            phases = [Phase(f"{'flash ' if profile == 'flash' else ''}{m:g}x", rate=m * capacity, seconds=seconds,
+                            product_id=w.product_ids[i if profile == "flash" else 0])
+                      for i, m in enumerate(multiples)]
+        plan = replace(base, phases=phases, pause=2.0 if profile == "flash" else 0.0)
+        result = run(plan)
+        deadline = deadlines.budget() if prefer_wait is None else min(deadlines.budget(), prefer_wait)
+        summaries = [summarize(result, p, deadline=deadline) for p in range(len(phases))]
+        sold_out_at = [min((s.scheduled - plan.phase_start(p) for s in result.of_phase(p) if s.outcome == SOLD_OUT),
+                           default=None) for p in range(len(phases))]
+        return Crowd(profile=profile, capacity=float(capacity or 0), result=result, summaries=summaries,
+                     unseen=[unseen(result, p) for p in range(len(phases))],
+                     oversold=sum(max(b.oversold, 0) for b in workload.books(w)), sold_out_at=sold_out_at,
+                     deadline=deadline)
+    finally:
+        workload.cleanup(w)

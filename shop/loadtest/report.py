@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shop.loadtest import openloop
 from shop.loadtest.runner import PhaseRun, Progress, Record, RunResult
 from shop.loadtest.strategies import BUSY, ERROR, OUT_OF_STOCK, OUTCOMES, PLACED, REJECTED
 
@@ -380,3 +381,44 @@ def run_json(result: RunResult, summaries: Sequence[Summary], extra: dict[str, A
         "errors": result.errors,
         **extra,
     }
+
+
+# --- a crowd, open loop (shop/loadtest/openloop.py) ----------------------------------------------
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def crowd_report(c: openloop.Crowd) -> str:
+    """Every phase of an open-loop run: what was offered, what the buyers saw, and the books."""
+    plan = c.result.plan
+    head = (f"open loop, {c.profile} on {plan.url}: capacity C = {c.capacity:,.0f} orders/s"
+            f"{' (closed loop, 32 buyers)' if c.profile != 'rate' else ''}; a buyer waits {plan.patience:g} s, "
+            f"the server's deadline {c.deadline:g} s; {plan.clients} client processes used "
+            f"{c.result.client_cpu:.1f} CPU s")
+    rows = []
+    for s, (committed, unseen), sold_out_at in zip(c.summaries, c.unseen, c.sold_out_at, strict=True):
+        n = s.counts
+        other = n[openloop.UNAVAILABLE] + n[openloop.ERROR] + n[openloop.REJECTED]
+        rows.append([s.phase.name, s.offered_rate, s.sent_rate, s.goodput,
+                     f"{s.goodput / c.capacity:.2f}" if c.capacity else "-", _ms(s.p50), _ms(s.p99),
+                     f"{s.within_deadline:.1%}", n[openloop.BUSY], _ms(s.busy_p99), n[openloop.TIMEOUT],
+                     n[openloop.SOLD_OUT], _ms(s.sold_out_p99), n[openloop.ABANDONED], n[openloop.CONN_ERROR],
+                     other, committed, unseen, _ms(s.first_second_p99), sold_out_at])
+    body = table(("phase", "offered/s", "sent/s", "goodput/s", "x C", "p50 ms", "p99 ms", "in deadline", "busy",
+                  "busy p99 ms", "timeout", "sold out", "sold-out p99 ms", "abandoned", "conn errors", "other",
+                  "orders", "unseen", "1st s p99 ms", "sold out at s"), rows)
+    total = sum(u for _, u in c.unseen)
+    books = (f"books: {sum(o for o, _ in c.unseen):,} orders committed, {total:,} of them for buyers who never saw "
+             f"them, {c.oversold} units oversold")
+    return "\n".join([head, body, books])
+
+
+def crowd_json(c: openloop.Crowd) -> dict[str, Any]:
+    return {"profile": c.profile, "capacity": c.capacity, "deadline": c.deadline, "client_cpu": c.result.client_cpu,
+            "oversold": c.oversold,
+            "phases": [{"name": s.phase.name, "offered_rate": s.offered_rate, "sent_rate": s.sent_rate,
+                        "goodput": s.goodput, "p50": s.p50, "p99": s.p99, "within_deadline": s.within_deadline,
+                        "busy_p99": s.busy_p99, "sold_out_p99": s.sold_out_p99, "counts": s.counts,
+                        "first_second_p99": s.first_second_p99, "orders": committed, "unseen": unseen,
+                        "sold_out_at": at}
+                       for s, (committed, unseen), at in zip(c.summaries, c.unseen, c.sold_out_at, strict=True)]}

@@ -150,6 +150,9 @@ def cleanup(workload: Workload) -> None:
         client = get_redis_connection(alias)
         for i in range(0, len(keys), 500):
             client.delete(*keys[i : i + 500])
+    if workload.product_ids:
+        get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).zrem(
+            soldout.index_key(), *[str(pid) for pid in workload.product_ids])
 
 
 @dataclass

@@ -14,6 +14,7 @@ committed. Markers live in Redis with a TTL; a Redis error skips the fast path (
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -108,7 +109,49 @@ def guard_keys(product_ids: Iterable[int], *, record_key: str | None = None) -> 
 def fast_path_of(product_ids: Iterable[int], values: Sequence[object], *, record_key: str | None = None) -> FastPath:
     """The FastPath of the values of `guard_keys` (an MGET's, or a guarded submit's)."""
     marked = {pid for pid, flag in zip(product_ids, values, strict=False) if flag is not None}
+    if marked:
+        _seen_sold_out(marked)
     return FastPath(marked=marked, has_record=None if record_key is None else values[-1] is not None)
+
+
+# Which products are sold out, known to every process within a quarter of a second: while its
+# lines are full, the shop's gunicorn worker still lets orders of these reach the app, which
+# answers them "sold out" (or replays a key's order) at once; other orders are refused `busy`
+# before the app. A hint only (the app checks the markers itself): an index in Redis (a sorted
+# set, product id -> when its marker lapses) next to the markers, read by each process at most
+# every KNOWN_REFRESH seconds, plus what the process saw itself.
+KNOWN_REFRESH = 0.25
+_known: dict[int, float] = {}  # product id -> time.time() its marker lapses
+
+
+def index_key() -> str:
+    return f"shop:{connection.settings_dict['NAME']}:soldout-index"
+
+
+def _seen_sold_out(product_ids: Iterable[int]) -> None:
+    until = time.time() + float(shop_settings.SOLDOUT_TTL)
+    for pid in product_ids:
+        _known[pid] = until
+
+
+def known_sold_out(product_ids: Iterable[int]) -> bool:
+    """Every one of these products is sold out, as far as this process knows (see above). No
+    I/O: `refresh_known` reads the index (the shop's gunicorn worker calls it from a thread)."""
+    ids = list(product_ids)
+    now = time.time()
+    return bool(ids) and all(_known.get(pid, 0.0) > now for pid in ids)
+
+
+def refresh_known() -> None:
+    """Read the index of sold-out products into this process's `known_sold_out`."""
+    try:
+        rows = _client().zrangebyscore(index_key(), time.time(), "+inf", withscores=True)
+    except RedisError:
+        return  # a hint: without it, orders are refused busy while the lines are full, or answered by the app
+    fresh = {int(member): score for member, score in rows}
+    for pid in [pid for pid in _known if pid not in fresh]:
+        _known.pop(pid, None)
+    _known.update(fresh)
 
 
 def sold_out(product_ids: Iterable[int]) -> set[int]:
@@ -120,8 +163,12 @@ def mark(product_id: int, *, fence: int) -> bool:
     """Call only while holding the product's lock (with that hold's fence), after reading its
     committed stock as 0. False if a refill came after the hold began (or Redis is away)."""
     hooks.call("before_sold_out_mark", {})
+    ttl = int(shop_settings.SOLDOUT_TTL)
     try:
-        return bool(_client().eval(_MARK, 2, *marker_keys(product_id), fence, int(shop_settings.SOLDOUT_TTL)))
+        marked = bool(_client().eval(_MARK, 2, *marker_keys(product_id), fence, ttl))
+        if marked:  # the index is a hint in a key of its own (another slot on a cluster)
+            _client().zadd(index_key(), {str(product_id): time.time() + ttl})
+        return marked
     except RedisError:
         log.warning("could not mark product %s sold out", product_id, exc_info=True)
         return False
@@ -133,8 +180,13 @@ def refilled(product_ids: Iterable[int], *, fence: int | None) -> None:
     `fence` is the refill's hold fence (None when locks are off: markers are not used then).
     """
     client = _client()
-    for pid in product_ids:
+    ids = list(product_ids)
+    for pid in ids:
         if fence is None:
             client.delete(marker_keys(pid)[0])
         else:
             client.eval(_REFILL, 2, *marker_keys(pid), fence, max(FLOOR_TTL, int(shop_settings.SOLDOUT_TTL)))
+    if ids:
+        client.zrem(index_key(), *[str(pid) for pid in ids])
+        for pid in ids:
+            _known.pop(pid, None)

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from shop.loadtest import appservers, faults, httpfaults, report, scenarios, strategies, workload
+from shop.loadtest import appservers, faults, httpfaults, openloop, report, scenarios, strategies, workload
 from shop.loadtest.runner import RunError
 from shop.loadtest.scenarios import Comparison, LoadConfig, Outcome
 
@@ -93,6 +93,20 @@ class Command(BaseCommand):
                          help="seconds a pause, freeze or outage lasts (default 2)")
         flt.add_argument("--fault-duration", type=float, default=8.0, help="seconds of buying per scenario (default 8)")
         flt.add_argument("--fault-buyers", type=int, default=6, help="buyer processes per scenario (default 6)")
+        crowd = parser.add_argument_group("a crowd, open loop over HTTP (--url with --profile or --rate; "
+                                          "docs/benchmarks.md)")
+        crowd.add_argument("--profile", choices=("spike", "flash"),
+                           help="spike: 0.5x, 1x, 2x, 4x, 10x, 0.5x the capacity C, a phase each; flash: a sale of "
+                                f"{openloop.FLASH_STOCK} units at 4x C, then another at 10x C")
+        crowd.add_argument("--rate", type=float, metavar="R", help="send R orders per second for --phase-seconds")
+        crowd.add_argument("--capacity", type=float, metavar="C",
+                           help="orders/s the profile's multiples are of (default: measured first, closed-loop, "
+                                "32 buyers for 5 s)")
+        crowd.add_argument("--phase-seconds", type=float, default=8.0, help="seconds per phase (default 8)")
+        crowd.add_argument("--clients", type=int, default=3, help="client processes sending (default 3)")
+        crowd.add_argument("--patience", type=float, default=10.0,
+                           help="seconds a buyer waits for an answer before it gives up (default 10)")
+        crowd.add_argument("--prefer-wait", type=float, metavar="S", help="send 'Prefer: wait=S' with every order")
         cmp = parser.add_argument_group("comparison (--compare)")
         cmp.add_argument("--compare", action="store_true", help="run several strategies side by side")
         cmp.add_argument("--strategies", default=",".join(names), help="comma-separated (default: all)")
@@ -113,6 +127,9 @@ class Command(BaseCommand):
             self._faults(opts)
             return
         opts["url"] = self._urls(opts)
+        if opts["profile"] or opts["rate"]:
+            self._crowd(opts)
+            return
         config = self._config(opts)
         if not workload.is_migrated():
             raise CommandError(workload.NOT_MIGRATED)
@@ -125,6 +142,26 @@ class Command(BaseCommand):
                 self._single(config, opts)
         except RunError as exc:
             raise CommandError(str(exc)) from exc
+
+    # -- a crowd, open loop --------------------------------------------------------------------
+    def _crowd(self, opts: dict[str, Any]) -> None:
+        if len(opts["url"]) != 1:
+            raise CommandError("--profile and --rate drive one server: give one --url")
+        if opts["profile"] and opts["rate"]:
+            raise CommandError("give --profile or --rate, not both")
+        for name in ("rate", "capacity", "phase_seconds", "clients", "patience", "prefer_wait"):
+            if opts[name] is not None and opts[name] <= 0:
+                raise CommandError(f"--{name.replace('_', '-')} must be above 0")
+        if not workload.is_migrated():
+            raise CommandError(workload.NOT_MIGRATED)
+        outcome = openloop.crowd(opts["url"][0], profile=opts["profile"] or "rate", capacity=opts["capacity"],
+                                 rate=opts["rate"], seconds=opts["phase_seconds"], clients=opts["clients"],
+                                 patience=opts["patience"], users=opts["users"], prefer_wait=opts["prefer_wait"])
+        self.stdout.write(report.crowd_report(outcome))
+        if opts["json"]:
+            report.write_json(opts["json"], report.crowd_json(outcome))
+        if outcome.oversold:
+            raise CommandError(f"FAIL: {outcome.oversold} units oversold")
 
     # -- several app servers ---------------------------------------------------------------
     def _urls(self, opts: dict[str, Any]) -> list[str]:
