@@ -1,6 +1,7 @@
 """Several gunicorn app servers sharing one database and one coordination service.
 
-The servers run what production runs (`gunicorn -w W --threads T shop.wsgi`, DEBUG off, rate
+The servers run what production runs (`gunicorn -c gunicorn.conf.py -w W --threads T shop.wsgi`: the
+shop's worker, which answers what it cannot serve in time `busy`; DEBUG off, rate
 limits off as in docs/bench_http_combining.sh), each on a free port, each started with the
 environment of *this* process's settings: the same database (in a test: the test database),
 the same Redis aliases, the same lock key prefix and lock backend. So the harness that starts
@@ -91,7 +92,9 @@ class AppServer(ServerProcess):
 
     def command(self) -> list[str]:
         # `python -m gunicorn`: the venv's gunicorn script may point into another checkout.
-        return [sys.executable, "-m", "gunicorn", "-w", str(self.workers), "--threads", str(self.threads),
+        # The shipped configuration (gunicorn.conf.py: the shop's worker, metrics), as the image runs it.
+        return [sys.executable, "-m", "gunicorn", "-c", str(settings.BASE_DIR / "gunicorn.conf.py"),
+                "-w", str(self.workers), "--threads", str(self.threads),
                 "-b", f"127.0.0.1:{self.port}", "--chdir", str(settings.BASE_DIR), "--log-level", "warning",
                 "--graceful-timeout", "10", "shop.wsgi"]
 

@@ -349,7 +349,7 @@ class PythonRedisLock(_LockThenGuard):
 
 
 # Error codes of the service (shop.errors) that mean "busy, nothing written, retry".
-_BUSY_CODES = {"lock_timeout", "lock_unavailable", "conflict", "database_unavailable"}
+_BUSY_CODES = {"busy", "lock_timeout", "lock_unavailable", "conflict", "database_unavailable"}
 
 
 def outcome_of_code(code: str) -> str:
