@@ -54,6 +54,10 @@ DEFAULTS: dict[str, Any] = {
     "STATS_TOP_N": 50,
     # Bounded event log (timeouts, lost locks, force releases, long waits).
     "EVENT_LOG_SIZE": 1000,
+    # Extra panels of the lock dashboard, from the project using the locks: dotted paths of
+    # callables returning {"id", "title", "note", "headers": [...], "rows": [[...], ...]}, called
+    # on every refresh (e.g. the shop's "shop.overload.panel").
+    "DASHBOARD_PANELS": [],
     "LONG_WAIT": 1.0,
     # Failover safety (Redisson's checkLockSyncedSlaves): after taking a lock, WAIT until this
     # many replicas have it, or give it back and raise LockUnavailable. 0 = don't wait.

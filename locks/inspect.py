@@ -336,16 +336,26 @@ class ScrapeCollector:
         yield info
         depth = GaugeMetricFamily("locks_queue_depth", "Waiters queued on the busiest locks of a family now "
                                   "(the same on every server: take the max, not the sum).", labels=["family"])
+        by_lock = GaugeMetricFamily("locks_queue_depth_by_lock", "Waiters queued on each of the busiest locks of a "
+                                    "family now (the same on every server: take the max).", labels=["lock"])
         for family in self.families:
             try:
-                waiters = queue_depth(family, top=self.top)
+                waiters = queue_depths(family, top=self.top)
             except Exception as exc:  # a scrape must answer whatever the lock service does
                 log.warning("metrics: queue depth of %s unavailable (%s)", family, exc)
                 continue
-            depth.add_metric([family], waiters)
+            depth.add_metric([family], sum(waiters.values()))
+            for name, n in waiters.items():
+                by_lock.add_metric([name], n)
         yield depth
+        yield by_lock
+
+
+def queue_depths(family: str, *, top: int = QUEUE_TOP) -> dict[str, int]:
+    """Waiters queued now on each of the family's `top` busiest names."""
+    names = [name for name, _ in family_stats(family, top=top).top_names]
+    return {name: info.waiters for name in names if (info := lock_info(name)) is not None}
 
 
 def queue_depth(family: str, *, top: int = QUEUE_TOP) -> int:
-    names = [name for name, _ in family_stats(family, top=top).top_names]
-    return sum(info.waiters for name in names if (info := lock_info(name)) is not None)
+    return sum(queue_depths(family, top=top).values())

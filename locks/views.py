@@ -8,6 +8,7 @@ Everything reads Redis through `locks.inspect`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -20,13 +21,17 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
+from django.utils.module_loading import import_string
 from django.views.decorators.cache import never_cache
 
 from locks import events, inspect
+from locks.conf import locks_settings
 from locks.exceptions import HolderChanged, LockUnavailable
 from locks.keys import validate_name
 from locks.models import ForceRelease, LockDashboard
 from locks.services import force_release_lock, reset_lock_stats
+
+log = logging.getLogger("locks")
 
 PAGE_SIZE = 200
 STATS_ROWS = 100
@@ -116,6 +121,19 @@ def _prefix(request: HttpRequest) -> str:
     return prefix if all(c not in prefix for c in "{}*?[]\\ ") else ""
 
 
+def extra_panels() -> list[dict[str, Any]]:
+    """The project's own panels (LOCKS["DASHBOARD_PANELS"]); one that fails says so in its note."""
+    panels = []
+    for path in locks_settings.DASHBOARD_PANELS:
+        try:
+            panels.append(import_string(path)())
+        except Exception as exc:  # a panel of the project must never break the lock dashboard
+            log.warning("lock dashboard: panel %s failed: %s", path, exc)
+            panels.append({"id": path.rsplit(".", 1)[-1], "title": path, "note": f"unavailable: {exc}",
+                           "headers": [], "rows": []})
+    return panels
+
+
 def snapshot(*, prefix: str, cursor: int) -> dict[str, Any]:
     """One page of held locks plus the stats by family, as plain data (the JSON endpoint and the page share it).
 
@@ -135,6 +153,7 @@ def snapshot(*, prefix: str, cursor: int) -> dict[str, Any]:
     targets = link_targets([h.name for h in held] + [n for s in shown for n, _ in s.top_names])
     return {
         "at": now,
+        "panels": extra_panels(),
         "prefix": prefix,
         "cursor": cursor,
         "next_cursor": next_cursor,

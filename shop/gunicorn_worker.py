@@ -103,7 +103,7 @@ class ShopWorker(ThreadWorker):
         self._count, self._observe = metrics.shed, metrics.queue_waited
         admission.serve_with_threads(int(self.cfg.threads))
         self._lines_full, self._known_sold_out = admission.full, soldout.known_sold_out
-        threading.Thread(target=self._keep_known_sold_out, args=(soldout,), name="shop-sold-out-index",
+        threading.Thread(target=self._keep_known_sold_out, args=(soldout,), name="shop-worker-chores",
                          daemon=True).start()
         app, arrival = self.wsgi, self._arrival
 
@@ -114,9 +114,16 @@ class ShopWorker(ThreadWorker):
         self.wsgi = stamped
 
     def _keep_known_sold_out(self, soldout) -> None:
-        """Which products are sold out, read every quarter of a second (never in the main loop)."""
+        """Which products are sold out, read every quarter of a second, and the overload counts
+        flushed every second (never in the main loop)."""
+        from shop import overload
+
+        flushed = time.monotonic()
         while self.alive:
             soldout.refresh_known()
+            if time.monotonic() - flushed >= 1.0:
+                overload.flush()
+                flushed = time.monotonic()
             time.sleep(soldout.KNOWN_REFRESH)
 
     # --- the main loop -------------------------------------------------------------------

@@ -41,7 +41,7 @@ from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from locks import inspect as lock_inspect
-from shop import errors
+from shop import errors, overload
 
 log = logging.getLogger("shop")
 
@@ -116,7 +116,8 @@ def fence_refused(operation: str) -> None:
 
 
 def shed(reason: str) -> None:
-    """A request answered `busy` without its work (see SHED's reasons)."""
+    """A request answered `busy` without its work (see SHED's reasons); also for the dashboard."""
+    overload.count(f"shed:{reason}")
     try:
         SHED.labels(reason).inc()
     except Exception as exc:
@@ -124,6 +125,7 @@ def shed(reason: str) -> None:
 
 
 def deadline_expired(stage: str) -> None:
+    overload.count(f"deadline:{stage}")
     try:
         DEADLINE_EXPIRED.labels(stage).inc()
     except Exception as exc:
@@ -131,6 +133,7 @@ def deadline_expired(stage: str) -> None:
 
 
 def queue_waited(seconds: float) -> None:
+    overload.waited(seconds)
     try:
         QUEUE_WAIT.observe(seconds)
     except Exception as exc:

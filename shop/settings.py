@@ -213,6 +213,8 @@ LOCKS = {
     "KEY_PREFIX": env.str("LOCKS_KEY_PREFIX", default=""),
     "DEFAULT_TTL": env.float("LOCKS_DEFAULT_TTL", default=10.0),
     "DEFAULT_WAIT": env.float("LOCKS_DEFAULT_WAIT", default=3.0),
+    # The lock dashboard also shows what a crowd is told (busy answers, deadlines): shop/overload.py.
+    "DASHBOARD_PANELS": ["shop.overload.panel"],
 }
 
 # The shop's own settings (defaults and meaning in shop/conf.py).

@@ -115,3 +115,25 @@ def test_sold_out_is_answered_at_once_while_buyers_of_another_product_wait(serve
         assert took < 1.0, f"the sold-out answer took {took:.2f} s behind the buyers in line"
         time.sleep(1.0)
     crowd.join(15)
+
+
+def test_the_lock_dashboard_shows_what_the_crowd_was_told(server, tokens, make_product, client):
+    """Every server's busy answers and deadlines, summed in Redis, on the admin's lock dashboard."""
+    from django.contrib.auth import get_user_model
+
+    p = make_product(stock=100)
+    plan = openloop.Plan(url=server.url, phases=[openloop.Phase("crowd", rate=40, seconds=0.5, product_id=p.pk)],
+                         tokens=tokens, run_id="t27panel", clients=1, patience=10.0)
+    with Lock(product_lock(p.pk), ttl=30):
+        result = openloop.run(plan, start_in=0.1)
+    busy = sum(1 for s in result.sent if s.outcome == openloop.BUSY)
+    assert busy
+    time.sleep(1.5)  # the server adds its counts to Redis once a second
+    client.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "pw"))
+    page = client.get("/admin/locks/lockdashboard/").content.decode()
+    assert 'id="panel-overload"' in page and "this server&#x27;s lines were full" in page
+    panel = next(x for x in client.get("/admin/locks/lockdashboard/data/").json()["panels"] if x["id"] == "overload")
+    shown = {row[0]: row[2] for row in panel["rows"]}  # label -> last minute
+    told_busy = sum(n for label, n in shown.items() if label.startswith("Busy") and isinstance(n, int))
+    assert told_busy >= busy
+    assert shown["Requests that got a thread"] >= 1

@@ -42,6 +42,17 @@
     if (totals) totals.innerHTML = '<td>Total</td><td></td><td class="num">' + t.acquired + '</td><td class="num">' +
       Math.round(t.contention * 100) + ' %</td><td class="num">' + t.timeouts + '</td><td class="num">' + t.lost +
       '</td><td class="num">' + t.force_released + '</td><td colspan="4"></td>';
+    (data.panels || []).forEach(function (p) {
+      var box = document.getElementById("panel-" + p.id);
+      if (!box) return;
+      var note = box.querySelector(".panel-note");
+      if (note && p.note) note.textContent = "(" + p.note + ")";
+      box.querySelector("tbody").innerHTML = p.rows.map(function (row) {
+        return "<tr>" + row.map(function (cell, i) {
+          return "<td" + (i ? ' class="num"' : "") + ">" + esc(cell) + "</td>";
+        }).join("") + "</tr>";
+      }).join("");
+    });
     document.getElementById("refresh-state").textContent = "Updated " + new Date(data.at * 1000).toLocaleTimeString() + ".";
   }
   function tick() {
