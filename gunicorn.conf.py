@@ -37,6 +37,9 @@ elif os.environ.get("FLASHSALE_METRICS_OWN_DIR") == "1":
 
 
 worker_class = "shop.gunicorn_worker.ShopWorker"
+# Threads per worker (--threads wins): buyers waiting in a product's line hold one each, and the
+# shop admits a quarter fewer waiting buyers than threads, so the cheap answers always find one.
+threads = int(os.environ.get("WEB_THREADS", "16"))
 # Connections one worker holds (being served, waiting for a thread, kept alive): far more than
 # its threads, so a crowd is accepted and answered rather than left in the kernel's backlog.
 worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS", "1000"))

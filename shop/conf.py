@@ -44,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     # app. MAX_WAITING buyers of one process may wait in the products' lines at once (None: the
     # worker's threads minus a quarter; unbounded outside the shop's gunicorn worker).
     "QUEUE_TARGET": 0.02,
-    "QUEUE_INTERVAL": 0.2,
+    "QUEUE_INTERVAL": 0.1,
     "QUEUE_MAX": None,
     "MAX_WAITING": None,
     # Payment (issue 13): a new order awaits payment this long (seconds) with its stock reserved;

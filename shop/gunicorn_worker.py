@@ -5,21 +5,23 @@ capacity, requests wait there (and in the kernel's backlog behind it) far longer
 buyers do, and the server works off requests whose buyers have left (measured at 4x capacity:
 99% of buyers got no answer within 10 s, and it did not recover; docs/benchmarks.md). This
 worker keeps gthread's threads and accepts as eagerly, and answers what it cannot serve in time
-at once, in the worker's main loop or the thread that picks it up, without the app:
+at once, 503 `busy` with Retry-After, without the app:
 
-- a request is stamped when it is queued for a thread; the app's deadline counts from that stamp
-  (`environ["shop.arrived"]`, time.monotonic() of this process: shop/deadlines.py);
-- when more requests already wait for a thread than SHOP["QUEUE_MAX"] (default: the number of
-  threads), a new one is not queued: the main loop reads it and answers 503 `busy` with
-  Retry-After, in microseconds;
-- a thread that picks up a request that waited longer than the queue allows answers it the same
-  way. The allowance is CoDel's (Facebook's "controlled delay"): SHOP["QUEUE_INTERVAL"] (200 ms)
-  while the queue drains now and then (a burst), SHOP["QUEUE_TARGET"] (20 ms) once it has not been
-  empty for a whole interval (a standing queue: more arrives than the threads serve).
+- in the main loop, when more requests already wait for a thread than SHOP["QUEUE_MAX"]
+  (default: the number of threads), or when this process's lines are full (as many buyers wait
+  as it admits: shop/admission.py) and the request is an order, unless it orders only products
+  known to be sold out (those go on: the app answers "sold out" at once). It looks at the
+  request without taking it off the socket (MSG_PEEK), and never waits for I/O;
+- in the thread that picks a request up, when it waited longer than the queue allows: CoDel's
+  rule (Facebook's "controlled delay"): SHOP["QUEUE_INTERVAL"] (100 ms) while the queue drains
+  now and then (a burst), SHOP["QUEUE_TARGET"] (20 ms) once it has not been empty for a whole
+  interval (a standing queue: more arrives than the threads serve); or when the lines filled
+  since it was queued.
 
-So the excess of a crowd is told "busy, retry in 1 s" at once instead of waiting in silence, the
-requests that are served waited at most a few tens of ms for a thread, and the sold-out answer
-stays fast. The buyers the app admits are bounded per process too (shop/admission.py).
+Every other request is stamped with the time it was queued (`environ["shop.arrived"]`,
+time.monotonic() of this process): its deadline counts from there (shop/deadlines.py). A thread
+of the worker reads the index of sold-out products four times a second and adds the overload
+counts to Redis once a second (shop/overload.py: the lock dashboard's panel).
 
     gunicorn shop.wsgi -c gunicorn.conf.py        (worker_class = "shop.gunicorn_worker.ShopWorker")
 """

@@ -249,6 +249,17 @@ if _unpaid := env.str("SHOP_MAX_UNPAID_ORDERS", default=""):
         SHOP["MAX_UNPAID_ORDERS"] = int(_unpaid)
     else:
         raise ImproperlyConfigured(f"SHOP_MAX_UNPAID_ORDERS={_unpaid!r}: a positive number or 'off'.")
+# A crowd bigger than the servers (shop/conf.py, docs/operations.md): waiting buyers per process,
+# and the worker's queue for a thread.
+for _name, _cast in (("MAX_WAITING", int), ("QUEUE_MAX", int), ("QUEUE_TARGET", float), ("QUEUE_INTERVAL", float)):
+    if _raw := env.str(f"SHOP_{_name}", default=""):
+        try:
+            SHOP[_name] = _cast(_raw)
+        except ValueError:
+            SHOP[_name] = 0
+        if SHOP[_name] <= 0:
+            raise ImproperlyConfigured(f"SHOP_{_name}={_raw!r}: a number above 0"
+                                       f"{' (seconds)' if _cast is float else ''}.")
 if _rate_limit_env := _rate_overrides(env.str("RATE_LIMITS", default="")):
     SHOP["RATE_LIMITS"] = _rate_limit_env
 

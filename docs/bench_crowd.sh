@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A crowd bigger than the server (issue 27), open loop over HTTP, before and after, one run each:
+#   BEFORE=/path/to/checkout-before bash docs/bench_crowd.sh
+#   PHASE=8 BEFORE_THREADS=4 AFTER_THREADS=16 SERVER_CPUS=0 CLIENT_CPUS=1 BEFORE=... bash docs/bench_crowd.sh
+# For each tree in turn (one server at a time): its gunicorn as its image runs it (gunicorn -c
+# gunicorn.conf.py -w 4, the tree's thread count), DEBUG off, rate limits and the unpaid-orders
+# limit off, on the database shop_bench; then this tree's open-loop load generator:
+#   manage.py loadtest --url URL --profile spike     capacity C (closed loop, 32 buyers), then
+#                                                     0.5x 1x 2x 4x 10x 0.5x C, PHASE s each
+#   manage.py loadtest --url URL --profile flash --capacity C    1,000 units at 4x C, then at 10x C
+# The server, MariaDB and Redis run on SERVER_CPUS and the generator on CLIENT_CPUS (taskset), so
+# the generator's own CPU (about 0.3 ms a request) is not taken from the server it measures; on a
+# 2-core machine that leaves the server one core. SERVER_CPUS= CLIENT_CPUS= (empty) pins nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+AFTER=$(pwd)
+BEFORE=${BEFORE:?set BEFORE to the checkout before (with its own .venv or a link to one)}
+PHASE=${PHASE:-8} WORKERS=${WORKERS:-4} BEFORE_THREADS=${BEFORE_THREADS:-4} AFTER_THREADS=${AFTER_THREADS:-16}
+SERVER_CPUS=${SERVER_CPUS-0} CLIENT_CPUS=${CLIENT_CPUS-1}
+export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false DEV_ENV_FILE=
+export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=shop.settings LOCKS_KEY_PREFIX=bench:
+export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
+py=.venv/bin/python
+$py manage.py createdb >/dev/null && $py manage.py migrate --no-input -v 0
+if [ -n "$SERVER_CPUS" ]; then
+  for pid in $(pgrep -x mariadbd) $(pgrep -f 'redis-server .*:6379'); do taskset -a -p -c "$SERVER_CPUS" "$pid" >/dev/null; done
+fi
+server=
+trap '[ -n "$server" ] && kill "$server" 2>/dev/null || true' EXIT
+for side in before after; do
+  if [ $side = before ]; then tree=$BEFORE threads=$BEFORE_THREADS; else tree=$AFTER threads=$AFTER_THREADS; fi
+  (cd "$tree" && exec ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} .venv/bin/python -m gunicorn -c gunicorn.conf.py \
+     -w "$WORKERS" --threads "$threads" -b 127.0.0.1:8075 --log-level warning shop.wsgi) & server=$!
+  for _ in $(seq 150); do curl -fs http://127.0.0.1:8075/api/products/ >/dev/null 2>&1 && break; sleep 0.1; done
+  echo "=== $side: $tree, gunicorn -w $WORKERS --threads $threads"
+  ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} $py manage.py loadtest --url http://127.0.0.1:8075 --profile spike \
+    --phase-seconds "$PHASE" --json "/tmp/crowd-spike-$side.json"
+  capacity=$($py -c "import json; print(json.load(open('/tmp/crowd-spike-$side.json'))['capacity'])")
+  ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} $py manage.py loadtest --url http://127.0.0.1:8075 --profile flash \
+    --capacity "$capacity" --phase-seconds "$PHASE" --json "/tmp/crowd-flash-$side.json"
+  kill "$server"; wait "$server" 2>/dev/null || true; server=
+done
