@@ -411,11 +411,15 @@ def crowd(url: str, *, profile: str, capacity: float | None = None, rate: float 
     "flash" (FLASH x C, each on a product of FLASH_STOCK units) or "rate" (`rate` for `seconds`)."""
     from shop import deadlines
     from shop.loadtest import workload
-    from shop.models import ApiToken
+    from shop.models import ApiToken, Product
 
+    # The phases' products (a flash sale's have FLASH_STOCK units), then one for the capacity run.
     products = len(FLASH) if profile == "flash" else 1
-    w = workload.create(workload.new_run_id(), products=products,
+    w = workload.create(workload.new_run_id(), products=products + 1,
                         stock=FLASH_STOCK if profile == "flash" else 10**9, users=users)
+    *_, probe = w.product_ids
+    Product.objects.filter(pk=probe).update(stock=10**9)
+    w.initial_stock[probe] = 10**9
     try:
         tokens = [ApiToken.issue(user_id=uid) for uid in w.user_ids]
         base = Plan(url=url, phases=[], tokens=tokens, run_id=w.run_id, clients=clients, patience=patience,
@@ -425,11 +429,7 @@ def crowd(url: str, *, profile: str, capacity: float | None = None, rate: float 
             phases = [Phase(f"{rate:g}/s", rate=float(rate or 0), seconds=seconds, product_id=w.product_ids[0])]
         else:
             if capacity is None:  # on a product of its own: the flash products keep their stock
-                probe = workload.create(workload.new_run_id(), products=1, stock=10**9, users=0)
-                try:
-                    capacity = measure_capacity(base, product_id=probe.product_ids[0])
-                finally:
-                    workload.cleanup(probe)
+                capacity = measure_capacity(base, product_id=probe)
             multiples = FLASH if profile == "flash" else SPIKE
             phases = [Phase(f"{'flash ' if profile == 'flash' else ''}{m:g}x", rate=m * capacity, seconds=seconds,
                             product_id=w.product_ids[i if profile == "flash" else 0])
