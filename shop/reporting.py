@@ -7,13 +7,14 @@ LOCATIONs built from them and the environment a server passes in request.META.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.views.debug import SafeExceptionReporterFilter
 
 from locks.redis_urls import mask_url_credentials
 
-__all__ = ["SafeUrlExceptionReporterFilter", "mask_url_credentials"]
+__all__ = ["NotRefusals", "SafeUrlExceptionReporterFilter", "mask_url_credentials"]
 
 
 def _mask(value: Any) -> Any:
@@ -34,3 +35,12 @@ class SafeUrlExceptionReporterFilter(SafeExceptionReporterFilter):
 
     def get_traceback_frame_variables(self, request: Any, tb_frame: Any) -> Any:
         return [(name, _mask(value)) for name, value in super().get_traceback_frame_variables(request, tb_frame)]
+
+
+class NotRefusals(logging.Filter):
+    """Django's request log, without the 503s the shop answers on purpose: busy and lock_timeout
+    (a crowd's excess, thousands a second in a drop), lock_unavailable, database_unavailable and
+    conflict (retryable; each is logged where it happens and counted in /metrics)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "status_code", None) != 503

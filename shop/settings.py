@@ -359,9 +359,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"not_refusals": {"()": "shop.reporting.NotRefusals"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
     # Django logs every 4xx as a warning; in a flash sale most answers are 409 out_of_stock by
-    # design, and a storm of them would cost a log line each. Server errors are still logged.
-    "loggers": {"django.request": {"level": env.str("REQUEST_LOG_LEVEL", default="ERROR")}},
+    # design, and a storm of them would cost a log line each. Server errors are still logged,
+    # but not the 503s the shop answers on purpose (busy, lock_timeout: a crowd's excess).
+    "loggers": {"django.request": {"level": env.str("REQUEST_LOG_LEVEL", default="ERROR"),
+                                   "filters": ["not_refusals"]}},
 }

@@ -45,3 +45,18 @@ def test_a_password_with_an_unescaped_at_sign_is_masked_whole():
     masked = mask_url_credentials(f"mysql://shop:a@{PASSWORD}@db:3306/shop, redis://:{PASSWORD}@x@r:6379")
     assert PASSWORD not in masked and "@db:3306/shop" in masked and "@r:6379" in masked
     assert SafeUrlExceptionReporterFilter.cleansed_substitute in masked  # the one mask, reports and start-up alike
+
+
+def test_the_request_log_leaves_out_the_503s_the_shop_answers_on_purpose():
+    import logging
+
+    from shop.reporting import NotRefusals
+
+    def record(status: int) -> logging.LogRecord:
+        r = logging.LogRecord("django.request", logging.ERROR, __file__, 1, "x", (), None)
+        r.status_code = status
+        return r
+
+    keep = NotRefusals()
+    assert not keep.filter(record(503))  # busy, lock_timeout...: thousands a second in a crowd
+    assert keep.filter(record(500))  # a real server error is still logged
