@@ -288,7 +288,7 @@ def test_gunicorn_with_two_workers_serves_the_sum_of_both(tmp_path, make_product
            "LOCKS_KEY_PREFIX": settings.LOCKS["KEY_PREFIX"]}
     env.pop("FLASHSALE_METRICS_OWN_DIR", None)
     server = subprocess.Popen([sys.executable, "-m", "gunicorn", "shop.wsgi", "-c", "gunicorn.conf.py", "-w", "2",
-                               "--threads", "4", "-b", f"127.0.0.1:{port}", "--log-level", "warning"],
+                               "--threads", "16", "-b", f"127.0.0.1:{port}", "--log-level", "warning"],
                               cwd=ROOT, env=env)
     base = f"http://127.0.0.1:{port}"
     scrape_headers = {"Authorization": f"Bearer {TOKEN}"}

@@ -244,3 +244,13 @@ def test_a_server_whose_debug_comes_from_the_dev_env_file_says_so_at_start(tmp_p
     # DEBUG from the environment (./dev.sh exports it) or off: nothing to say.
     assert "DEBUG is on" not in _load_wsgi(tmp_path, None, DEBUG="true").stderr
     assert "DEBUG is on" not in _load_wsgi(tmp_path, "SECRET_KEY=" + "k" * 50 + "\n").stderr
+
+
+def test_the_crowd_limits_come_from_the_environment():
+    result = start("settings.SHOP['MAX_WAITING'], settings.SHOP['QUEUE_TARGET']", DEBUG="true",
+                   SHOP_MAX_WAITING="8", SHOP_QUEUE_TARGET="0.05")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["8", "0.05"]
+    for name, bad in (("SHOP_MAX_WAITING", "0"), ("SHOP_QUEUE_INTERVAL", "soon"), ("SHOP_QUEUE_MAX", "-3")):
+        refused = start(DEBUG="true", **{name: bad})
+        assert refused.returncode != 0 and name in refused.stderr
