@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import html
 import json
 import selectors
 import socket
@@ -37,6 +38,7 @@ import threading
 import time
 from collections import deque
 from functools import partial
+from urllib.parse import parse_qsl
 
 from gunicorn.workers.gthread import ThreadWorker
 
@@ -51,22 +53,61 @@ def _busy_json(reason: str) -> bytes:
 
 
 _BUSY_JSON = {reason: _busy_json(reason) for reason in ("queue_full", "queue_delay", "full")}
-_BUSY_HTML = (b"<!doctype html><html lang=en><meta charset=utf-8><meta name=viewport "
-              b"content='width=device-width,initial-scale=1'><title>Very busy</title>"
-              b"<body style='font-family:system-ui,sans-serif;max-width:32em;margin:3em auto;padding:0 1em'>"
-              b"<h1>The shop is very busy</h1><p>Nothing was done with your request. Please try again in a "
-              b"moment: go back and press the button again (an order is never placed twice).</p></body></html>")
+_PAGE = ("<!doctype html><html lang=en><meta charset=utf-8><meta name=viewport "
+         "content='width=device-width,initial-scale=1'><title>Very busy</title>"
+         "<body style='font-family:system-ui,sans-serif;max-width:32em;margin:3em auto;padding:0 1em'>"
+         "<h1>The shop is very busy</h1>{body}</body></html>")
+_BUSY_HTML = _PAGE.format(body="<p>Nothing was done with your request. Please try again in a moment: go back and "
+                               "press the button again (an order is never placed twice).</p>").encode()
+# The checkout form's fields sent again by the busy page (the same idempotency key: never two orders).
+_CHECKOUT_FIELDS = ("csrfmiddlewaretoken", "idempotency_key", "coupon_code")
 
 
-def busy_response(request_head: bytes, reason: str) -> bytes:
-    """The whole 503 answer to a request whose first bytes are `request_head`: HTML for a browser
-    page, JSON (the API's error shape) for everything else."""
-    head = request_head.split(b"\r\n\r\n", 1)[0].lower()
-    html = b"text/html" in head and not head.startswith(b"post /api/")
-    body, kind = (_BUSY_HTML, b"text/html; charset=utf-8") if html else (_BUSY_JSON[reason], b"application/json")
+def _busy_checkout(body: bytes) -> bytes:
+    """The checkout's busy page: it sends the same order again by itself in a moment."""
+    try:
+        fields = [(k, v) for k, v in parse_qsl(body.decode("ascii"), keep_blank_values=True)
+                  if k in _CHECKOUT_FIELDS][:len(_CHECKOUT_FIELDS)]
+    except (UnicodeDecodeError, ValueError):
+        fields = []
+    if not any(k == "idempotency_key" for k, _ in fields):
+        return _BUSY_HTML
+    inputs = "".join(f'<input type=hidden name="{html.escape(k)}" value="{html.escape(v)}">' for k, v in fields)
+    return _PAGE.format(body=(
+        "<p id=busy-retry>Nothing was ordered yet. Trying again in a moment with the same order "
+        "(it is never placed twice).</p>"
+        f"<form method=post action='/checkout/' id=again>{inputs}<button type=submit>Try now</button></form>"
+        "<script>setTimeout(function(){document.getElementById('again').submit()},"
+        f"{RETRY_AFTER * 1000}+Math.random()*{RETRY_AFTER * 500})</script>")).encode()
+
+
+def busy_response(request: bytes, reason: str) -> bytes:
+    """The whole 503 answer to a request (its bytes as far as they came): the checkout's busy page
+    (it retries by itself) for a checkout, a short page for other browser pages, JSON (the API's
+    error shape) for everything else."""
+    head, _, body = request.partition(b"\r\n\r\n")
+    head = head.lower()
+    if head.startswith(b"post /checkout/ "):
+        page, kind = _busy_checkout(body), b"text/html; charset=utf-8"
+    elif b"text/html" in head and not head.startswith(b"post /api/"):
+        page, kind = _BUSY_HTML, b"text/html; charset=utf-8"
+    else:
+        page, kind = _BUSY_JSON[reason], b"application/json"
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + kind + b"\r\nRetry-After: "
             + str(RETRY_AFTER).encode() + b"\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body)
+            + str(len(page)).encode() + b"\r\n\r\n" + page)
+
+
+def _whole(request: bytes) -> bool:
+    """The request's head and its (Content-Length) body have come."""
+    head, sep, body = request.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return value.strip().isdigit() and len(body) >= int(value.strip())
+    return True
 
 
 # Orders, as the request line starts: what the worker refuses while this process's lines are full.
@@ -252,7 +293,7 @@ class ShopWorker(ThreadWorker):
         head = b""
         try:
             conn.sock.settimeout(0.05)
-            while b"\r\n\r\n" not in head and len(head) < 65536:
+            while len(head) < 65536 and not _whole(head):
                 chunk = conn.sock.recv(65536)
                 if not chunk:
                     break
