@@ -94,48 +94,37 @@ def checkout_outcome(place_order: F) -> F:
 
 
 def _refused(reason: str) -> None:
-    try:
-        ORDERS_REFUSED.labels(reason).inc()
-    except Exception as exc:
-        _failed(exc)
+    _safely(lambda: ORDERS_REFUSED.labels(reason).inc())
 
 
 def soldout_rejected() -> None:
-    try:
-        SOLDOUT_REJECTIONS.inc()
-    except Exception as exc:
-        _failed(exc)
+    _safely(SOLDOUT_REJECTIONS.inc)
 
 
 def fence_refused(operation: str) -> None:
     """`operation`: a fixed name per call site (place_order, claim_coupon, restock, combining, ...)."""
-    try:
-        FENCE_REFUSALS.labels(operation).inc()
-    except Exception as exc:
-        _failed(exc)
+    _safely(lambda: FENCE_REFUSALS.labels(operation).inc())
 
 
 def shed(reason: str) -> None:
     """A request answered `busy` without its work (see SHED's reasons); also for the dashboard."""
     overload.count(f"shed:{reason}")
-    try:
-        SHED.labels(reason).inc()
-    except Exception as exc:
-        _failed(exc)
+    _safely(lambda: SHED.labels(reason).inc())
 
 
 def deadline_expired(stage: str) -> None:
     overload.count(f"deadline:{stage}")
-    try:
-        DEADLINE_EXPIRED.labels(stage).inc()
-    except Exception as exc:
-        _failed(exc)
+    _safely(lambda: DEADLINE_EXPIRED.labels(stage).inc())
 
 
 def queue_waited(seconds: float) -> None:
     overload.waited(seconds)
+    _safely(lambda: QUEUE_WAIT.observe(seconds))
+
+
+def _safely(record: Callable[[], object]) -> None:
     try:
-        QUEUE_WAIT.observe(seconds)
+        record()
     except Exception as exc:
         _failed(exc)
 

@@ -107,3 +107,19 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port)
+
+
+def kill_own_connection() -> None:
+    """KILL this thread's MySQL connection from a second one (what a DBA, a proxy, a failover or
+    the server's idle_transaction_timeout does)."""
+    import MySQLdb
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        (connection_id,) = cursor.fetchone()
+    admin = MySQLdb.connect(host="127.0.0.1", port=3306, user="root", passwd="")
+    try:
+        admin.cursor().execute(f"KILL {int(connection_id)}")
+    finally:
+        admin.close()

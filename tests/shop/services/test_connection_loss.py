@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import MySQLdb
 import pytest
 from django.db import connection
 
@@ -13,21 +12,10 @@ from shop import errors
 from shop.conf import shop_settings
 from shop.models import ApiToken, Order, Product
 from shop.services import hooks, pay_order, place_order
+from tests.helpers import kill_own_connection
 from tests.mysql_proxy import MySQLProxy
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
-
-
-def _kill_own_connection() -> None:
-    """KILL this thread's MySQL connection from another one (what a DBA, a proxy or a failover does)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT CONNECTION_ID()")
-        (connection_id,) = cursor.fetchone()
-    admin = MySQLdb.connect(host="127.0.0.1", port=3306, user="root", passwd="")
-    try:
-        admin.cursor().execute(f"KILL {int(connection_id)}")
-    finally:
-        admin.close()
 
 
 @pytest.fixture
@@ -38,7 +26,7 @@ def kill_at(monkeypatch):
         def hook(at: str, holds) -> None:
             if at == stage:
                 monkeypatch.setattr(hooks, "checkout_hook", None)
-                _kill_own_connection()
+                kill_own_connection()
 
         monkeypatch.setattr(hooks, "checkout_hook", hook)
 
@@ -223,7 +211,7 @@ def test_a_connection_lost_reading_back_a_committed_payment_is_unknown(monkeypat
 
     def lost_then_read(self, *args, **kwargs):
         monkeypatch.setattr(Order, "refresh_from_db", read_back)
-        _kill_own_connection()
+        kill_own_connection()
         return read_back(self, *args, **kwargs)
 
     monkeypatch.setattr(Order, "refresh_from_db", lost_then_read)

@@ -9,10 +9,9 @@ import os
 import time
 from decimal import Decimal
 
-import MySQLdb
 import pytest
 from django.core.management import call_command
-from django.db import IntegrityError, OperationalError, connection, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from locks.models import JobRun
@@ -21,7 +20,7 @@ from shop.invariants import check_invariants, release_violations
 from shop.models import CouponClaim, Order, Product, Refund, StockLedger
 from shop.services import cancel_order, claim_coupon, orders, pay_order, place_order, refund_order
 from shop.services.orders import finish_refunds
-from tests.helpers import FORK, run_processes
+from tests.helpers import FORK, kill_own_connection, run_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
@@ -169,19 +168,6 @@ def provider(monkeypatch) -> Provider:
     return stub
 
 
-def _kill_own_connection() -> None:
-    """KILL this thread's MySQL connection from a second one (a DBA, a failover, the server's
-    idle_transaction_timeout ending a transaction that waited too long)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT CONNECTION_ID()")
-        (connection_id,) = cursor.fetchone()
-    admin = MySQLdb.connect(host="127.0.0.1", port=3306, user="root", passwd="")
-    try:
-        admin.cursor().execute(f"KILL {int(connection_id)}")
-    finally:
-        admin.close()
-
-
 @pytest.fixture
 def fail_books_once(monkeypatch):
     """fail_books_once(fault): the refund's books (flip, stock, coupon) meet `fault` once, with
@@ -226,7 +212,7 @@ def test_a_deadlock_in_the_books_retries_them_without_paying_twice(user, make_pr
 def test_a_connection_dropped_mid_books_never_pays_twice(user, make_product, provider, fail_books_once):
     p = make_product(stock=10)
     order = paid_order(user, [(p.pk, 4)])
-    fail_books_once(_kill_own_connection)  # the COMMIT then fails: outcome unknown
+    fail_books_once(kill_own_connection)  # the COMMIT then fails: outcome unknown
     try:
         refund_order(order=order, actor="admin:ops")
     except errors.DatabaseUnavailable:
