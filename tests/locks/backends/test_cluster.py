@@ -210,7 +210,16 @@ def test_with_wait_replicas_the_promoted_replica_keeps_the_lock(settings, own_cl
     # No stats flush meanwhile: its cluster pipeline would refresh the slot map for the lock.
     use_redis_url(settings, own_cluster.url, WAIT_REPLICAS=1, WAIT_REPLICAS_TIMEOUT=0.25, STATS_FLUSH_INTERVAL=3600)
     a = Lock(name, ttl=30.0)
-    assert a.acquire(blocking=False)
+    # A cluster just started may still be syncing its replicas: WAIT then gets no ack in 0.25 s
+    # (LockUnavailable, nothing held). The test is about after the failover: wait for the link.
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            assert a.acquire(blocking=False)
+            break
+        except LockUnavailable:
+            assert time.monotonic() < deadline, "the replica never acknowledged the lock"
+            time.sleep(0.2)
     fence = a.held.fence
     own_cluster.kill_master_of(LockKeys.for_name(name).lock)
     acquired, seconds = acquire_after_failover(Lock(name, ttl=5.0))
