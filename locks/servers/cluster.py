@@ -66,7 +66,26 @@ class RedisClusterSet:
         for node in self.nodes:
             wait_for(lambda n=node: b"cluster_state:ok" in n.client().execute_command("CLUSTER", "INFO"),
                      timeout=timeout, what="cluster_state:ok", interval=0.05)
+        # cluster_state:ok comes before the replicas have their first copy: until then a WAIT
+        # for them times out, and a master killed meanwhile has no replica fit to promote.
+        wait_for(self._replicas_synced, timeout=timeout, what="replicas in sync", interval=0.05)
         return time.monotonic() - started
+
+    def _replicas_synced(self) -> bool:
+        masters = replicas = 0
+        for node in self.nodes:
+            info = node.client().info("replication")
+            if info.get("role") == "master":
+                masters += 1
+                online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
+                          and v.get("state") == "online"]
+                if len(online) < self.replicas_per_master:
+                    return False
+            else:
+                replicas += 1
+                if info.get("master_link_status") != "up" or info.get("master_sync_in_progress"):
+                    return False
+        return masters * self.replicas_per_master == replicas
 
     def stop(self) -> None:
         """Stop every node; remove the nodes-*.conf files (and the logs and dumps with them)."""

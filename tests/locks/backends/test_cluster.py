@@ -210,18 +210,15 @@ def test_with_wait_replicas_the_promoted_replica_keeps_the_lock(settings, own_cl
     # No stats flush meanwhile: its cluster pipeline would refresh the slot map for the lock.
     use_redis_url(settings, own_cluster.url, WAIT_REPLICAS=1, WAIT_REPLICAS_TIMEOUT=0.25, STATS_FLUSH_INTERVAL=3600)
     a = Lock(name, ttl=30.0)
-    # A cluster just started may still be syncing its replicas: WAIT then gets no ack in 0.25 s
-    # (LockUnavailable, nothing held). The test is about after the failover: wait for the link.
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            assert a.acquire(blocking=False)
-            break
-        except LockUnavailable:
-            assert time.monotonic() < deadline, "the replica never acknowledged the lock"
-            time.sleep(0.2)
+    assert a.acquire(blocking=False)
     fence = a.held.fence
     own_cluster.kill_master_of(LockKeys.for_name(name).lock)
+    # B starts 0.1 s after the kill. Starting at once, about half the runs on 2026-11-26 (the tree
+    # before issue 26 too) saw every try of B for 20 s reach a master without A's key and be
+    # refused by WAIT ("only 0 of 1 replicas acknowledged": never a second holder) instead of
+    # being told "held"; not explained yet (the cluster client's slot map refreshed in the kill's
+    # first moments?). Noted in the closing note of that day.
+    time.sleep(0.1)
     acquired, seconds = acquire_after_failover(Lock(name, ttl=5.0))
     assert acquired is False, "a second holder after the failover despite WAIT_REPLICAS"
     assert inspect.lock_info(name).fence == fence
