@@ -22,11 +22,14 @@ export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=shop.settings LOCK
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
 py=.venv/bin/python
 $py manage.py createdb >/dev/null && $py manage.py migrate --no-input -v 0
+shared=$(pgrep -x mariadbd; pgrep -f 'redis-server .*:6379')
+all_cpus=$(taskset -p $$ | awk '{print $NF}')
 if [ -n "$SERVER_CPUS" ]; then
-  for pid in $(pgrep -x mariadbd) $(pgrep -f 'redis-server .*:6379'); do taskset -a -p -c "$SERVER_CPUS" "$pid" >/dev/null; done
+  for pid in $shared; do taskset -a -p -c "$SERVER_CPUS" "$pid" >/dev/null; done
 fi
 server=
-trap '[ -n "$server" ] && kill "$server" 2>/dev/null || true' EXIT
+# At the end MariaDB and Redis get all the CPUs back (other work on this machine needs them).
+trap '[ -n "$server" ] && kill "$server" 2>/dev/null; for pid in $shared; do taskset -a -p "$all_cpus" "$pid" >/dev/null 2>&1; done; true' EXIT
 for side in before after; do
   if [ $side = before ]; then tree=$BEFORE threads=$BEFORE_THREADS; else tree=$AFTER threads=$AFTER_THREADS; fi
   (cd "$tree" && exec ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} .venv/bin/python -m gunicorn -c gunicorn.conf.py \
