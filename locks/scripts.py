@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,27 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 _DIR = Path(__file__).parent / "scripts"
+
+
+class Acquire(IntEnum):
+    """The first value of acquire.lua's reply (see its header)."""
+
+    HELD = 0  # someone else holds it (and a blocking caller is queued)
+    ACQUIRED = 1
+    BATCHED = 2  # this request is in the holder's batch, or its reply waits: wait on
+    GUARDED = 3  # a guard key exists: nothing was done
+    TOO_LATE = -1  # the call reached Redis after its give-up time: nothing was done
+
+
+class Cancel(IntEnum):
+    """The first value of cancel.lua's reply."""
+
+    LEFT = 0  # out of the queue, nothing was handed to us
+    HANDED = 1  # the lock was handed to us just now: it is ours
+    SERVED = 2  # a holder served this request just now: its reply
+
+
+NOT_OURS = -1  # take.lua's reply when the lock's token is not the caller's
 NAMES = ("acquire", "release", "extend", "cancel", "force_release", "check", "take")
 
 

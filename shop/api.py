@@ -19,14 +19,12 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from shop import deadlines, errors, ratelimits, selectors
-from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, Product
-from shop.services import cancel_order, claim_coupon, pay_order, place_order
+from shop.services import cancel_order, claim_coupon, pay_order, place_order, validation
 from shop.services.validation import MAX_CODE_LENGTH, validate_code, validate_idempotency_key
 from shop.tokens import BadToken, bearer_token, user_for_token
 
 MAX_BODY_BYTES = 16 * 1024
-MAX_ID = 2**63 - 1
 
 
 def error_response(status: int, code: str, message: str, details: dict | None = None,
@@ -120,47 +118,27 @@ class _Transport(Exception):
         self.response = error_response(status, code, message)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def parse_order(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None]:
-    """Field-by-field checks of an order body; every problem is reported at once."""
+    """An order body's lines and coupon, every problem reported at once (the lines by the
+    service's one check: shop.services.validation)."""
     problems: dict[str, str] = {}
-    extra = sorted(set(data) - {"lines", "coupon_code"})
-    for key in extra:
+    for key in sorted(set(data) - {"lines", "coupon_code"}):
         problems[str(key)[:50]] = "unknown field"
     lines_in = data.get("lines")
-    max_lines, max_qty = int(shop_settings.MAX_LINES_PER_ORDER), int(shop_settings.MAX_QUANTITY_PER_LINE)
-    lines: list[tuple[int, int]] = []
-    quantity_problem = False
-    if not isinstance(lines_in, list) or not lines_in:
-        problems["lines"] = "a non-empty list of {product_id, quantity}"
-    elif len(lines_in) > max_lines:
-        problems["lines"] = f"at most {max_lines} lines"
-    else:
-        seen: set[int] = set()
+    pairs: object = lines_in
+    if isinstance(lines_in, list):
+        pairs = []
         for i, line in enumerate(lines_in):
-            where = f"lines[{i}]"
             if not isinstance(line, dict):
-                problems[where] = "an object {product_id, quantity}"
+                pairs.append(validation.Malformed("an object {product_id, quantity}"))
                 continue
             for key in sorted(set(line) - {"product_id", "quantity"}):
-                problems[f"{where}.{str(key)[:50]}"] = "unknown field"
-            pid, qty = line.get("product_id"), line.get("quantity")
-            if not _is_int(pid) or not 1 <= pid <= MAX_ID:
-                problems[f"{where}.product_id"] = "a positive integer"
-            elif pid in seen:
-                problems[f"{where}.product_id"] = "repeated; one line per product"
-            else:
-                seen.add(pid)
-            if qty is None:
-                problems[f"{where}.quantity"] = "required"
-            elif not _is_int(qty) or not 1 <= qty <= max_qty:
-                problems[f"{where}.quantity"] = f"an integer from 1 to {max_qty}"
-                quantity_problem = True
-            if not problems:
-                lines.append((pid, qty))
+                problems[f"lines[{i}].{str(key)[:50]}"] = "unknown field"
+            pairs.append((line.get("product_id"), line.get("quantity")))
+    elif isinstance(lines_in, tuple):  # JSON gives lists; anything else is not a list of lines
+        pairs = None
+    lines, line_problems = validation.line_problems(pairs)
+    problems.update(line_problems)
     code = data.get("coupon_code")
     if code is not None:
         try:
@@ -168,10 +146,7 @@ def parse_order(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None
         except errors.InvalidInput:
             problems["coupon_code"] = f"printable text, 1 to {MAX_CODE_LENGTH} characters, or null"
     if problems:
-        only_quantities = quantity_problem and all(
-            k.endswith(".quantity") and v != "required" for k, v in problems.items())
-        cls = errors.InvalidQuantity if only_quantities else errors.InvalidInput
-        raise cls(details=problems)
+        raise validation.refusal(problems)
     return lines, code
 
 

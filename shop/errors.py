@@ -8,12 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
+# Every error class by its code, filled as the classes are defined (`ShopError.__init_subclass__`):
+# a combined buyer's reply names its error by code, and a new error is found without a list kept
+# by hand.
+ERRORS_BY_CODE: dict[str, type[ShopError]] = {}
+
 
 class ShopError(Exception):
     code: str = "shop_error"
     status: int = 400
     default_message: str = "The request could not be completed."
     retry_after: int | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:  # a class of its own code (not a mixin or an alias)
+            if ERRORS_BY_CODE.get(cls.code, cls) is not cls:
+                raise TypeError(f"error code {cls.code!r} is taken by {ERRORS_BY_CODE[cls.code].__name__}")
+            ERRORS_BY_CODE[cls.code] = cls
 
     def __init__(self, message: str | None = None, *, details: dict[str, Any] | None = None) -> None:
         self.message = message or self.default_message
@@ -245,16 +257,6 @@ class Conflict(ShopError):
     default_message = "Too much contention right now; nothing was written. Please retry."
 
 
-ERRORS_BY_CODE: dict[str, type[ShopError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidInput, InvalidQuantity, UnknownProduct, InactiveProduct, OutOfStock, PurchaseLimitExceeded,
-        UnpaidOrdersLimit, CartFull, CouponUnknown, CouponExpired, CouponSoldOut, CouponAlreadyClaimed,
-        CouponNotClaimed, OrderNotFound, OrderNotCancellable, OrderNotRefundable, OrderNotPayable, OrderNotWritable,
-        IdempotencyConflict, RateLimited, Busy,
-        LockTimeout, LockUnavailable, DatabaseUnavailable, ProviderUnavailable, Conflict,
-    )
-}
 
 
 def as_seen_by(exc: ShopError, *, staff: bool) -> ShopError:

@@ -19,7 +19,7 @@ from shop import cart, deadlines, errors, ratelimits, selectors
 from shop.conf import shop_settings
 from shop.forms import AddToCartForm, CheckoutForm, QuantityForm, QueuedPasswordResetForm, SignUpForm, TokenForm
 from shop.models import ApiToken
-from shop.services import cancel_order, claim_coupon, pay_order, place_order
+from shop.services import cancel_order, claim_coupon, pay_order, place_order, validation
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 
@@ -93,7 +93,7 @@ def _posted_id(request: HttpRequest, field: str) -> int:
     """A positive id from the POST that MySQL's BIGINT holds, or 0."""
     raw = request.POST.get(field, "")
     value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 19 else 0
-    return value if value < 2**63 else 0
+    return value if value <= validation.MAX_ID else 0
 
 
 @require_http_methods(["GET", "HEAD", "POST"])

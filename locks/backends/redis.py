@@ -54,7 +54,7 @@ from locks.connection import (
 from locks.exceptions import HolderChanged, LockNotOwned, LockUnavailable
 from locks.hold import Cancelled, CancelToken, Guarded, Served
 from locks.keys import LockKeys, held_key, name_from_key, name_from_member
-from locks.scripts import execute_pipeline, queue_script, script
+from locks.scripts import NOT_OURS, Acquire, Cancel, execute_pipeline, queue_script, script
 
 if TYPE_CHECKING:
     from locks.hold import LockLike
@@ -225,10 +225,10 @@ class RedisBackend(LockBackend):
                 left_ms = int((deadline - sent) * 1000) if blocking else 0
                 args = _acquire_args(lock, token=token, owner=owner, wait_ms=left_ms)
                 acquired, value, now_ms, since_ms, *checked = self._run_acquire(lock, client, key_list, args, payload)
-                if acquired == 3:
+                if acquired == Acquire.GUARDED:
                     return Guarded(tuple(None if v is None else text(v) for v in checked[0]))
                 key_list = lock_keys
-                if acquired == 1:
+                if acquired == Acquire.ACQUIRED:
                     signal.abort()
                     lease_start = sent + (int(since_ms) - int(now_ms)) / 1000
                     return Grant(int(value), lease_start, lock.ttl, contended=queued)
@@ -294,7 +294,7 @@ class RedisBackend(LockBackend):
         for _ in range(2):
             reply = self._send_acquire(lock, client, key_list, [*args, give_up_ms(pool), payload])
             learn_clock(pool, int(reply[2]))
-            if reply[0] != -1:
+            if reply[0] != Acquire.TOO_LATE:
                 return reply
         raise LockUnavailable("the acquire reached Redis after its give-up time twice; clock offset relearned",
                               name=lock.name)
@@ -318,7 +318,7 @@ class RedisBackend(LockBackend):
                 with contextlib.suppress(Exception):
                     client.nodes_manager.initialize()
             raise LockUnavailable(f"the lock's master is unreachable or moved: {exc}", name=lock.name) from exc
-        if reply[0] == 1 and acked < replicas[0]:
+        if reply[0] == Acquire.ACQUIRED and acked < replicas[0]:
             raise ReplicasLagging(f"only {acked} of {replicas[0]} replicas acknowledged the lock")
         return reply
 
@@ -345,12 +345,12 @@ class RedisBackend(LockBackend):
             # Those it took expire with their leases (as a single acquire lost in flight does).
             raise LockUnavailable(f"Redis unreachable: {exc}", name=items[0][0].name) from exc
         grants: list[Grant | None] = []
-        # An acquire that arrived after its give-up time (-1: we stalled, or misjudged Redis's
+        # An acquire that arrived after its give-up time (TOO_LATE: we stalled, or misjudged Redis's
         # clock, now relearned) did nothing: that lock is simply not taken this time.
         for (lock, _, _), (acquired, value, now_ms, since_ms) in zip(items, replies, strict=True):
             learn_clock(pool, int(now_ms))
             grants.append(Grant(int(value), sent + (int(since_ms) - int(now_ms)) / 1000, lock.ttl)
-                          if acquired == 1 else None)
+                          if acquired == Acquire.ACQUIRED else None)
         return grants
 
     def release_many(self, items: Sequence[tuple[LockLike, str]]) -> list[bool]:
@@ -378,9 +378,9 @@ class RedisBackend(LockBackend):
             args=[token, keys.signal_prefix],
             client=client,
         )
-        if got[0] == 2:
+        if got[0] == Cancel.SERVED:
             return Served(text(got[1]), waited=0.0)
-        return (int(got[1]), int(got[2]), int(got[3])) if got[0] else None
+        return (int(got[1]), int(got[2]), int(got[3])) if got[0] == Cancel.HANDED else None
 
     # -- release / extend / check ----------------------------------------------------------
     @staticmethod
@@ -426,7 +426,7 @@ class RedisBackend(LockBackend):
                                  args=[token, int(limit)], client=self.client)
         except UNREACHABLE as exc:
             raise LockUnavailable(f"take: Redis unreachable: {exc}", name=lock.name) from exc
-        if int(got[0]) == -1:
+        if int(got[0]) == NOT_OURS:
             raise LockNotOwned("take: the lock is no longer ours", name=lock.name)
         now_ms = int(got[0])
         batch = []

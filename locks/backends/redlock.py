@@ -76,6 +76,10 @@ if TYPE_CHECKING:
 # waiting), woken ('1': this caller was woken by a release, the hand-off reservation is for it).
 # {1, fence} granted; {0, pttl} held by another, or reserved for a woken waiter (the caller is
 # registered as a waiter when wait_ms > 0).
+# The first value of ACQUIRE's reply on one master; RELEASE, EXTEND and CHECK answer OK or not.
+GOT, HELD = 1, 0
+OK = 1
+
 ACQUIRE = """
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -237,7 +241,7 @@ class RedlockBackend(LockBackend):
                 args = [token, lock.ttl_ms, owner, self._fence_ttl_ms(lock), max(wait_ms, 0), "1" if woken else "0"]
                 replies = self._on_all(lambda m, a=args: m.run("acquire", _keys(keys, "lock", "fence", "waiters",
                                                                                   "handoff"), a))
-                granted = [i for i, r in enumerate(replies) if r is not _FAILED and int(r[0]) == 1]
+                granted = [i for i, r in enumerate(replies) if r is not _FAILED and int(r[0]) == GOT]
                 if len(granted) >= self.quorum:
                     grant = self._confirm(lock, token, sent, replies, granted, contended)
                     if grant is not None:
@@ -245,20 +249,20 @@ class RedlockBackend(LockBackend):
                 else:
                     self._need_quorum(lock.name, replies)
                 # Undo where we may hold a piece (granted, or no answer: it may have run there).
-                pieces = [i for i, r in enumerate(replies) if r is _FAILED or int(r[0]) == 1]
+                pieces = [i for i, r in enumerate(replies) if r is _FAILED or int(r[0]) == GOT]
                 if pieces:
                     self._undo(lock, token, only=pieces, keep_waiting=True)
                 if not blocking or time.monotonic() >= deadline:
                     break
                 contended = True
-                refused = sorted(max(int(r[1]), 0) for r in replies if r is not _FAILED and int(r[0]) == 0)
+                refused = sorted(max(int(r[1]), 0) for r in replies if r is not _FAILED and int(r[0]) == HELD)
                 if len(refused) >= self.quorum:
                     # Another holder has a majority: sleep until woken, or until enough of its
                     # masters have let the lease go (it may have crashed).
                     lease_end = sent + refused[self.quorum - len(granted) - 1] / 1000 + 0.002
                     # On a master that refused us: our registration there preceded the holder's
                     # release there, which therefore pushes a wake-up for us (none is lost).
-                    waited_on = next(i for i, r in enumerate(replies) if r is not _FAILED and int(r[0]) == 0)
+                    waited_on = next(i for i, r in enumerate(replies) if r is not _FAILED and int(r[0]) == HELD)
                     woken = self._wait(waited_on, keys.wake, min(deadline, lease_end), deadline, cancel) or woken
                 else:
                     # A split vote (or our lock lost to the validity check): nobody has a
@@ -338,7 +342,7 @@ class RedlockBackend(LockBackend):
         replies = self._on_all(lambda m: m.run("release", _keys(keys, "lock", "waiters", "wake", "handoff"),
                                                [token, "0", lock.handoff_ms()]))
         self._need_quorum(lock.name, replies)
-        return sum(1 for r in replies if r is not _FAILED and int(r) == 1) >= self.quorum
+        return sum(1 for r in replies if r is not _FAILED and int(r) == OK) >= self.quorum
 
     def _lease_left(self, lock: LockLike, token: str, ms: int, mode: str) -> int:
         sent = time.monotonic()
@@ -443,7 +447,7 @@ class RedlockBackend(LockBackend):
         handoff_ms = max(1, int(float(locks_settings.HANDOFF_LEASE) * 1000))
         replies = self._on_all(lambda m: m.run("release", _keys(keys, "lock", "waiters", "wake", "handoff"),
                                                [token, "0", handoff_ms]))
-        if not any(r is not _FAILED and int(r) == 1 for r in replies):
+        if not any(r is not _FAILED and int(r) == OK for r in replies):
             return None
         return Released(held.owner, held.fence, int(held.held_since * 1e6))
 

@@ -9,34 +9,67 @@ MAX_CODE_LENGTH = 40
 MAX_KEY_LENGTH = 128
 
 
+# The largest id a product can have (a BIGINT): a larger one is no product, and no query.
+MAX_ID = 2**63 - 1
+# A line the caller could not even read as (product_id, quantity), with why.
+Malformed = str
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def validate_lines(lines: object) -> list[tuple[int, int]]:
-    """(product_id, quantity) pairs, sorted by product id. A product may appear once."""
+def line_problems(lines: object) -> tuple[list[tuple[int, int]], dict[str, str]]:
+    """The one check of an order's lines: (product id, quantity) pairs (or a `Malformed` text
+    where the caller could not read one). Returns the lines, sorted by product id, and every
+    problem by field ("lines[2].quantity": "an integer from 1 to 100"); lines only if none."""
     if not isinstance(lines, list | tuple) or not lines:
-        raise errors.InvalidInput("An order needs at least one line.", details={"lines": "required"})
-    cap = int(shop_settings.MAX_LINES_PER_ORDER)
+        return [], {"lines": "a non-empty list of {product_id, quantity}"}
+    cap, max_qty = int(shop_settings.MAX_LINES_PER_ORDER), int(shop_settings.MAX_QUANTITY_PER_LINE)
     if len(lines) > cap:
-        raise errors.InvalidInput(f"At most {cap} lines per order.", details={"lines": f"at most {cap}"})
-    max_qty = int(shop_settings.MAX_QUANTITY_PER_LINE)
+        return [], {"lines": f"at most {cap} lines"}
+    problems: dict[str, str] = {}
     out: dict[int, int] = {}
     for i, line in enumerate(lines):
+        where = f"lines[{i}]"
+        if isinstance(line, Malformed):
+            problems[where] = line
+            continue
         if not isinstance(line, list | tuple) or len(line) != 2:
-            raise errors.InvalidInput(details={f"lines[{i}]": "expected (product_id, quantity)"})
+            problems[where] = "a (product_id, quantity) pair"
+            continue
         pid, qty = line
-        if not _is_int(pid) or pid <= 0:
-            raise errors.InvalidInput(details={f"lines[{i}].product_id": "a positive integer"})
-        if not _is_int(qty) or not 1 <= qty <= max_qty:
-            raise errors.InvalidQuantity(
-                f"Quantities must be whole numbers from 1 to {max_qty}.",
-                details={f"lines[{i}].quantity": f"an integer from 1 to {max_qty}"},
-            )
-        if pid in out:
-            raise errors.InvalidInput(details={f"lines[{i}].product_id": "repeated; one line per product"})
-        out[pid] = qty
-    return sorted(out.items())
+        if not _is_int(pid) or not 1 <= pid <= MAX_ID:
+            problems[f"{where}.product_id"] = "a positive integer"
+        elif pid in out:
+            problems[f"{where}.product_id"] = "repeated; one line per product"
+        if qty is None:
+            problems[f"{where}.quantity"] = "required"
+        elif not _is_int(qty) or not 1 <= qty <= max_qty:
+            problems[f"{where}.quantity"] = f"an integer from 1 to {max_qty}"
+        if _is_int(pid) and pid not in out:
+            out[pid] = qty
+    return ([] if problems else sorted(out.items())), problems
+
+
+def refusal(problems: dict[str, str]) -> errors.InvalidInput:
+    """The error for these problems: InvalidQuantity when only quantities are out of range."""
+    only_quantities = all(k.endswith(".quantity") and v != "required" for k, v in problems.items())
+    if only_quantities:
+        max_qty = int(shop_settings.MAX_QUANTITY_PER_LINE)
+        return errors.InvalidQuantity(f"Quantities must be whole numbers from 1 to {max_qty}.", details=problems)
+    if set(problems) == {"lines"}:
+        return errors.InvalidInput(f"An order needs 1 to {int(shop_settings.MAX_LINES_PER_ORDER)} lines.",
+                                   details=problems)
+    return errors.InvalidInput(details=problems)
+
+
+def validate_lines(lines: object) -> list[tuple[int, int]]:
+    """(product_id, quantity) pairs, sorted by product id. A product may appear once."""
+    out, problems = line_problems(lines)
+    if problems:
+        raise refusal(problems)
+    return out
 
 
 def _printable(value: str) -> bool:
