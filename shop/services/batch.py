@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import secrets
 import time
 from dataclasses import dataclass, field, replace
@@ -47,6 +46,7 @@ from shop.services.orders import pay_by_from
 from shop.services.transactions import (
     ER_LOCK_WAIT_TIMEOUT,
     RETRYABLE_MYSQL,
+    backoff,
     drop_connection,
     durable_transaction,
     lost_connection,
@@ -220,7 +220,7 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
             if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
                 stale_transactions.lock_wait_timed_out()  # a holder paused past its lease may keep the row
             log.info("checkout: retry %d after mysql %s", n + 1, exc.args[0])
-            time.sleep(random.uniform(0, 0.005 * (2**n)))
+            backoff(n)
             continue
         except (StaleFence, locks.LockLost) as exc:
             if isinstance(exc, StaleFence):

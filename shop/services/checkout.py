@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import random
 import time
 from dataclasses import dataclass
 
@@ -29,7 +28,7 @@ from shop.models import Coupon, Order, OrderLine, Product
 from shop.services import batch, combining, idempotency, soldout
 from shop.services.batch import Again, Alone, Placed, Refused, Request, Result
 from shop.services.locking import held, product_lock, refuse_outer_transaction
-from shop.services.transactions import connection_errors
+from shop.services.transactions import backoff, connection_errors
 from shop.services.validation import validate_code, validate_idempotency_key, validate_lines
 
 log = logging.getLogger("shop")
@@ -155,7 +154,7 @@ def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: boo
             break
         log.info("place_order: again (%d) after a lost lock", n + 1)
         if not combined and n < retries:
-            time.sleep(random.uniform(0, 0.005 * (2**n)))
+            backoff(n)
     if isinstance(result, Again):
         result = (combining.queue(mine, wait=0) if combined
                   else Refused.of(errors.Conflict(details={"retries": retries})))

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import time
 from collections.abc import Sequence
 
 from django.db import IntegrityError, OperationalError
@@ -35,8 +33,15 @@ from shop.conf import shop_settings
 from shop.models import CheckoutRequest
 from shop.services import batch, stale_transactions
 from shop.services.batch import Placed, Refused, Request, Result
-from shop.services.locking import lane_lock, product_lock, release_all_safely, release_safely, shop_lock
-from shop.services.transactions import RETRYABLE_MYSQL, durable_transaction
+from shop.services.locking import (
+    lane_lock,
+    lock_error,
+    product_lock,
+    release_all_safely,
+    release_safely,
+    shop_lock,
+)
+from shop.services.transactions import RETRYABLE_MYSQL, backoff, durable_transaction
 
 log = logging.getLogger("shop")
 
@@ -56,12 +61,10 @@ def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result |
         return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
     try:
         got = combining.submit(lock, mine.payload(), wait=wait, guards=guards)
-    except locks.LockTimeout:
-        # Committed by a combiner whose reply we did not wait for, or never: the request id says.
-        return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
-    except locks.LockUnavailable:
-        # Redis failed us, but a combiner may have taken our request: find out in MySQL.
-        return _settled(mine) or Refused.of(errors.LockUnavailable(details={"lock": lock.name}))
+    except (locks.LockTimeout, locks.LockUnavailable) as exc:
+        # Committed by a combiner whose reply we did not wait for, or never; or Redis failed us,
+        # but a combiner may have taken our request: the request id in MySQL says.
+        return _settled(mine) or Refused.of(lock_error(exc, lock=lock.name))
     if isinstance(got, combining.Guarded):
         return got
     result = (batch.from_json(got.reply) if isinstance(got, combining.Served)
@@ -88,7 +91,7 @@ def _settled(mine: Request) -> Placed | None:
         except OperationalError as exc:
             if not exc.args or exc.args[0] not in RETRYABLE_MYSQL or n == retries:
                 raise
-            time.sleep(random.uniform(0, 0.005 * (2**n)))
+            backoff(n)
     raise AssertionError("unreachable")
 
 
@@ -105,7 +108,7 @@ def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
             except locks.LockUnavailable as exc:
                 # Redis went away under us: nothing committed. Requests the take may have moved
                 # are woken when our hold ends without replying, and queue again.
-                raise errors.LockUnavailable(details={"lock": turn.hold.name, "redis": "unreachable"}) from exc
+                raise lock_error(exc, lock=turn.hold.name) from exc
             if lanes > 0:
                 results = _write_lane([mine, *taken], also=also)
             else:
@@ -133,7 +136,7 @@ def _write_lane(requests: list[Request], *, also: list[locks.Hold]) -> dict[str,
     try:
         got = locks.try_acquire_all([shop_lock(product_lock(pid)) for pid in product_ids])  # one round trip
     except locks.LockUnavailable as exc:
-        raise errors.LockUnavailable(details={"lock": exc.name, "redis": "unreachable"}) from exc
+        raise lock_error(exc, lock=exc.name) from exc
     also.extend(got.values())
     holds: batch.Holds = {pid: got[product_lock(pid)] for pid in product_ids if product_lock(pid) in got}
     results: dict[str, Result] = {r.id: batch.ALONE for r in requests if r.lines[0][0] not in holds}

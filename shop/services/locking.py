@@ -53,6 +53,14 @@ def shop_lock(name: str, *, wait: float | None = None) -> locks.Lock:
                       renew=True, max_hold=shop_settings.LOCK_MAX_HOLD)
 
 
+def lock_error(exc: locks.LockTimeout | locks.LockUnavailable, *, lock: str) -> errors.ShopError:
+    """The shop's error for the lock library's: the one translation (a waiter's time ran out, or
+    the lock service could not be reached), naming the lock."""
+    if isinstance(exc, locks.LockTimeout):
+        return errors.LockTimeout(details={"lock": lock})
+    return errors.LockUnavailable(details={"lock": lock, "redis": "unreachable"})
+
+
 def refuse_outer_transaction(service: str) -> None:
     """The lock must cover COMMIT: inside an outer atomic block our COMMIT would be a savepoint."""
     if transaction.get_connection().in_atomic_block:
@@ -85,10 +93,8 @@ def held(names: list[str], *, use_locks: bool | None = None, wait: float | None 
             lock = shop_lock(name, wait=wait)
             try:
                 hold = lock.__enter__()
-            except locks.LockTimeout as exc:
-                raise errors.LockTimeout(details={"lock": name}) from exc
-            except locks.LockUnavailable as exc:
-                raise errors.LockUnavailable(details={"lock": name}) from exc
+            except (locks.LockTimeout, locks.LockUnavailable) as exc:
+                raise lock_error(exc, lock=name) from exc
             holds[name] = hold
             stack.callback(release_safely, hold)
         stale_transactions.record(holds)

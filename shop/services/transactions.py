@@ -79,6 +79,11 @@ def connection_errors() -> Iterator[None]:
         raise errors.DatabaseUnavailable(details={"outcome": "not_written"}) from exc
 
 
+def backoff(attempt: int) -> None:
+    """The one pause before trying again (the n-th retry, from 0): full jitter, growing."""
+    time.sleep(random.uniform(0, 0.005 * (2**attempt)))
+
+
 def with_retries(attempt: Callable[[], T], *, what: str) -> T:
     """Run `attempt` again on deadlock, lock-wait timeout, stale fence or lost lock; bounded."""
     retries = int(shop_settings.RETRIES)
@@ -97,5 +102,5 @@ def with_retries(attempt: Callable[[], T], *, what: str) -> T:
             reason = type(exc).__name__
         log.info("%s: retry %d after %s", what, n + 1, reason)
         if n < retries:
-            time.sleep(random.uniform(0, 0.005 * (2**n)))
+            backoff(n)
     raise errors.Conflict(details={"retries": retries})
