@@ -63,8 +63,8 @@ def quantity_of(session: SessionBase, product_id: int) -> int:
 
 def add_problem(session: SessionBase, product: Product, quantity: int) -> str:
     """Why `quantity` more of `product` cannot go in the cart ("" when it can)."""
-    if not product.active:
-        return "This product is no longer on sale."
+    if not product.on_sale:
+        return errors.InactiveProduct.default_message
     have = quantity_of(session, product.pk)
     if product.stock == 0:
         return "Sold out."
@@ -91,8 +91,8 @@ def review(session: SessionBase, products: dict[int, Product]) -> list[Line]:
         row = Line(product_id=pid, quantity=qty, product=product)
         if product is None:
             row.problem, row.fix_quantity = "This product no longer exists.", 0
-        elif not product.active:
-            row.problem, row.fix_quantity = f"{product.name} is no longer on sale.", 0
+        elif not product.on_sale:
+            row.problem, row.fix_quantity = f"{product.name}: {errors.InactiveProduct.default_message}", 0
         elif product.stock == 0:
             row.problem, row.fix_quantity = f"{product.name}: Sold out.", 0
         elif product.stock < qty:

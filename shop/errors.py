@@ -63,7 +63,7 @@ class InactiveProduct(ShopError):
 
     code = "inactive_product"
     status = 409
-    default_message = "This product is not on sale."
+    default_message = "This product is no longer on sale."
 
 
 class OutOfStock(ShopError):

@@ -4,11 +4,19 @@ Stock and coupon counters are only ever changed by guarded UPDATEs in `shop.serv
 the CHECK constraints below are the last line of defence, not the mechanism.
 """
 
+from __future__ import annotations
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
+
+
+class ProductQuerySet(models.QuerySet):
+    def on_sale(self) -> ProductQuerySet:
+        """The products that may be sold now (`Product.on_sale`, the one rule)."""
+        return self.filter(active=True)
 
 
 class Product(models.Model):
@@ -28,6 +36,8 @@ class Product(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = ProductQuerySet.as_manager()
+
     class Meta:
         ordering = ["id"]
         constraints = [
@@ -41,6 +51,20 @@ class Product(models.Model):
     @property
     def lock_name(self) -> str:
         return f"product:{self.pk}"
+
+    # --- may it be sold now: the one rule (the checkout writer, the cart, the catalog) --------
+    # The writer reads rows with plain SQL: it asks `row_on_sale` of the row's ON_SALE_FIELDS,
+    # and its guarded UPDATE repeats the rule as ON_SALE_SQL.
+    ON_SALE_FIELDS = ("active",)
+    ON_SALE_SQL = "active"
+
+    @property
+    def on_sale(self) -> bool:
+        return self.active
+
+    @staticmethod
+    def row_on_sale(row: dict) -> bool:
+        return bool(row["active"])
 
 
 # Codes travel in URLs (/coupons/<code>/claim/) and are typed by shoppers: letters, digits,

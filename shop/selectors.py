@@ -15,11 +15,11 @@ from shop.models import Coupon, CouponClaim, Order, OrderLine, Product
 
 def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
     qs = Product.objects.order_by("id")
-    return qs if include_inactive else qs.filter(active=True)
+    return qs if include_inactive else qs.on_sale()
 
 
 def product_detail(*, id: int) -> Product:
-    product = Product.objects.filter(pk=id, active=True).first()
+    product = Product.objects.on_sale().filter(pk=id).first()
     if product is None:
         raise errors.UnknownProduct(details={"product_ids": [id]})
     return product
@@ -52,7 +52,7 @@ def order_complete(*, user, order_id: int | None = None, idempotency_key: str | 
 
 def coupon_list(*, active_only: bool = True) -> QuerySet[Coupon]:
     qs = Coupon.objects.annotate(claim_count=Count("claims")).order_by("id")
-    return qs.filter(active=True) if active_only else qs
+    return qs.on_sale() if active_only else qs
 
 
 def claims_for_user(*, user) -> QuerySet[CouponClaim]:
@@ -66,7 +66,7 @@ def usable_claims_for_user(*, user) -> QuerySet[CouponClaim]:
 def products_by_id(ids: list[int], *, include_inactive: bool = False) -> dict[int, Product]:
     """Products by id; hidden ones only for staff (to others they do not exist: a cart flags
     them as gone rather than dropping them)."""
-    qs = Product.objects.all() if include_inactive else Product.objects.filter(active=True)
+    qs = Product.objects.all() if include_inactive else Product.objects.on_sale()
     return qs.in_bulk(ids)
 
 

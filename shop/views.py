@@ -48,7 +48,6 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
         "coupon_expired": "This coupon is not valid right now.",
         "coupon_unknown": "We don't know that coupon.",
         "coupon_not_claimed": "Claim this coupon first (or it was already used).",
-        "inactive_product": "This product is no longer on sale.",
         "unknown_product": "This product no longer exists.",
         "idempotency_conflict": "This checkout was already submitted with a different cart.",
         "order_not_payable": "This order can no longer be paid: it was cancelled or its payment time ran out.",

@@ -289,7 +289,7 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
         live = _refuse_unsold(live, results, rows)
         claims = _coupon_claims(live, results)
         live = [r for r in live if r.id not in results]
-        stock = {pid: row["stock"] for pid, row in rows.items() if row["active"]}  # the sellable ones
+        stock = {pid: row["stock"] for pid, row in rows.items() if Product.row_on_sale(row)}  # the sellable ones
         placed = _allocate(live, results, rows, dict(stock))
         if not placed:
             return results, stock
@@ -312,7 +312,7 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
     return results, {pid: n - totals.get(pid, 0) for pid, n in stock.items()}
 
 
-_ROW_FIELDS = ("id", "price", "active", "stock", "fence", "sku", "name", "max_per_user")
+_ROW_FIELDS = ("id", "price", *Product.ON_SALE_FIELDS, "stock", "fence", "sku", "name", "max_per_user")
 
 
 def _lock_rows(product_ids: list[int]) -> dict[int, dict]:
@@ -347,7 +347,7 @@ def _take_stock(totals: dict[int, int], holds: Holds) -> None:
             args_guard += [pid, totals[pid], hold.fence]
     fence_set = f", fence = CASE id {' '.join(fence_case)} ELSE fence END" if fence_case else ""
     sql = (f"UPDATE {qn(Product._meta.db_table)} SET stock = CASE id {' '.join(stock_case)} END{fence_set} "
-           f"WHERE id IN ({', '.join(['%s'] * len(ids))}) AND active AND ({' OR '.join(guards)})")
+           f"WHERE id IN ({', '.join(['%s'] * len(ids))}) AND {Product.ON_SALE_SQL} AND ({' OR '.join(guards)})")
     with connection.cursor() as cursor:
         cursor.execute(sql, [*args_stock, *args_fence, *ids, *args_guard])
         if cursor.rowcount != len(ids):
@@ -361,7 +361,7 @@ def _refuse_unsold(live: list[Request], results: dict[str, Result], rows: dict[i
     """Missing and hidden products in one list: to non-staff both read as unknown (errors.as_seen_by)."""
     out = []
     for r in live:
-        unsold = [pid for pid, _ in r.lines if pid not in rows or not rows[pid]["active"]]
+        unsold = [pid for pid, _ in r.lines if pid not in rows or not Product.row_on_sale(rows[pid])]
         if not unsold:
             out.append(r)
             continue
