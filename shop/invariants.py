@@ -1,4 +1,4 @@
-"""The invariants of DESIGN.md, checked against the database (and Redis for I6).
+"""The invariants of docs/design.md, checked against the database (and Redis for I6).
 
 Used by the tests after every concurrency run and by `manage.py loadtest` after every load test.
 Each violation is one sentence a person can act on.
