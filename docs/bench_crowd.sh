@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A crowd bigger than the server (issue 27), open loop over HTTP, before and after, one run each:
+# A crowd bigger than the server, open loop over HTTP, before and after, one run each:
 #   BEFORE=/path/to/checkout-before bash docs/bench_crowd.sh
 #   PHASE=8 BEFORE_THREADS=4 AFTER_THREADS=16 SERVER_CPUS=0 CLIENT_CPUS=1 BEFORE=... bash docs/bench_crowd.sh
 # For each tree in turn (one server at a time): its gunicorn as its image runs it (gunicorn -c
@@ -9,7 +9,7 @@
 #                                                     0.5x 1x 2x 4x 10x 0.5x C, PHASE s each
 #   manage.py loadtest --url URL --profile flash --capacity C    1,000 units at 4x C, then at 10x C
 # The server, MariaDB and Redis run on SERVER_CPUS and the generator on CLIENT_CPUS (taskset), so
-# the generator's own CPU (about 0.3 ms a request) is not taken from the server it measures; on a
+# the generator's own CPU (docs/benchmarks.md) is not taken from the server it measures; on a
 # 2-core machine that leaves the server one core. SERVER_CPUS= CLIENT_CPUS= (empty) pins nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

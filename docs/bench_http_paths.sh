@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two checkouts over HTTP, side by side in one run (issue 22: before and after one checkout path):
+# Two checkouts over HTTP, side by side in one run (e.g. before and after a change to the checkout):
 # a gunicorn server from each tree, on the same database and Redis, and `loadtest --url` against
 # each in turn, ROUNDS times per scenario, alternating which goes first. DEBUG off.
 #   BEFORE=/path/to/old/checkout bash docs/bench_http_paths.sh      # hot and spread, 3 rounds of 8 s

@@ -1,6 +1,6 @@
 """Admin views over live lock state (the django-rq idea: Redis state inside the admin).
 
-Looking needs `locks.view_lockdashboard` (is_staff alone is not enough: issue 20); releasing a
+Looking needs `locks.view_lockdashboard` (is_staff alone is not enough); releasing a
 lock needs `locks.force_release_lock` and resetting the statistics `locks.reset_lock_stats`,
 each besides the view permission, and only by POST with CSRF, after a confirmation page.
 Everything reads Redis through `locks.inspect`.

@@ -215,7 +215,7 @@ class OrderLineInline(admin.TabularInline):
 
 
 class OrderStatusFilter(admin.SimpleListFilter):
-    """The lifecycle's statuses; the legacy "placed" only while such orders exist (issue 23)."""
+    """The lifecycle's statuses; the legacy "placed" only while such orders exist."""
 
     title = "status"
     parameter_name = "status__exact"

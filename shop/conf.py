@@ -47,7 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "QUEUE_INTERVAL": 0.1,
     "QUEUE_MAX": None,
     "MAX_WAITING": None,
-    # Payment (issue 13): a new order awaits payment this long (seconds) with its stock reserved;
+    # Payment: a new order awaits payment this long (seconds) with its stock reserved;
     # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
     # and coupon go back. Checked when the order is paid, so a late payment is refused.
     "PAYMENT_WINDOW": 15 * 60,

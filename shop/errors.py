@@ -262,7 +262,7 @@ class Conflict(ShopError):
 def as_seen_by(exc: ShopError, *, staff: bool) -> ShopError:
     """The error a client is shown. To non-staff a hidden (inactive) product is a missing one:
     same code, status, message and details, so product ids cannot be walked to find unannounced
-    drops (issues 12 and 20). Staff, who see hidden products in the admin anyway, get the truth."""
+    drops. Staff, who see hidden products in the admin anyway, get the truth."""
     if isinstance(exc, InactiveProduct) and not staff:
         return UnknownProduct(details=exc.details)
     return exc

@@ -60,7 +60,7 @@ class TokenForm(forms.Form):
 
 
 class QueuedPasswordResetForm(PasswordResetForm):
-    """Django's reset form, whose save() queues the mail instead of sending it (issue 26, L6).
+    """Django's reset form, whose save() queues the mail instead of sending it.
 
     Django's own save() looks the address up and sends a mail, synchronously, only when an
     account has it: the response time told who has an account, and a slow mail server held the

@@ -2,8 +2,8 @@
 
 gthread accepts every connection and hands it to a thread pool whose queue has no bound: past
 capacity, requests wait there (and in the kernel's backlog behind it) far longer than their
-buyers do, and the server works off requests whose buyers have left (measured at 4x capacity:
-99% of buyers got no answer within 10 s, and it did not recover; docs/benchmarks.md). This
+buyers do, and the server works off requests whose buyers have left, and does not recover when
+the load falls again (docs/benchmarks.md, "A crowd bigger than the server"). This
 worker keeps gthread's threads and accepts as eagerly, and answers what it cannot serve in time
 at once, 503 `busy` with Retry-After, without the app:
 

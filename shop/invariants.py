@@ -1,4 +1,4 @@
-"""The invariants of DESIGN.md, checked against the database (and Redis for I6).
+"""The invariants of docs/design.md, checked against the database (and Redis for I6).
 
 Used by the tests after every concurrency run and by `manage.py loadtest` after every load test.
 Each violation is one sentence a person can act on.
@@ -112,7 +112,7 @@ RETURN_REASONS = tuple(REASON_OF.values())
 
 
 def release_violations(product_ids: Iterable[int]) -> list[str]:
-    """Payment lifecycle (issues 13, 23): every cancelled, expired or refunded order gave back
+    """Payment lifecycle: every cancelled, expired or refunded order gave back
     exactly what it reserved, once, for its own reason, and nothing else did; no order is both
     paid and expired (the database checks that a refunded order was paid)."""
     product_ids = list(product_ids)
@@ -145,7 +145,7 @@ def release_violations(product_ids: Iterable[int]) -> list[str]:
                                                 order__status__in=RESERVING_STATUSES).count()
     if unpaid_returns:
         out.append(f"returns: {unpaid_returns} ledger rows gave back stock of an order that still holds it")
-    # A refund's record and its order's books commit together (issue 26): completed <-> refunded.
+    # A refund's record and its order's books commit together: completed <-> refunded.
     torn = Refund.objects.filter(order_id__in=orders.values("pk")).exclude(
         Q(status=Refund.Status.COMPLETED, order__status=Order.Status.REFUNDED)
         | Q(status__in=Refund.UNFINISHED, order__status=Order.Status.PAID)).count()

@@ -107,7 +107,7 @@ class Coupon(models.Model):
 class Order(models.Model):
     """An order reserves its stock from checkout until it is cancelled, expires or is refunded.
 
-    Lifecycle (issues 13, 23): checkout -> pending_payment (with a `pay_by` deadline) -> paid
+    Lifecycle: checkout -> pending_payment (with a `pay_by` deadline) -> paid
     -> refunded (staff; the provider pays the money back), or pending_payment -> cancelled
     (buyer or staff) / expired (unpaid past `pay_by`; `shop.expire_unpaid`). Cancel, expire and
     refund each give the stock and the coupon back exactly once. A paid order is never cancelled:
@@ -198,7 +198,7 @@ class ProductSales(Product):
 
 
 class Refund(models.Model):
-    """The refund of a paid order: the record that makes its money go back once (issue 26, M3).
+    """The refund of a paid order: the record that makes its money go back once.
 
     The provider is called outside any transaction with `key` as its idempotency key, so a
     retried or dropped transaction never pays twice; whoever finishes the refund later (a second
@@ -246,7 +246,7 @@ class Refund(models.Model):
 
 
 class OutboxMail(models.Model):
-    """A mail to send (issue 26, M4): never sent inside a request. It is written in the
+    """A mail to send: never sent inside a request. It is written in the
     transaction of what it tells (an order's payment commits with its confirmation's row, or
     neither does) and sent by the `shop.send_mail` job (manage.py run_jobs): claimed, sent,
     marked sent; a failure is kept in `last_error` and retried later (`next_attempt_at`), up to

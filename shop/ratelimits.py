@@ -37,8 +37,8 @@ logger = logging.getLogger(__name__)
 def login_account_key(group: str, request: HttpRequest) -> str:
     """The account a login POST tries, found as the login finds it: the form strips the name and
     NFKC-normalises it, and MariaDB's collation then matches it whatever its case, accents or
-    ignorable characters. Keyed by the raw name, "Alice", " alice" and "ALICE " had a budget each
-    (issue 26, L3). A name with no account counts as its stripped, casefolded self."""
+    ignorable characters. Keyed by the raw name, "Alice", " alice" and "ALICE " had a budget each.
+    A name with no account counts as its stripped, casefolded self."""
     name = unicodedata.normalize("NFKC", request.POST.get("username", "").strip())
     user_model = get_user_model()
     field = user_model.USERNAME_FIELD

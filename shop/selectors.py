@@ -70,7 +70,7 @@ def products_by_id(ids: list[int], *, include_inactive: bool = False) -> dict[in
     return qs.in_bulk(ids)
 
 
-# --- the operator's views (issue 23 item 13) --------------------------------------------------
+# --- the operator's views ---------------------------------------------------------------------
 # Sold: paid orders, and the legacy "placed" ones (settled before the payment step existed).
 SOLD_STATUSES = (Order.Status.PAID, Order.Status.PLACED)
 STOCK_LEVELS = {"sold_out": "Sold out", "low": "Low stock", "in_stock": "In stock"}

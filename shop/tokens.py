@@ -90,7 +90,7 @@ def revoke_all(*, user_id: int) -> int:
 
 def revoke_on_password_change(sender, instance, created: bool = False, raw: bool = False, **kwargs) -> None:
     """post_save of the user model: a new password ends the user's API tokens, whoever held the
-    old one may have made them (issue 26, L4). Every route sets it through set_password() and
+    old one may have made them. Every route sets it through set_password() and
     save() (the password-change and reset views, the admin's form, `manage.py changepassword`),
     and AbstractBaseUser keeps the raw password in `_password` until its save() returns; a hash
     upgrade at log-in clears it first, so it revokes nothing."""

@@ -278,7 +278,7 @@ def safe_next(request: HttpRequest) -> str:
     """The `next` page asked for (POST or GET) if it is a path of this site; "" otherwise (the
     caller's default page). Only "/...": Django's own check (url_has_allowed_host_and_scheme, kept
     for other hosts and schemes) lets "foo" through, which the browser reads relative to the page
-    and `redirect()` resolves as a URL name (a 500 when there is none: issue 26, L2). Control
+    and `redirect()` resolves as a URL name (a 500 when there is none). Control
     characters never go into a Location header either."""
     target = request.POST.get("next") or request.GET.get("next") or ""
     if not target.startswith("/") or not target.isprintable():

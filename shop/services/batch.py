@@ -1,6 +1,6 @@
 """The one checkout writer: commits a batch of order requests under their products' held locks.
 
-Every order goes through `write` (DESIGN.md, "The path of one checkout"): a single-product order
+Every order goes through `write` (docs/design.md, "The path of one checkout"): a single-product order
 queued on its product's lock is written in its combiner's batch (shop/services/combining.py); a
 cart over several products, a backend without combining or SHOP["COMBINING"] off is a batch of
 one under its sorted product locks (shop/services/checkout.py). One durable transaction:

@@ -1,4 +1,4 @@
-"""place_order: the path of one checkout (see DESIGN.md).
+"""place_order: the path of one checkout (docs/design.md, "The path of one checkout").
 
     validate -> sold-out markers + idempotency record (read by the queueing script, or one MGET
     first) -> replay if the key has a record -> refuse if sold out ->

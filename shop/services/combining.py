@@ -149,9 +149,9 @@ def _write_lane(requests: list[Request], *, also: list[locks.Hold]) -> dict[str,
 
 def _end_turn(turn: combining.Turn, replies: dict[str, str], *, also: list[locks.Hold]) -> None:
     """Release the product locks a lane's holder took (after COMMIT), reply, then release the
-    turn (its hand-off). Not one round trip for all: measured on a hot product, the buyers
-    answered while the turn is still held queue again before it moves on, so batches stay
-    larger (10.5 orders a hold against 8.2, 1.08x the orders/s)."""
+    turn (its hand-off). Not one round trip for all: the buyers answered while the turn is
+    still held queue again before it moves on, so batches stay larger and the hot product sells
+    more (docs/benchmarks.md, "Checkout lanes": "Tried and dropped")."""
     stale_transactions.forget([turn.hold, *also])
     if also:
         release_all_safely(also)

@@ -1,4 +1,4 @@
-"""Mail to buyers, through an outbox (issue 26, M4): nothing here is sent inside a request.
+"""Mail to buyers, through an outbox: nothing here is sent inside a request.
 
 A mail is an `OutboxMail` row written in the transaction of what it tells: an order's payment and
 its confirmation commit together, so a rolled-back payment never mails and a committed one never

@@ -6,7 +6,7 @@ transaction that returns the stock is the guard, so exactly one of pay / cancel 
 unpaid order, and one refund a paid one.
 
 A refund also pays money back, which no transaction can take back: the provider is called
-outside any transaction, once per `Refund` record (issue 26, M3), and the books follow in their
+outside any transaction, once per `Refund` record, and the books follow in their
 own retried transaction that never calls it again. See `refund_order`.
 """
 

@@ -39,7 +39,7 @@ def make_user(username: str, *, staff: bool = False, superuser: bool = False, ca
 
 
 def make_viewer(username: str = "viewer"):
-    """Staff who may look at the dashboard (issue 20: is_staff alone is not enough)."""
+    """Staff who may look at the dashboard (is_staff alone is not enough)."""
     return make_user(username, staff=True, perms=("view_lockdashboard",))
 
 
@@ -78,7 +78,7 @@ def test_permission_matrix(name):
     assert DASHBOARD in root.get("/admin/").content.decode()
 
 
-# --- issue 20: the lock pages need the lock models' view permissions, not just is_staff --------
+# --- the lock pages need the lock models' view permissions, not just is_staff ------------------
 def test_staff_without_the_lock_view_permissions_see_no_lock_page(name):
     from locks.models import JobRun
 
@@ -295,7 +295,7 @@ def test_the_dashboard_shows_queued_requests_then_the_batch_that_served_them(nam
     assert "3-4: 1" in page and " s ago</td>" in page
 
 
-# --- issue 23 item 12: legend, gone targets, a permissioned statistics reset ---------------------
+# --- legend, gone targets, a permissioned statistics reset ---------------------------------------
 @pytest.fixture
 def own_prefix(settings):
     """A key prefix of this test's own: a reset here must not wipe other tests' statistics."""

@@ -1,4 +1,4 @@
-"""System checks name the setting to fix (point 11)."""
+"""System checks name the setting to fix."""
 
 from __future__ import annotations
 

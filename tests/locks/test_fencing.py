@@ -1,4 +1,4 @@
-"""Fencing tokens strictly increase per name, across processes and Redis data loss (point 2)."""
+"""Fencing tokens strictly increase per name, across processes and Redis data loss."""
 
 from __future__ import annotations
 

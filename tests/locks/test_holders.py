@@ -1,4 +1,4 @@
-"""A holder is one acquisition: threads, asyncio tasks and forked children are strangers (point 7)."""
+"""A holder is one acquisition: threads, asyncio tasks and forked children are strangers."""
 
 from __future__ import annotations
 

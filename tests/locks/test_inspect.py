@@ -1,4 +1,4 @@
-"""Inspection and metrics, shared through Redis by every process (point 9)."""
+"""Inspection and metrics, shared through Redis by every process."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_event_log_records_timeouts_lost_and_long_waits_and_stays_bounded(name, 
     assert len(inspect.recent_events(limit=100)) == 5
 
 
-# -- combining (issue 11, item 6) --------------------------------------------------------------
+# -- combining ---------------------------------------------------------------------------------
 def test_queued_requests_are_told_apart_from_plain_waiters_and_the_batch_is_counted(name):
     """Two queued requests, then a plain waiter: the holder's successor serves both requests'
     batch (it stops at the plain waiter), and the batch, flushed by the child's exit, is counted."""

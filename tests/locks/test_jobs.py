@@ -308,7 +308,7 @@ def test_admin_lists_runs_read_only_for_staff_who_may_view_them(make_job):
     staff = get_user_model().objects.create_user("watcher", password="pw", is_staff=True)
     client = Client()
     client.force_login(staff)
-    assert client.get("/admin/locks/jobrun/").status_code == 403  # is_staff alone (issue 20)
+    assert client.get("/admin/locks/jobrun/").status_code == 403  # is_staff alone is not enough
     staff.user_permissions.add(Permission.objects.get(content_type__app_label="locks", codename="view_jobrun"))
     page = client.get("/admin/locks/jobrun/")
     assert page.status_code == 200 and job.name in page.content.decode()

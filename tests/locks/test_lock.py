@@ -1,4 +1,4 @@
-"""The basic contract: acquire, release, extend, TTLs, errors (issue 2, point 1)."""
+"""The basic contract: acquire, release, extend, TTLs, errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reentrancy on request, and one Redis Cluster slot per lock (point 8)."""
+"""Reentrancy on request, and one Redis Cluster slot per lock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bounded lease renewal, and telling the holder when it lost the lock (point 6)."""
+"""Bounded lease renewal, and telling the holder when it lost the lock."""
 
 from __future__ import annotations
 

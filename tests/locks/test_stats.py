@@ -1,4 +1,4 @@
-"""Keys that outlive their use (issue 10, defect 10): one-shot locks, stats by family, top-N names."""
+"""Keys that outlive their use: one-shot locks, stats by family, top-N names."""
 
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ def test_a_long_flush_interval_set_once_does_not_keep_the_flusher_asleep(fresh_p
         time.sleep(0.05)
 
 
-# -- combining batches (issue 11, item 6) ----------------------------------------------------
+# -- combining batches -----------------------------------------------------------------------
 def test_batch_size_buckets_are_exact_powers_of_two():
     from locks import histogram
 

@@ -1,6 +1,6 @@
-"""The house of locks/ keeps its floors (the `locks` package docstring, DESIGN.md): every module
-imports only from the floors below it (lazy and TYPE_CHECKING imports too), so there is no
-import circle, and lock.py stays the front door only."""
+"""The house of locks/ keeps its floors (the `locks` package docstring; docs/design.md, "The
+house"): every module imports only from the floors below it (lazy and TYPE_CHECKING imports too),
+so there is no import circle, and lock.py stays the front door only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Waiting hands off without polling, never strands a waiter, and honours `wait` (point 3)."""
+"""Waiting hands off without polling, never strands a waiter, and honours `wait`."""
 
 from __future__ import annotations
 

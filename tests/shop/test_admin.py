@@ -93,7 +93,7 @@ def test_staff_without_permissions_cannot_restock(make_product):
     assert Client().get(f"/admin/shop/product/{p.pk}/restock/").status_code == 302  # to the login
 
 
-# --- issue 12: every admin action declares the permission it needs ------------------------------
+# --- every admin action declares the permission it needs ----------------------------------------
 def _staff_with(*codenames: str):
     from django.contrib.auth.models import Permission
 
@@ -162,7 +162,7 @@ def test_coupon_codes_must_be_slug_like(admin_client, code):
     assert ok.status_code == 302 and Coupon.objects.get().code == "SPRING_10-B"
 
 
-# --- issue 13: the order page is read-only; Restock and Cancel on the object pages ---------------
+# --- the order page is read-only; Restock and Cancel on the object pages -------------------------
 def test_the_order_page_is_read_only_labels_its_lines_and_offers_cancel(admin_client, make_product, user):
     p = make_product(stock=5, price="129.00")
     p.name = "Limited sneaker drop"
@@ -220,7 +220,7 @@ def test_staff_who_may_change_orders_get_the_cancel_tool_but_no_save(make_produc
     assert order.status == Order.Status.CANCELLED
 
 
-# --- issue 23 items 10-11: paid orders are refunded, never cancelled; a list that fits ----------
+# --- paid orders are refunded, never cancelled; a list that fits --------------------------------
 def _paid(user, product, quantity: int = 2) -> Order:
     from shop.services import pay_order
 
@@ -261,7 +261,7 @@ def test_a_paid_order_offers_refund_and_never_cancel(admin_client, make_product,
     page = admin_client.get(f"/admin/shop/order/{paid.pk}/change/").content.decode()
     assert refund not in page and cancel not in page  # nothing left to do
     assert "is refunded" in admin_client.get(refund).content.decode()
-    # The refund's record (issue 26): read-only, where it stands.
+    # The refund's record: read-only, where it stands.
     refunds = admin_client.get("/admin/shop/refund/").content.decode()
     assert f"Order #{paid.pk}" in refunds and "Completed" in refunds and "admin:root" in refunds
 
@@ -317,7 +317,7 @@ def test_the_orders_list_is_compact(admin_client, make_product, user):
     assert "3,316.00" in page or "3316.00" in page  # the `money` filter, whatever its locale
 
 
-# --- issue 23 item 13: a sales view per product; orders as CSV -----------------------------------
+# --- a sales view per product; orders as CSV -----------------------------------------------------
 def _sales_fixture(make_product, make_coupon, user, other_user):
     """A: 2 paid, 1 awaiting payment, 1 refunded; B: 3 paid with a coupon, 1 cancelled; C: sold out."""
     from shop.services import cancel_order, claim_coupon, pay_order, refund_order

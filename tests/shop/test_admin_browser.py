@@ -1,8 +1,8 @@
 """The operator's pages in a real browser (Debian's Chromium, headless): widths an operator uses.
 
-Issue 23: the orders list needed sideways scrolling at 1280 px; the lock dashboard's tables were
-828 px wide on a 375 px phone. Each page is checked for overflow of the page itself and of the
-changelist's results box.
+What went wrong once: the orders list needed sideways scrolling at 1280 px; the lock dashboard's
+tables were 828 px wide on a 375 px phone. Each page is checked for overflow of the page itself
+and of the changelist's results box.
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def test_bad_idempotency_key_header_is_400(client, token, make_product):
 
 
 def test_unknown_and_inactive_products_in_an_order(client, token, make_product, user):
-    # Issue 12: a hidden (inactive) product answers exactly like a missing one, so the API
+    # A hidden (inactive) product answers exactly like a missing one, so the API
     # cannot be used to find unlisted products; staff still get the real reason.
     gone = make_product(stock=5, active=False)
     unknown = post(client, "/api/orders/", {"lines": [{"product_id": 987654321, "quantity": 1}]}, token)

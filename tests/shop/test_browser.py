@@ -88,7 +88,7 @@ def _fits(page, name: str, viewport: str) -> None:
 
 @pytest.mark.parametrize("width,height", [(1100, 800), (375, 740)], ids=["desktop", "phone"])
 def test_cart_fix_coupon_pay_and_expiry_on_desktop_and_phone(live_server, make_product, make_coupon, width, height):
-    """Issue 13: a short cart line is flagged and fixed, the coupon's total shows before placing,
+    """A short cart line is flagged and fixed, the coupon's total shows before placing,
     the order is paid; a second order left unpaid expires and its stock comes back. Every page
     fits the window (no horizontal scrolling), a 375 px phone included."""
     from datetime import timedelta

@@ -1,4 +1,4 @@
-"""Issue 20 item 4: the cart (kept in the session) is bounded: SHOP["MAX_CART_LINES"] lines, of
+"""The cart (kept in the session) is bounded: SHOP["MAX_CART_LINES"] lines, of
 products that exist and are on sale; anything else is refused with a message, never stored."""
 
 from __future__ import annotations

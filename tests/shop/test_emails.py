@@ -1,4 +1,4 @@
-"""Issue 23, item 9: mail. The order confirmation on payment (after the commit, never failing the
+"""Mail: the order confirmation on payment (after the commit, never failing the
 payment), the password reset through Django's views, the mail settings from the environment, and
 `next` after sign-up checked like Django's login checks it."""
 

@@ -1,4 +1,4 @@
-"""Issue 20 item 3: to non-staff a hidden (inactive) product is a product that does not exist,
+"""To non-staff a hidden (inactive) product is a product that does not exist,
 everywhere: the cart, checkout, error messages and details, and the sold-out answers."""
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_a_buyer_that_read_stock_0_before_the_hide_cannot_mark_it_afterwards(use
 
 def test_a_hide_that_could_not_take_the_lock_clears_the_marker_once_it_can(user, make_product, admin_client,
                                                                            settings):
-    """L7: the product's lock is busy for longer than LOCK_WAIT (a sale's queue) when the admin
+    """The product's lock is busy for longer than LOCK_WAIT (a sale's queue) when the admin
     hides it: the marker stays for now, and the jobs runner clears it as soon as the lock is free."""
     from locks import Lock
     from shop.jobs import clear_hidden_markers

@@ -1,4 +1,4 @@
-"""Issue 23, item 8: one money helper (shop_tags.money), grouped by the locale, on every page and in the admin."""
+"""One money helper (shop_tags.money), grouped by the locale, on every page and in the admin."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 23, item 7 without a browser: the cancel confirmation works with plain links and forms,
+"""Without a browser: the cancel confirmation works with plain links and forms,
 and the order page carries the deadline and the server's clock as ISO instants for its script."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A crowd bigger than the server (issue 27): a small real server (gunicorn with the shop's worker,
+"""A crowd bigger than the server: a small real server (gunicorn with the shop's worker,
 1 worker x 4 threads: 2 buyers may wait in the lines), orders sent open loop over HTTP.
 
 The product's lock is held by the test for a few seconds, so buyers pile up exactly as behind a

@@ -1,4 +1,4 @@
-"""Issue 23, item 5: every shopper page on a 320 and 375 px phone (and at 1280 px): nothing wider
+"""Every shopper page on a 320 and 375 px phone (and at 1280 px): nothing wider
 than the window, no box that scrolls sideways, no word broken in the middle, a compact header, and
 no form control that cuts its text off. Screenshots of every page land in test-artifacts/."""
 
@@ -167,7 +167,7 @@ def test_every_shopper_page_fits_the_window_without_broken_words(live_server, wi
             page.click("#add-to-cart")
             page.wait_for_load_state()
         check(page, "catalog", "/")
-        assert "$1,658.00" in page.inner_text("main")  # item 8: grouped money, in the browser too
+        assert "$1,658.00" in page.inner_text("main")  # grouped money, in the browser too
         check(page, "product", f"/products/{headphones.pk}/")
         check(page, "product-long-name", f"/products/{sneaker.pk}/")
         check(page, "cart", "/cart/")

@@ -1,4 +1,4 @@
-"""Rate limits on the endpoints worth hammering, counted in the real Redis (issue 12)."""
+"""Rate limits on the endpoints worth hammering, counted in the real Redis."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_login_is_limited_per_ip_and_per_username(limits, client):
 
 def test_the_account_limit_counts_every_spelling_the_login_accepts(limits, client):
     """Log-in finds the account whatever the case, the surrounding spaces (the form strips them)
-    or the accents (MariaDB's collation): one account, one budget (issue 26, L3)."""
+    or the accents (MariaDB's collation): one account, one budget."""
     get_user_model().objects.create_user("alice", password="a-long-pass-123")
     limits(login=None, login_account="50/h")
     for name in (" ALICE ", "Alicé", "al\u200bice"):  # the premise: each of them logs in as alice
@@ -226,7 +226,7 @@ def test_default_pay_and_cancel_limits_leave_room_for_the_load_test():
 
 
 def test_password_reset_is_limited_per_address_from_any_ip(limits, client):
-    """Issue 26 L6: one address cannot be flooded with reset mails from many client IPs. The
+    """One address cannot be flooded with reset mails from many client IPs. The
     address is normalized (strip, casefold), and an unknown one is limited alike."""
     limits(password_reset="100/h", password_reset_address="2/h")
     get_user_model().objects.create_user("ann", email="ann@example.com", password="a-long-pass-123")

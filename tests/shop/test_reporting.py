@@ -1,4 +1,4 @@
-"""Error reports never show a password that sits inside a URL setting (issue 12)."""
+"""Error reports never show a password that sits inside a URL setting."""
 
 from __future__ import annotations
 

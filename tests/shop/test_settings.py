@@ -27,7 +27,7 @@ def start(print_: str = "settings.DATABASES['default']['NAME'], settings.CACHES[
 
 
 def test_local_defaults_work():
-    # DEBUG is off by default now (issue 12); the laptop turns it on, as `./dev.sh` does.
+    # DEBUG is off by default; the laptop turns it on, as `./dev.sh` does.
     result = start(DEBUG="true")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["shop", "redis://127.0.0.1:6379/0"]
@@ -207,7 +207,7 @@ MASK = "********************"  # Django's SafeExceptionReporterFilter.cleansed_s
     ({"LOCKS_ZOOKEEPER_HOSTS": f"shop:{SECRET}@zookeeper"}, "LOCKS_ZOOKEEPER_HOSTS"),
 ])
 def test_a_start_up_error_never_prints_a_password(env, named):
-    """Issue 20: these messages go to stderr and container logs; the URL is shown, its password not."""
+    """These messages go to stderr and container logs; the URL is shown, its password not."""
     result = start(**{"DEBUG": "true", **env})
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and named in result.stderr, result.stderr

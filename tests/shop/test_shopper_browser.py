@@ -1,4 +1,4 @@
-"""Issue 23, items 6, 7 and 9 in a real browser at 320, 375 and 1280 px: the product page's error,
+"""In a real browser at 320, 375 and 1280 px: the product page's error,
 the order page's cancel and pay-by countdown, and coming back where you were after log-in,
 sign-up and a password reset."""
 
@@ -152,7 +152,7 @@ def test_login_signup_and_password_reset_bring_the_buyer_back(live_server, make_
         guest.fill("#id_email", f"newbie{width}@example.com")
         guest.click("main form button[type=submit]")
         guest.wait_for_url("**/password-reset/sent/**")
-        assert mail.outbox == [] and send_pending_mail().sent == 1  # the mail job sends it (issue 26)
+        assert mail.outbox == [] and send_pending_mail().sent == 1  # the mail job sends it
         assert len(mail.outbox) == 1 and mail.outbox[0].to == [f"newbie{width}@example.com"]
         link = re.search(r"https?://\S+/password-reset/\S+/\S+/", mail.outbox[0].body).group(0)
         guest.goto(link)

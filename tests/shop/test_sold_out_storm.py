@@ -1,4 +1,4 @@
-"""The sold-out storm over HTTP (issue 10, defect 9): a refused request costs no SQL at all, and
+"""The sold-out storm over HTTP: a refused request costs no SQL at all, and
 a retry whose Idempotency-Key bought the last unit still gets its order back."""
 
 from __future__ import annotations

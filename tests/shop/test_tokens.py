@@ -1,4 +1,4 @@
-"""API tokens end with the password they were made under (issue 26, L4), by every route that
+"""API tokens end with the password they were made under, by every route that
 sets one, at once even when the token's user is cached (TOKEN_CACHE_TTL)."""
 
 from __future__ import annotations

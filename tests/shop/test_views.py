@@ -144,7 +144,7 @@ def test_signup_login_logout(client):
     assert client.post("/login/", {"username": "newbie", "password": "a-long-pass-123"}).status_code == 302
 
 
-# --- issue 26 (L2): `next` is followed only to a path of this site ------------------------------
+# --- `next` is followed only to a path of this site ---------------------------------------------
 BAD_NEXT = [
     "foo",  # was a 500 after sign-up: redirect() took it for a URL name
     "order",  # a URL name that needs arguments
@@ -216,7 +216,7 @@ def test_api_token_page_creates_and_revokes(shopper, user):
     assert shopper.post("/account/tokens/", {"revoke": "not-a-number"}).status_code == 302
 
 
-# --- issue 12: hardening -----------------------------------------------------------------------
+# --- hardening ---------------------------------------------------------------------------------
 def test_a_forged_messages_cookie_is_ignored(client):
     """Messages live in the session: a messages cookie (even one signed with our key, marked as
     safe HTML) is never read, so nothing of it is rendered, raw or escaped."""
@@ -316,7 +316,7 @@ def test_pay_and_cancel_buttons_on_the_order_pages(shopper, user, other_user, ma
     assert Order.objects.get(pk=theirs.pk).status == Order.Status.PENDING_PAYMENT
 
 
-# --- issue 13: the shop's rough edges (web) ------------------------------------------------------
+# --- the shop's rough edges (web) ----------------------------------------------------------------
 def test_adding_more_than_the_stock_is_refused_with_a_message(client, make_product):
     p = make_product(stock=3)
     response = client.post(f"/products/{p.pk}/", {"quantity": 5})
@@ -346,7 +346,7 @@ def test_cart_lines_that_cannot_be_bought_are_flagged_and_fixable(shopper, user,
     page = shopper.get("/cart/").content.decode()
     assert f"{short.name}: Only 1 left." in page and "Reduce to 1" in page
     assert f"{gone.name}: Sold out." in page
-    # Flagged, not silently dropped; a hidden product reads as a missing one (issue 20).
+    # Flagged, not silently dropped; a hidden product reads as a missing one.
     assert off.name not in page and "This product no longer exists." in page
     assert page.count('class="cart-line flagged"') == 3
     checkout = shopper.get("/checkout/")

@@ -213,8 +213,8 @@ def test_with_wait_replicas_the_promoted_replica_keeps_the_lock(settings, own_cl
     assert a.acquire(blocking=False)
     fence = a.held.fence
     own_cluster.kill_master_of(LockKeys.for_name(name).lock)
-    # B starts 0.1 s after the kill. Starting at once, about half the runs on 2026-11-26 (the tree
-    # before issue 26 too) saw every try of B for 20 s reach a master without A's key and be
+    # B starts 0.1 s after the kill. Starting at once, about half the runs on 2026-11-26 (older
+    # trees too) saw every try of B for 20 s reach a master without A's key and be
     # refused by WAIT ("only 0 of 1 replicas acknowledged": never a second holder) instead of
     # being told "held"; not explained yet (the cluster client's slot map refreshed in the kill's
     # first moments?). Noted in the closing note of that day.

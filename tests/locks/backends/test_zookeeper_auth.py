@@ -1,4 +1,4 @@
-"""ZooKeeper with digest auth (LOCKS["ZOOKEEPER_AUTH"], issue 20): lock nodes are created with an
+"""ZooKeeper with digest auth (LOCKS["ZOOKEEPER_AUTH"]): lock nodes are created with an
 ACL for that user only, so a client without the credentials can neither read, take, delete nor
 forge them; a root created open before auth was turned on is closed by the first process."""
 

@@ -1,4 +1,4 @@
-"""`manage.py locks`: list, stats, events, watch, force release (point 10)."""
+"""`manage.py locks`: list, stats, events, watch, force release."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def test_the_table_has_a_legend_and_skipped_checks_say_so(tmp_path):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_progress_line_speaks_the_tables_vocabulary():
-    """Issue 23 item 14: the progress said "placed / out_of_stock" where the table says "claimed /
+    """The progress said "placed / out_of_stock" where the table says "claimed /
     sold_out" (the API's coupon_sold_out, coupon_already_claimed)."""
     out, err = StringIO(), StringIO()  # not a terminal: the last progress state is printed at the end
     call_command("coupon_storm", "--users", "6", "--total", "4", "--processes", "2", "--attempts", "2",

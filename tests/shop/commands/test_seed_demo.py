@@ -1,4 +1,4 @@
-"""seed_demo creates admin/admin: it runs only when asked for explicitly (issue 12)."""
+"""seed_demo creates admin/admin: it runs only when asked for explicitly."""
 
 from __future__ import annotations
 

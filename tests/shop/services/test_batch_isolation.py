@@ -1,4 +1,4 @@
-"""Invariant I9: a request in a batch is answered on its own merits (issue 20, item 1).
+"""Invariant I9: a request in a batch is answered on its own merits.
 
 One buyer's bad request (a key that MySQL and Python compared differently, a row that cannot be
 written) must be refused alone; every other request in its batch is committed as usual.

@@ -355,7 +355,7 @@ def test_markers_in_another_redis_are_read_by_one_mget_first(user, make_product,
 
 
 def test_a_batch_whose_every_request_cannot_be_written_is_refused_not_a_500(make_product):
-    """The buyer's account was deleted while a cached token still named it (L1): its rows fail on
+    """The buyer's account was deleted while a cached token still named it: its rows fail on
     the foreign key, so the request is refused alone, and no empty stock write follows."""
     from django.contrib.auth import get_user_model
 

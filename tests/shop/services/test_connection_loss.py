@@ -1,4 +1,4 @@
-"""A MySQL connection lost mid-order (issue 10, defect 8): a typed, retryable error, and an
+"""A MySQL connection lost mid-order: a typed, retryable error, and an
 outcome a retry with the same Idempotency-Key settles: the order if it committed, else placed once."""
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def test_a_connection_lost_outside_the_services_is_a_friendly_503_page(client, m
 
 def test_a_connection_lost_after_the_commit_keeps_the_batchs_orders_and_calls_the_rest_unknown(
         kill_at, make_product, user, other_user):
-    """After COMMIT the writer looks up why a request was refused (L5); losing the connection
+    """After COMMIT the writer looks up why a request was refused; losing the connection
     there must not turn the batch's committed order into "not written"."""
     from locks import Lock
     from shop.services import batch
@@ -159,7 +159,7 @@ def test_a_connection_lost_after_the_commit_keeps_the_batchs_orders_and_calls_th
     assert p.stock == 0
 
 
-# --- issue 26 L5: a payment's outcome is never reported "not_written" when it was written ---------
+# --- a payment's outcome is never reported "not_written" when it was written ----------------------
 def _outbox(order: Order) -> list:
     from shop.models import OutboxMail
 

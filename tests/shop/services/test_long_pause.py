@@ -1,4 +1,4 @@
-"""A holder paused far past its lease never stalls its product (I7; issue 20, item 2).
+"""A holder paused far past its lease never stalls its product (I7).
 
 The lease ends after LOCK_TTL and the next holder takes the lock at once; what used to stall
 the product for the whole pause was the paused process's open MySQL transaction, whose InnoDB

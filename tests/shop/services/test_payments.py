@@ -1,4 +1,4 @@
-"""The payment step (issue 13): place -> pending_payment -> paid, or cancelled / expired with the
+"""The payment step: place -> pending_payment -> paid, or cancelled / expired with the
 stock and coupon back exactly once. Real MariaDB and Redis; processes where it is a race."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_buyer_cancels_unpaid_order_stock_and_coupon_back_once(user, make_produc
 
 
 def test_buyer_cannot_cancel_a_paid_order(user, make_product):
-    """Nor can staff since issue 23: a paid order is refunded (tests/shop/services/test_refunds.py)."""
+    """Nor can staff: a paid order is refunded (tests/shop/services/test_refunds.py)."""
     p = make_product(stock=10)
     order = place_order(user=user, lines=[(p.pk, 2)]).order
     pay_order(order=order, actor="test")

@@ -1,4 +1,4 @@
-"""A frozen Redis (SIGSTOP, a partition) never hangs a checkout (issue 10, defect 6)."""
+"""A frozen Redis (SIGSTOP, a partition) never hangs a checkout."""
 
 from __future__ import annotations
 

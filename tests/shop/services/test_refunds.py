@@ -1,4 +1,4 @@
-"""Refunds (issue 23 item 10): a paid order is refunded, never cancelled. The simulated provider
+"""Refunds: a paid order is refunded, never cancelled. The simulated provider
 refunds, the stock comes back under the product locks with ledger reason `refund`, the coupon
 goes back to its owner, exactly once. Real MariaDB and Redis; processes for the race."""
 
@@ -146,7 +146,7 @@ def test_a_refund_racing_cancels_of_a_paid_order_wins_alone(user, make_product):
     assert check_invariants(product_ids=[p.pk], initial_stock={p.pk: 20}, seen_order_ids=[order.pk]) == []
 
 
-# --- issue 26 M3: the provider is paid back once, whatever the books' transaction goes through -----
+# --- the provider is paid back once, whatever the books' transaction goes through ------------------
 class Provider:
     """Stands in for the payment provider: counts refund calls (the simulated one only logs)."""
 

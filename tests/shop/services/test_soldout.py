@@ -1,4 +1,4 @@
-"""Sold-out markers never outlive the stock they describe (issue 10, defect 7)."""
+"""Sold-out markers never outlive the stock they describe."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_a_refused_kill_is_logged_and_leaves_the_old_behaviour(limited_user, cap
         limited.close()
 
 
-# --- the session bounds are the services' only (M2) ------------------------------------------
+# --- the session bounds are the services' only -----------------------------------------------
 def _buy_once(user, product) -> None:
     from shop.services import place_order
 
@@ -125,7 +125,7 @@ def test_outside_the_services_a_row_wait_has_the_servers_default(settings, user,
     assert session == server
 
 
-# --- kill mode kills only the stale holder that blocks the row (M1) --------------------------
+# --- kill mode kills only the stale holder that blocks the row -------------------------------
 def _holder_records(product) -> list[str]:
     client = stale_transactions._client()
     return [e.decode() for e in client.lrange(stale_transactions._key(product_lock(product.pk)), 0, -1)]
