@@ -28,10 +28,6 @@ from redis.retry import Retry
 CLUSTER_RETRIES = 2
 
 
-def is_cluster(client: Any) -> bool:
-    return isinstance(client, RedisCluster)
-
-
 class ClusterConnectionFactory(ConnectionFactory):
     """OPTIONS: CLUSTER_NODES [(host, port), ...] (LOCATION names the first one, for django-redis),
     SOCKET_TIMEOUT, SOCKET_CONNECT_TIMEOUT, PASSWORD, USERNAME, CONNECTION_POOL_KWARGS (per node)."""

@@ -12,10 +12,10 @@ import threading
 import time
 from collections import Counter
 
-from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
+from shop import redis_keys
 from shop.conf import shop_settings
 
 BUCKET = 10  # seconds
@@ -49,7 +49,7 @@ def waited(seconds: float) -> None:
 
 
 def _key(bucket: int) -> str:
-    return f"shop:{connection.settings_dict['NAME']}:overload:{bucket}"
+    return redis_keys.overload_counts(bucket)
 
 
 def flush() -> None:

@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
+from shop import redis_keys
 from shop.conf import shop_settings
 from shop.models import ApiToken
 
@@ -29,7 +30,7 @@ def bearer_token(request: HttpRequest) -> str | None:
 
 
 def _cache_key(key_hash: str) -> str:
-    return f"shop:{connection.settings_dict['NAME']}:token:{key_hash}"
+    return redis_keys.token_user(key_hash)
 
 
 def _cache():

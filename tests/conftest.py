@@ -64,15 +64,15 @@ def _no_stale_shop_keys(django_db_setup, django_db_blocker):
     and fence refusals from an earlier run must not apply. They are deleted again at the end,
     so a run leaves nothing in the shared Redis (a run writes ~28k idempotency records, kept a
     day: a few runs' worth made the test of paging through held locks outlast its leases)."""
-    from django.db import connection
+    from shop import redis_keys
 
     with django_db_blocker.unblock():
-        name = connection.settings_dict["NAME"]
+        namespace = redis_keys.namespace()
     client = get_redis_connection("default")
 
-    _delete_matching(client, f"shop:{name}:*")  # the test database's own
+    _delete_matching(client, f"{namespace}:*")  # the test database's own
     yield
-    _delete_matching(client, f"shop:{name}:*")
+    _delete_matching(client, f"{namespace}:*")
 
 
 @pytest.fixture

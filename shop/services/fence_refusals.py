@@ -16,11 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
-from shop import metrics
+from shop import metrics, redis_keys
 from shop.conf import shop_settings
 
 log = logging.getLogger("shop")
@@ -29,7 +28,7 @@ TTL = 24 * 3600  # seconds a count is kept after its last refusal
 
 
 def key(name: str) -> str:
-    return f"shop:{connection.settings_dict['NAME']}:fence-refused:{name}"
+    return redis_keys.fence_refusals(name)
 
 
 def refused(name: str, *, operation: str) -> None:

@@ -10,31 +10,24 @@ retry of the key that bought the last unit still gets its order back. MySQL's un
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 
-from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
-from shop import errors
+from shop import errors, redis_keys
 from shop.conf import shop_settings
 
 
 def record_key(user_id: int, key: str) -> str:
-    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-    return f"shop:{connection.settings_dict['NAME']}:idem:{user_id}:{digest}"
-
-
-def write_record(*, user_id: int, key: str, order_id: int, required: bool) -> None:
-    """Before the order's COMMIT. `required` (locks on, so sold-out markers are in use): a record
-    that cannot be written fails the order (LockUnavailable, rolled back), because without it a
-    retry of this key could be refused as sold out instead of getting its order."""
-    write_records([(user_id, key, order_id)], required=required)
+    return redis_keys.idempotency_record(user_id, key)
 
 
 def write_records(records: list[tuple[int, str, int]], *, required: bool) -> None:
-    """`write_record` for (user id, key, order id) of a whole batch, in one round trip."""
+    """Before the batch's COMMIT, for (user id, key, order id) of its keyed orders, in one round
+    trip. `required` (locks on, so sold-out markers are in use): records that cannot be written
+    fail the batch (LockUnavailable, rolled back), because without them a retry of a key could
+    be refused as sold out instead of getting its order."""
     if not records:
         return
     ttl = int(shop_settings.IDEMPOTENCY_TTL)

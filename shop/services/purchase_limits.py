@@ -32,17 +32,6 @@ def exceeded(*, product_id: int, limit: int, bought: int, requested: int) -> err
         details={"product_id": product_id, "limit": limit, "bought": bought, "requested": requested})
 
 
-def check(*, user_id: int, lines: list[tuple[int, int]], limits: dict[int, int]) -> None:
-    """Refuse the order if a capped line takes the buyer past its product's cap."""
-    for product_id, quantity in lines:
-        limit = limits.get(product_id)
-        if limit is None:
-            continue
-        have = bought(product_id=product_id, user_ids=[user_id]).get(user_id, 0)
-        if have + quantity > limit:
-            raise exceeded(product_id=product_id, limit=limit, bought=have, requested=quantity)
-
-
 # --- unpaid orders: one account must not hoard a drop by reserving it for the payment window --
 def max_unpaid() -> int | None:
     limit = shop_settings.MAX_UNPAID_ORDERS
@@ -60,15 +49,3 @@ def too_many_unpaid(*, limit: int, unpaid: int) -> errors.UnpaidOrdersLimit:
     return errors.UnpaidOrdersLimit(
         f"You have {unpaid} unpaid orders (at most {limit}): pay or cancel one first.",
         details={"limit": limit, "unpaid": unpaid})
-
-
-def check_unpaid(*, user_id: int) -> None:
-    """Refuse another order while the buyer has MAX_UNPAID_ORDERS awaiting payment. Counted
-    under the products' locks: across products the count may run over by the orders in flight
-    at the same moment on other products' locks (at most one per product), never more."""
-    limit = max_unpaid()
-    if limit is None:
-        return
-    have = unpaid(user_ids=[user_id]).get(user_id, 0)
-    if have >= limit:
-        raise too_many_unpaid(limit=limit, unpaid=have)

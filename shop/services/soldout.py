@@ -19,12 +19,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection
 from django_redis import get_redis_connection
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from locks.conf import locks_settings
+from shop import redis_keys
 from shop.conf import shop_settings
 from shop.services import hooks
 
@@ -55,10 +55,7 @@ class SoldOutCheckFailed(Exception):
 
 
 def marker_keys(product_id: int) -> list[str]:
-    # Namespaced by database (dev and test, two shops may share one Redis); the hash tag keeps a
-    # product's marker and floor in one Redis Cluster slot for the scripts.
-    base = f"shop:{connection.settings_dict['NAME']}"
-    return [f"{base}:soldout:{{{product_id}}}", f"{base}:refilled:{{{product_id}}}"]
+    return [redis_keys.sold_out_marker(product_id), redis_keys.refill_floor(product_id)]
 
 
 def _client():
@@ -125,7 +122,7 @@ _known: dict[int, float] = {}  # product id -> time.time() its marker lapses
 
 
 def index_key() -> str:
-    return f"shop:{connection.settings_dict['NAME']}:soldout-index"
+    return redis_keys.sold_out_index()
 
 
 def _seen_sold_out(product_ids: Iterable[int]) -> None:

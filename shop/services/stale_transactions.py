@@ -49,6 +49,7 @@ from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
 import locks
+from shop import redis_keys
 from shop.conf import shop_settings
 
 log = logging.getLogger("shop")
@@ -166,7 +167,7 @@ def lock_wait_timed_out() -> None:
 
 # --- kill mode: who holds what --------------------------------------------------------------
 def _key(name: str) -> str:
-    return f"shop:{connection.settings_dict['NAME']}:holder:{{{name}}}"
+    return redis_keys.holder(name)
 
 
 def _client():
