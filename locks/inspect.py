@@ -42,7 +42,7 @@ from locks.backends import HeldLock, LockBackend, every_held, get_backend
 from locks.conf import locks_settings
 from locks.connection import default_client, text
 from locks.exceptions import LockUnavailable
-from locks.keys import LockKeys, events_key, families_key, family_of, hot_key, stats_key
+from locks.keys import LockKeys, events_key, families_key, family_of, held_key, hot_key, stats_key
 from locks.stats import recorder
 
 __all__ = ["HeldLock", "LockStats", "ScrapeCollector"]
@@ -359,3 +359,25 @@ def queue_depths(family: str, *, top: int = QUEUE_TOP) -> dict[str, int]:
 
 def queue_depth(family: str, *, top: int = QUEUE_TOP) -> int:
     return sum(queue_depths(family, top=top).values())
+
+
+def leftovers(names: Sequence[str], *, client: Redis | None = None) -> list[str]:
+    """What a finished run must not leave, for these lock names: a key of theirs without a TTL
+    (the lock, its fence, queue, waiters, wake, taken and signal keys; their families' stats and
+    busiest names; the shared family set and held index), or one of them still held. The
+    library's own knowledge of its keys: a project's invariant check (I6) asks it here."""
+    c = _client(client)
+    out = []
+    for name in names:
+        keys = LockKeys.for_name(name)
+        for key in c.scan_iter(match=f"{keys.lock}*", count=1000):
+            if c.pttl(key) == -1:
+                out.append(f"{text(key)} has no TTL")
+        if c.exists(keys.lock):
+            out.append(f"lock {name} is still held")
+    shared = {stats_key(family_of(n)) for n in names} | {hot_key(family_of(n)) for n in names}
+    shared |= {families_key(), held_key()}
+    for key in sorted(shared):
+        if c.pttl(key) == -1:
+            out.append(f"{key} has no TTL")
+    return out

@@ -9,10 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from django.db.models import Count, Q, Sum
-from django_redis import get_redis_connection
 
-from locks.conf import locks_settings
-from locks.keys import families_key, family_of, held_key, hot_key, stats_key
+from locks import inspect as lock_inspect
 from shop.models import RESERVING_STATUSES, Coupon, CouponClaim, Order, OrderLine, Product, Refund, StockLedger
 
 
@@ -156,26 +154,6 @@ def release_violations(product_ids: Iterable[int]) -> list[str]:
 
 
 def lock_violations(names: Iterable[str]) -> list[str]:
-    """I6: no lock key without a TTL, and none still held, for these lock names.
-
-    Covers every key of each lock (`lock:{name}` and its fence, queue, waiter and signal keys)
-    and the stats keys of their families (the counters, the busiest names), plus the shared
-    family set and held index: each must carry a TTL.
-    """
-    client = get_redis_connection(locks_settings.CACHE_ALIAS)
-    out = []
-    prefix = locks_settings.KEY_PREFIX
-    names = list(names)
-    for name in names:
-        for key in client.scan_iter(match=f"{prefix}lock:{{{name}}}*", count=1000):
-            ttl = client.pttl(key)
-            if ttl == -1:
-                out.append(f"I6: {key.decode()} has no TTL")
-        if client.exists(f"{prefix}lock:{{{name}}}"):
-            out.append(f"I6: lock {name} is still held after the run")
-    shared = {stats_key(family_of(n)) for n in names} | {hot_key(family_of(n)) for n in names}
-    shared |= {families_key(), held_key()}
-    for key in sorted(shared):
-        if client.pttl(key) == -1:
-            out.append(f"I6: {key} has no TTL")
-    return out
+    """I6: no lock key without a TTL, and none still held, for these lock names (the lock
+    library knows its keys: `locks.inspect.leftovers`)."""
+    return [f"I6: {problem}" for problem in lock_inspect.leftovers(list(names))]

@@ -190,3 +190,20 @@ def test_batch_summary_totals_and_ages():
     assert total == {"batches": 4, "batched_requests": 10, "mean_batch": 2.5, "batch_p50": 4, "batch_p99": 4,
                      "batch_sizes": {"1": 1, "3-4": 3}, "last_batch_at": 9.0}
     assert [inspect.ago(s) for s in (None, 3.4, 600, 7300)] == ["-", "3 s ago", "10 min ago", "2 h ago"]
+
+
+def test_leftovers_names_a_held_lock_and_a_key_without_a_ttl(name, redis_client):
+    from locks import Lock
+    from locks.keys import LockKeys
+
+    with Lock(name, ttl=10) as held:
+        assert inspect.leftovers([name]) == [f"lock {name} is still held"]
+        keys = LockKeys.for_name(name)
+    stats.flush()
+    assert inspect.leftovers([name]) == []  # released: every key it left lapses by itself
+    redis_client.persist(keys.fence)  # a fence that would live for ever
+    try:
+        assert inspect.leftovers([name]) == [f"{keys.fence} has no TTL"]
+    finally:
+        redis_client.delete(keys.fence)
+    assert held.fence > 0
