@@ -82,7 +82,7 @@ ensure_dev_env_file() {
   key=$("$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(50))')
   (umask 077; cat > "$dev_env_file" <<EOF
 # Written by ./dev.sh for this development checkout (git- and docker-ignored); never on a server.
-# shop/settings.py reads it when present, after .env; exported environment variables win.
+# shop/settings/environment.py reads it when present, after .env; exported environment variables win.
 DEBUG=true
 SECRET_KEY=$key
 EOF

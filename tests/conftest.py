@@ -78,7 +78,7 @@ def _no_stale_shop_keys(django_db_setup, django_db_blocker):
 @pytest.fixture
 def private_redis(settings) -> Iterator[RedisServer]:
     """Both Redis aliases (markers and locks) on a private redis-server, configured exactly as
-    shop/settings.py configures them from REDIS_URL: a test may stop, freeze or wipe it."""
+    shop/settings/redis_locks.py configures them from REDIS_URL: a test may stop, freeze or wipe it."""
     from shop.settings import _redis_cache
 
     server = RedisServer()

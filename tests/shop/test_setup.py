@@ -72,7 +72,7 @@ def test_manage_py_help_lists_the_project_commands_from_a_fresh_shell(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "only Django core commands are listed" not in result.stdout + result.stderr
     listed = set(result.stdout.split())
-    for command in ("apitoken", "coupon_storm", "loadtest", "backendbench", "seed_demo", "locks", "run_jobs"):
+    for command in ("apitoken", "coupon_storm", "loadtest", "backendbench", "seed_demo", "locks", "run_jobs", "shop"):
         assert command in listed, result.stdout
 
 

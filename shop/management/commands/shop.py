@@ -1,0 +1,200 @@
+"""`manage.py shop`: the command-line twin of the admin's operator actions.
+
+    manage.py shop restock PRODUCT QUANTITY   add stock (PRODUCT: its id or SKU): the admin's "Restock…"
+    manage.py shop cancel ORDER               cancel an unpaid order after confirmation (--yes to skip
+                                              it): "Cancel…"; stock and coupon return
+    manage.py shop refund ORDER               refund a paid order after confirmation (--yes to skip it):
+                                              "Refund…"; the payment goes back, stock and coupon return
+    manage.py shop sales                      per product: units sold and revenue (paid orders), units
+                                              reserved (awaiting payment), refunded, stock left: the
+                                              admin's Sales view (--product P ..., --stock low)
+
+Each calls what the admin calls (shop.services restock / cancel_order / refund_order, under the
+same locks; shop.selectors.product_sales) and leaves the same audit: its actor on the stock ledger
+rows and on the refund, "cli:<user>@<host>" here (`--actor NAME`: "cli:NAME") where the admin
+writes "admin:<username>". A refusal of the service (a paid order cancelled, a quantity out of
+range, a busy lock) is a CommandError with the service's message: exit status 1. `--json`:
+machine-readable output, a refusal too ({"error": {"code", "message", "details"}}). Like
+`manage.py locks`, it trusts whoever may run it: shell access to a server is more than the admin's
+permissions.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Q
+
+from locks.services import cli_actor_name
+from shop import errors
+from shop.admin import ORDER_ACTIONS
+from shop.models import Order, Product, StockLedger
+from shop.selectors import STOCK_LEVELS, product_sales
+from shop.services import cancel_order, refund_order, restock
+from shop.templatetags.shop_tags import money
+
+ACTOR_LENGTH = StockLedger._meta.get_field("actor").max_length
+SALES_FIGURES = ("units_sold", "revenue", "units_reserved", "units_refunded")
+
+
+def _amount(value: Decimal) -> str:
+    return str(Decimal(value).quantize(Decimal("0.01")))
+
+
+def _product_dict(product: Product) -> dict[str, Any]:
+    return {"id": product.pk, "sku": product.sku, "name": product.name, "active": product.active,
+            "stock": product.stock}
+
+
+def _order_dict(order: Order) -> dict[str, Any]:
+    return {"id": order.pk, "user": order.user.get_username(), "status": order.status, "total": _amount(order.total),
+            "lines": [{"product_id": line.product_id, "sku": line.product.sku, "quantity": line.quantity}
+                      for line in order.lines.all()]}
+
+
+class Command(BaseCommand):
+    help = "The admin's operator actions from the command line: restock, cancel, refund, sales."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, metavar="{restock,cancel,refund,sales}")
+
+        def action(name: str, help_: str, *, writes: bool = True, asks: bool = False) -> CommandParser:
+            p = sub.add_parser(name, help=help_, description=help_)
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+            if writes:
+                p.add_argument("--actor", help="the name written to the audit trail, after 'cli:' (default: "
+                                               "user@host)")
+            if asks:
+                p.add_argument("--yes", action="store_true", help="do it without asking (needed with --json)")
+            return p
+
+        p = action("restock", "add QUANTITY units to PRODUCT's stock (the admin's Restock…)")
+        p.add_argument("product", help="the product's id or SKU")
+        p.add_argument("quantity", type=int, help="units to add")
+        for name, what in (("cancel", "cancel an unpaid order: its stock and coupon return (the admin's Cancel…)"),
+                           ("refund", "refund a paid order: the payment goes back, its stock and coupon return "
+                                      "(the admin's Refund…)")):
+            p = action(name, what, asks=True)
+            p.add_argument("order", type=int, help="the order's id")
+        p = action("sales", "units sold, revenue, reserved and refunded units and stock per product (the admin's "
+                            "Sales view)", writes=False)
+        p.add_argument("--product", action="extend", nargs="+", default=[], metavar="PRODUCT",
+                       help="only these products (ids or SKUs)")
+        p.add_argument("--stock", choices=list(STOCK_LEVELS), help="only sold out, low or in-stock products")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        action = opts["action"]
+        try:
+            if action == "sales":
+                self._sales(opts)
+                return
+            actor = self._actor(opts)
+            if action == "restock":
+                self._restock(opts, actor)
+            else:
+                self._operate(opts, actor)
+        except errors.ShopError as exc:
+            if opts["json"]:
+                self.stdout.write(json.dumps({"error": exc.as_dict()}, indent=2, default=str))
+            raise CommandError(exc.message) from exc
+
+    def _actor(self, opts: dict[str, Any]) -> str:
+        """'cli:' and who: the name given, or the OS user at this host (as `manage.py locks` writes)."""
+        if opts["actor"] and len(f"cli:{opts['actor']}") > ACTOR_LENGTH:
+            raise CommandError(f"--actor: at most {ACTOR_LENGTH - len('cli:')} characters")
+        return f"cli:{opts['actor'] or cli_actor_name()}"[:ACTOR_LENGTH]
+
+    def _product(self, ref: str) -> Product:
+        product = None
+        if ref.isdigit():
+            product = Product.objects.filter(pk=int(ref)).first()
+        product = product or Product.objects.filter(sku=ref).first()
+        if product is None:
+            raise errors.UnknownProduct(f"No product {ref!r} (give its id or SKU).", details={"product": ref})
+        return product
+
+    # --- writes --------------------------------------------------------------------------------
+    def _restock(self, opts: dict[str, Any], actor: str) -> None:
+        product = restock(product=self._product(opts["product"]), quantity=opts["quantity"], actor=actor)
+        if opts["json"]:
+            self.stdout.write(json.dumps({"product": _product_dict(product), "added": opts["quantity"],
+                                          "actor": actor}, indent=2))
+            return
+        self.stdout.write(self.style.SUCCESS(f"{product.name} ({product.sku}): +{opts['quantity']}, "
+                                             f"stock now {product.stock}."))
+
+    def _operate(self, opts: dict[str, Any], actor: str) -> None:
+        """Cancel or refund: say the order's state, ask (unless --yes), then the service, once."""
+        action = opts["action"]
+        order = (Order.objects.select_related("user").prefetch_related("lines__product")
+                 .filter(pk=opts["order"]).first())
+        if order is None:
+            raise errors.OrderNotFound(f"No order #{opts['order']}.", details={"order_id": opts["order"]})
+        allowed = ORDER_ACTIONS.get(order.status, ("",))[0] == action
+        if not opts["yes"] and allowed:  # a refusal needs no question: the service says why
+            if opts["json"]:
+                raise CommandError(f"{action} with --json needs --yes (no question can be asked)")
+            self._confirm(order, action)
+        service, done = ((cancel_order, "cancelled; stock and coupon returned") if action == "cancel" else
+                         (refund_order, "refunded; the payment goes back, stock and coupon returned"))
+        order = service(order=order, actor=actor)
+        if opts["json"]:
+            order = Order.objects.select_related("user").prefetch_related("lines__product").get(pk=order.pk)
+            self.stdout.write(json.dumps({"order": _order_dict(order), "actor": actor}, indent=2))
+            return
+        self.stdout.write(self.style.SUCCESS(f"Order #{order.pk} {done}."))
+
+    def _confirm(self, order: Order, action: str) -> None:
+        lines = ", ".join(f"{line.quantity} x {line.product.name}" for line in order.lines.all())
+        self.stdout.write(f"Order #{order.pk} of {order.user.get_username()} is "
+                          f"{order.get_status_display().lower()}: {money(order.total)} ({lines}).")
+        what = ("Its stock and coupon return." if action == "cancel"
+                else "The payment goes back; its stock and coupon return.")
+        try:
+            answer = input(f"{action.capitalize()} it? {what} [y/N] ")
+        except EOFError:  # no terminal to ask on
+            answer = ""
+        if answer.strip().lower() not in {"y", "yes"}:
+            raise CommandError(f"not {'cancelled' if action == 'cancel' else 'refunded'}")
+
+    # --- the Sales view ------------------------------------------------------------------------
+    def _sales(self, opts: dict[str, Any]) -> None:
+        products = Product.objects.all()
+        if opts["product"]:
+            ids = [int(ref) for ref in opts["product"] if ref.isdigit()]
+            products = products.filter(Q(pk__in=ids) | Q(sku__in=opts["product"]))
+            found = {str(p.pk) for p in products} | {p.sku for p in products}
+            if missing := [ref for ref in opts["product"] if ref not in found]:
+                raise errors.UnknownProduct(f"No product {', '.join(map(repr, missing))} (give ids or SKUs).",
+                                            details={"products": missing})
+        rows = list(product_sales(stock=opts["stock"], products=products))
+        totals = {f: sum((getattr(p, f) for p in rows), Decimal("0.00") if f == "revenue" else 0)
+                  for f in SALES_FIGURES}
+        if opts["json"]:
+            self.stdout.write(json.dumps({
+                "stock": opts["stock"],
+                "products": [{**_product_dict(p), "price": _amount(p.price),
+                              **{f: _amount(getattr(p, f)) if f == "revenue" else getattr(p, f)
+                                 for f in SALES_FIGURES}} for p in rows],
+                "totals": {**totals, "revenue": _amount(totals["revenue"])},
+            }, indent=2))
+            return
+        level = f", {STOCK_LEVELS[opts['stock']].lower()}" if opts["stock"] else ""
+        self.stdout.write(self.style.MIGRATE_HEADING(f"Sales by product ({len(rows)}{level})"))
+        if not rows:
+            self.stdout.write("  none")
+            return
+        self.stdout.write(f"{'id':>6} {'sku':<16} {'name':<32} {'price':>12} {'stock':>8} {'sold':>8} "
+                          f"{'revenue':>14} {'reserved':>8} {'refunded':>8}")
+        for p in rows:
+            name = p.name if p.active else f"{p.name} (hidden)"
+            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {name[:32]:<32} {money(p.price):>12} {p.stock:>8} "
+                              f"{p.units_sold:>8} {money(p.revenue):>14} {p.units_reserved:>8} "
+                              f"{p.units_refunded:>8}")
+        if len(rows) > 1:
+            self.stdout.write(f"{'total':>6} {'':<16} {'':<32} {'':>12} {sum(p.stock for p in rows):>8} "
+                              f"{totals['units_sold']:>8} {money(totals['revenue']):>14} "
+                              f"{totals['units_reserved']:>8} {totals['units_refunded']:>8}")

@@ -1,0 +1,30 @@
+"""Mail (order confirmations, password resets).
+
+EMAIL_URL (django-environ: smtp://user:pass@host:25, smtp+tls://...:587, smtps://...:465,
+consolemail://) wins; otherwise EMAIL_HOST/EMAIL_PORT/EMAIL_HOST_USER/EMAIL_HOST_PASSWORD/
+EMAIL_USE_TLS/EMAIL_USE_SSL configure SMTP; with neither, development (DEBUG) prints mail to the
+console and production sends to SMTP on localhost:25.
+"""
+
+from shop.settings.core import DEBUG
+from shop.settings.environment import env, value
+
+EMAIL_URL = value("EMAIL_URL")
+if EMAIL_URL:
+    globals().update(env.email_url_config(EMAIL_URL))
+else:
+    EMAIL_HOST = value("EMAIL_HOST")
+    EMAIL_BACKEND = ("django.core.mail.backends.console.EmailBackend" if DEBUG and not EMAIL_HOST
+                     else "django.core.mail.backends.smtp.EmailBackend")
+    EMAIL_HOST = EMAIL_HOST or "localhost"
+    EMAIL_PORT = value("EMAIL_PORT")
+    EMAIL_HOST_USER = value("EMAIL_HOST_USER")
+    EMAIL_HOST_PASSWORD = value("EMAIL_HOST_PASSWORD")
+    EMAIL_USE_TLS = value("EMAIL_USE_TLS")
+    EMAIL_USE_SSL = value("EMAIL_USE_SSL")
+# A slow mail server holds up the Pay request that sends the confirmation: bound it.
+EMAIL_TIMEOUT = value("EMAIL_TIMEOUT")
+DEFAULT_FROM_EMAIL = value("DEFAULT_FROM_EMAIL")
+SERVER_EMAIL = value("SERVER_EMAIL")  # DEFAULT_FROM_EMAIL unless set
+# Links in mail sent outside a request (the order confirmation) start with this.
+SITE_URL = value("SITE_URL")

@@ -1,0 +1,118 @@
+"""The one table of environment variables (shop/settings/environment.py), the settings that read
+it, and the README's configuration table, which must name the same variables with the same
+defaults."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from locks.backends import BACKENDS
+from shop.settings.environment import TABLE, value
+from tests.shop.test_settings import ROOT, start
+
+SETTINGS_DIR = ROOT / "shop" / "settings"
+
+
+def readme_rows() -> list[tuple[list[str], str, bool]]:
+    """(names, default cell, is a note) of each row of the README's configuration table. A note row
+    says more about variables of other rows ("`REDIS_URL`, `LOCKS_REDIS_URL` forms")."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        first, default, _meaning = (cell.strip() for cell in line.strip().strip("|").split("|", 2))
+        names = re.findall(r"`([A-Z][A-Z0-9_]*)`", first)
+        rows.append((names, default, bool(re.sub(r"`[A-Z][A-Z0-9_]*`|[,\s]", "", first))))
+    return rows
+
+
+def test_the_readme_table_names_exactly_the_variables_of_the_table():
+    in_readme = {name for names, _, _ in readme_rows() for name in names}
+    assert len(in_readme) > 50  # the table was found
+    assert not set(TABLE) - in_readme, f"add to the README's configuration table: {sorted(set(TABLE) - in_readme)}"
+    assert not in_readme - set(TABLE), (f"the README names variables that shop/settings/environment.py lacks: "
+                                        f"{sorted(in_readme - set(TABLE))}")
+
+
+def test_the_readme_shows_each_default_as_the_table_does():
+    seen: list[str] = []
+    for names, default, note in readme_rows():
+        if note:
+            continue
+        seen += names
+        shown = [TABLE[name].shown_default for name in names]
+        # One default per name ("`10`, `3`"), or one for all of them ("`false`").
+        assert default in {", ".join(shown)} | ({shown[0]} if len(set(shown)) == 1 else set()), (
+            f"README row {', '.join(names)}: default {default!r}, the table's {', '.join(shown)!r}")
+    assert sorted(seen) == sorted(set(seen)), "a variable has two rows in the README"
+
+
+def test_the_readme_lists_every_lock_backend_of_the_registry():
+    (row,) = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `LOCKS_BACKEND`")]
+    for name in BACKENDS:
+        assert f"`{name}`" in row
+
+
+def test_the_settings_read_every_variable_of_theirs():
+    read = start("' '.join(sorted(__import__('shop.settings.environment', fromlist=['READ']).READ))",
+                 DEBUG="true", EMAIL_URL="")  # EMAIL_URL unset: the EMAIL_HOST... variables are read
+    assert read.returncode == 0, read.stderr
+    theirs = {name for name, var in TABLE.items() if not var.read_by}
+    assert set(read.stdout.split()) == theirs
+
+
+def test_variables_read_elsewhere_are_read_where_the_table_says():
+    for var in TABLE.values():
+        for path in var.read_by:
+            assert var.name in (ROOT / path).read_text(), f"{path} does not read {var.name}"
+
+
+def test_the_settings_modules_read_the_environment_only_through_the_table():
+    for module in SETTINGS_DIR.glob("*.py"):
+        if module.name == "environment.py":
+            continue
+        text = module.read_text()
+        for reading in ("os.environ", "getenv", "env.str(", "env.int(", "env.float(", "env.bool(", "env.list("):
+            assert reading not in text, f"{module.name} reads the environment itself ({reading})"
+
+
+def test_value_knows_only_the_table_and_only_what_the_settings_read():
+    with pytest.raises(KeyError):
+        value("NO_SUCH_VARIABLE")
+    with pytest.raises(LookupError, match=r"read by dev\.sh"):
+        value("PORT")
+
+
+def test_the_lock_backends_are_the_registrys(monkeypatch):
+    """LOCKS_BACKEND accepts the names locks.backends.get_backend resolves, and no others."""
+    monkeypatch.setitem(BACKENDS, "etcd", "locks.backends.etcd.EtcdBackend")
+    monkeypatch.setenv("LOCKS_BACKEND", "etcd")
+    assert value("LOCKS_BACKEND") == "etcd"
+    monkeypatch.setenv("LOCKS_BACKEND", "consul")
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match=r"'consul': use redis, redlock, zookeeper, mysql or etcd \("):
+        value("LOCKS_BACKEND")
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"CONN_MAX_AGE": "soon"}, "CONN_MAX_AGE='soon': a whole number."),
+    ({"SECURE_HSTS_SECONDS": ""}, "SECURE_HSTS_SECONDS='': a whole number."),
+    ({"LOCKS_DEFAULT_TTL": "long"}, "LOCKS_DEFAULT_TTL='long': a number."),
+])
+def test_a_number_that_is_not_one_fails_at_start_naming_it(env, message):
+    result = start(DEBUG="true", **env)
+    assert result.returncode != 0
+    assert f"ImproperlyConfigured: {message}" in result.stderr, result.stderr
+
+
+def test_server_email_defaults_to_the_sender_of_the_shops_mail():
+    result = start("settings.SERVER_EMAIL", DEBUG="true", DEFAULT_FROM_EMAIL="shop@example.com")
+    assert result.stdout.split() == ["shop@example.com"], result.stderr
+    result = start("settings.SERVER_EMAIL", DEBUG="true", DEFAULT_FROM_EMAIL="shop@example.com",
+                   SERVER_EMAIL="errors@example.com")
+    assert result.stdout.split() == ["errors@example.com"], result.stderr
