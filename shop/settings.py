@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "django_ratelimit",
     "locks",
     "shop",
+    "loadtest",
 ]
 
 MIDDLEWARE = [
@@ -121,7 +122,7 @@ if _db_scheme not in {"mysql", "mysql2"}:
     )
 if not _db.get("NAME"):
     raise ImproperlyConfigured(f"DATABASE_URL={_masked(DATABASE_URL)!r} names no database (…:3306/shop).")
-# Another Django backend for the same server, e.g. shop.loadtest.mysql8 (MariaDB dressed as
+# Another Django backend for the same server, e.g. loadtest.mysql8 (MariaDB dressed as
 # MySQL 8.4: how load tests run the MySQL 8 paths on a machine without MySQL 8).
 if _engine := env.str("DATABASE_ENGINE", default=""):
     _db["ENGINE"] = _engine
