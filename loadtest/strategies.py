@@ -31,7 +31,8 @@ from django.db.models import F
 from django.utils import timezone
 from django_redis import get_redis_connection
 
-from shop.models import DbLock, Order, OrderLine, Product, StockLedger
+from loadtest.models import DbLock
+from shop.models import Order, OrderLine, Product, StockLedger
 
 PLACED = "placed"
 OUT_OF_STOCK = "out_of_stock"

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Sum
 from django_redis import get_redis_connection
 
+from loadtest.models import DbLock
 from locks.conf import locks_settings
 from locks.keys import LockKeys
 from shop.conf import shop_settings
@@ -24,7 +25,6 @@ from shop.models import (
     CheckoutRequest,
     Coupon,
     CouponClaim,
-    DbLock,
     Order,
     OrderLine,
     Product,

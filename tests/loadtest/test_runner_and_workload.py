@@ -9,10 +9,11 @@ from django.db import connection
 from django_redis import get_redis_connection
 
 from loadtest import runner, strategies, workload
+from loadtest.models import DbLock
 from loadtest.runner import Phase, Plan, RunError
 from loadtest.strategies import Options
 from shop import services
-from shop.models import DbLock, Order, OrderLine, Product, StockLedger
+from shop.models import Order, OrderLine, Product, StockLedger
 from shop.services import idempotency, soldout
 
 pytestmark = pytest.mark.django_db(transaction=True)

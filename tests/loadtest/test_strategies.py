@@ -116,7 +116,7 @@ def test_lock_table_waiters_outlive_the_deadlock_innodb_hands_them():
     try:
         other.autocommit(False)
         other.cursor().execute(
-            "INSERT INTO shop_dblock (name, owner, expires_at) VALUES (%s, 'other', NOW() + INTERVAL 1 MINUTE)",
+            "INSERT INTO loadtest_dblock (name, owner, expires_at) VALUES (%s, 'other', NOW() + INTERVAL 1 MINUTE)",
             [name],
         )
         for t in threads:
@@ -125,7 +125,7 @@ def test_lock_table_waiters_outlive_the_deadlock_innodb_hands_them():
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # both waiters' INSERTs are in flight...
             probe.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE info LIKE %s",
-                          ["INSERT INTO `shop_dblock`%"])
+                          ["INSERT INTO `loadtest_dblock`%"])
             if probe.fetchone()[0] >= 2:
                 break
             time.sleep(0.01)
