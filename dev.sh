@@ -144,7 +144,7 @@ configured_locks_backend() {
 zk_ok() { [ "$(echo ruok | timeout 1 bash -c 'exec 3<>/dev/tcp/127.0.0.1/2181; cat >&3; cat <&3' 2>/dev/null)" = imok ]; }
 
 # ZooKeeper, an optional service (slow to install: Java): Debian's package (not zookeeperd: no
-# systemd here). The tests of its backend start their own servers from it (locks/servers/zookeeper.py).
+# systemd here). The tests of its backend start their own servers from it (loadtest/servers/zookeeper.py).
 install_zookeeper() {
   [ -f /usr/share/java/zookeeper.jar ] || { say "installing zookeeper"; apt_install --no-install-recommends zookeeper; }
 }

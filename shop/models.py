@@ -378,20 +378,6 @@ class StockLedger(models.Model):
         return f"{self.product_id} {self.quantity:+d} ({self.reason})"
 
 
-class DbLock(models.Model):
-    """A lock row for the load test's "database lock table" strategy (unique-key insert = acquire).
-
-    Not used by the shop itself; it exists so `manage.py loadtest` can measure the approach.
-    """
-
-    name = models.CharField(max_length=200, unique=True)
-    owner = models.CharField(max_length=100)
-    expires_at = models.DateTimeField(db_index=True)
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.owner})"
-
-
 class ApiToken(models.Model):
     """A bearer token for the JSON API (load-test tools, scripts). Only its SHA-256 is stored."""
 

@@ -16,7 +16,7 @@ import redis
 from django.contrib.auth import get_user_model
 from django.db import connections
 
-from locks.servers.base import free_port
+from loadtest.servers.base import free_port
 
 FORK = multiprocessing.get_context("fork")
 

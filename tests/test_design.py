@@ -32,14 +32,7 @@ SKIP_DIRS = {"__pycache__", "node_modules", "staticfiles", "test-artifacts"}
 # Files whose invariant citations are checked.
 CITING = {".py", ".html", ".md", ".sh"}
 
-# Files that cite the design under its old name and that this change could not edit: they belong
-# to the load-test move (shop/loadtest/ -> loadtest/). Their citations are tolerated until then;
-# an entry that no longer needs its place (moved, or fixed) fails `test_no_stale_exemptions`.
-NOT_YET_RENAMED = {
-    "shop/loadtest/report.py",
-    "shop/loadtest/scenarios.py",
-    "shop/loadtest/workload.py",
-}
+NOT_YET_RENAMED: set[str] = set()  # files still citing the design's old name (none left)
 
 # I7, I1-I6, I1-6 (a hyphen or an en dash): a citation of one invariant, or of a range.
 INVARIANT = re.compile(r"\bI(\d+)(?:\s*[-\u2013]\s*I?(\d+))?\b")

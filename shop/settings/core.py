@@ -19,6 +19,7 @@ INSTALLED_APPS = [
     "django_ratelimit",
     "locks",
     "shop",
+    "loadtest",
 ]
 
 MIDDLEWARE = [

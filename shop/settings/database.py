@@ -4,7 +4,7 @@ from shop.settings.environment import env, value
 
 DATABASE_URL = value("DATABASE_URL")
 _db = env.db_url_config(DATABASE_URL)
-# Another Django backend for the same server, e.g. shop.loadtest.mysql8 (MariaDB dressed as
+# Another Django backend for the same server, e.g. loadtest.mysql8 (MariaDB dressed as
 # MySQL 8.4: how load tests run the MySQL 8 paths on a machine without MySQL 8).
 if _engine := value("DATABASE_ENGINE"):
     _db["ENGINE"] = _engine

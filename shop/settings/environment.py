@@ -287,7 +287,7 @@ VARIABLES: list[Variable] = [
     # database
     Variable("DATABASE_URL", "MySQL/MariaDB only (utf8mb4, READ COMMITTED)", default="mysql://root@127.0.0.1:3306/shop",
              parse=_database_url),
-    Variable("DATABASE_ENGINE", "another Django database backend for the same server (shop.loadtest.mysql8)",
+    Variable("DATABASE_ENGINE", "another Django database backend for the same server (loadtest.mysql8)",
              shown="from `DATABASE_URL`"),
     Variable("CONN_MAX_AGE", "seconds a database connection is kept (health-checked before reuse)", kind="int",
              default=60),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from loadtest.servers.base import RedisProcess
 from locks.scripts import execute_pipeline, queue_script
-from locks.servers.base import RedisProcess
 
 
 @pytest.fixture

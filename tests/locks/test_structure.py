@@ -13,13 +13,12 @@ ROOT = Path(locks.__file__).parent
 
 # Floor of each module (dotted names below `locks`); a package's modules default to the package's.
 FLOORS = {
-    1: ["conf", "exceptions", "keys", "histogram", "scripts", "redis_urls", "cluster", "checks", "models",
-        "servers"],
+    1: ["conf", "exceptions", "keys", "histogram", "scripts", "redis_urls", "cluster", "checks", "models"],
     2: ["hold", "connection"],
     3: ["backends.base", "backends", "metrics", "renewal", "events"],
     4: ["backends.redis", "backends.redlock", "backends.zookeeper", "backends.mysql", "stats"],
     5: ["lock", "inspect"],
-    6: ["combining", "jobs", "bench", "services", "views", "admin", "management", "apps", ""],
+    6: ["combining", "jobs", "services", "views", "admin", "management", "apps", ""],
 }
 FLOOR = {f"locks.{m}".rstrip("."): floor for floor, names in FLOORS.items() for m in names}
 

@@ -51,10 +51,10 @@ def other_user(db):
 def flavour(request):
     """Run the test twice: on MariaDB as it is, and with the connection dressed as MySQL 8.4 (no
     INSERT ... RETURNING, no idle_transaction_timeout, so stale transactions in kill mode;
-    shop/loadtest/mysql8). Forked processes inherit the dress."""
+    loadtest/mysql8). Forked processes inherit the dress."""
     from django.db import connection
 
-    from shop.loadtest import mysql8
+    from loadtest import mysql8
 
     if request.param == "mariadb":
         yield request.param
@@ -68,7 +68,7 @@ def mysql8():
     """The connection dressed as MySQL 8.4 for this test only (see `flavour`)."""
     from django.db import connection
 
-    from shop.loadtest import mysql8 as emulation
+    from loadtest import mysql8 as emulation
 
     with emulation.emulate(connection):
         yield

@@ -17,8 +17,8 @@ import urllib.request
 import pytest
 from django.db import connections
 
+from loadtest import appservers, openloop
 from locks import Lock
-from shop.loadtest import appservers, openloop
 from shop.models import ApiToken, Order
 from shop.services import place_order, soldout
 from shop.services.locking import product_lock

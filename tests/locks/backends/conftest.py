@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
+from loadtest.servers.zookeeper import ZooKeeperProcess
 from locks.backends import reset
-from locks.servers.zookeeper import ZooKeeperProcess
 
 
 @pytest.fixture(scope="module")

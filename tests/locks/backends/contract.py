@@ -10,12 +10,17 @@ woken by a release without polling out its wait, a crashed holder's lock passing
 lease, a stale holder unable to release or extend a newer holder's lock, inspection and force
 release for the dashboard, asyncio cancellation that leaves nothing behind, and the checkout
 never overselling with the backend under it.
+
+At module level it imports `locks` and nothing else of this repository (the shop and the test
+helpers only inside the tests that need them), so tests/locks/test_wheel.py runs it, as it is,
+against the locks app installed from its wheel in a project without the shop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import multiprocessing
 import os
 import signal
 import time
@@ -24,7 +29,8 @@ import pytest
 
 from locks import HolderChanged, Lock, LockLost, LockNotOwned, inspect, release_all, stats, try_acquire_all
 from locks.backends import get_backend
-from tests.locks.conftest import FORK
+
+FORK = multiprocessing.get_context("fork")
 
 __all__ = [
     "test_contract_a_blocked_acquire_times_out",

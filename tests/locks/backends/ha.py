@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from django.db import connections
 
+from loadtest.servers.base import wait_for
 from locks import Lock, LockUnavailable, redis_urls
 from locks.backends import get_backend
-from locks.servers.base import wait_for
 from tests.locks.conftest import FORK
 
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from loadtest.servers.cluster import RedisClusterSet
 from locks import Lock, LockTimeout, LockUnavailable, inspect, stats
 from locks.keys import LockKeys
 from locks.scripts import script
-from locks.servers.cluster import RedisClusterSet
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
 from tests.locks.backends.ha import (
     acquire_after_failover,

@@ -16,10 +16,10 @@ import MySQLdb
 import pytest
 from django.db import connections
 
+from loadtest.servers.base import free_port
 from locks import Lock, LockNotOwned, LockUnavailable, inspect
 from locks.backends import get_backend
 from locks.backends import mysql as mysql_backend
-from locks.servers.base import free_port
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
 from tests.locks.conftest import FORK
 

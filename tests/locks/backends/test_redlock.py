@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from loadtest.servers.redlock import RedlockServers
 from locks import Lock, LockUnavailable
 from locks.backends import get_backend
-from locks.servers.redlock import RedlockServers
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from loadtest.servers.sentinel import SentinelSet
 from locks import Lock, LockUnavailable, inspect
 from locks.keys import LockKeys
-from locks.servers.sentinel import SentinelSet
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
 from tests.locks.backends.ha import acquire_after_failover, cut_replication, two_holders_after_a_failover, use_redis_url
 

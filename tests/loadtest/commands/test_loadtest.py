@@ -1,0 +1,223 @@
+"""`manage.py loadtest`: argument handling, the printed report, files, exit status, cleanup."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from shop.models import Order, Product
+
+SMALL = ["--processes", "2", "--users", "5", "--no-progress"]
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("loadtest", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "message"), [
+    (["--quantity", "x"], "--quantity 'x'"),
+    (["--quantity", "3-1"], "low before high"),
+    (["--quantity", "0"], "whole numbers >= 1"),
+    (["--processes", "0"], "--processes must be at least 1"),
+    (["--requests", "0"], "--requests must be at least 1"),
+    (["--duration", "-1"], "--duration must be a positive"),
+    (["--lines", "2"], "--lines cannot exceed --products"),
+    (["--strategy", "guarded", "--coupon", "5"], "--coupon works with --strategy ours"),
+    (["--strategy", "naive", "--no-lock"], "--no-lock applies to --strategy ours"),
+    (["--plot", "out.jpg"], "give a FILE.png"),
+    (["--url", "ftp://x"], "--url must start with http"),
+    (["--compare", "--strategies", "guarded,nope"], "--strategies: unknown nope"),
+    (["--compare", "--scenarios", "cold"], "--scenarios: unknown cold"),
+    (["--compare", "--url", "http://127.0.0.1:1"], "does not take --url"),
+    (["--fault", "kill-everything"], "--fault: unknown kill-everything; choose from kill-holder"),
+    (["--fault", "kill-holder", "--fault-length", "0"], "--fault-length: seconds, above 0"),
+    (["--fault", "kill-holder", "--fault-duration", "3"], "at least --fault-length \\+ 4"),
+    (["--fault", "kill-holder", "--fault-buyers", "1"], "--fault-buyers must be at least 2"),
+])
+def test_bad_arguments_are_refused_with_a_message(args, message):
+    with pytest.raises(CommandError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run(*SMALL, *args)  # last wins: the bad value is the one used
+
+
+def test_unknown_strategy_is_an_argparse_error():
+    with pytest.raises(CommandError, match="invalid choice: 'nope'"):
+        run("--strategy", "nope")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_prints_the_table_passes_and_cleans_up(tmp_path):
+    out = run("--strategy", "for_update", "--requests", "40", "--stock", "25", "--products", "2",
+              "--quantity", "1-2", "--json", str(tmp_path / "run.json"), "--plot", str(tmp_path / "run.png"), *SMALL)
+    header = next(line for line in out.splitlines() if line.startswith("strategy"))
+    for column in ("attempted", "placed", "out_of_stock", "busy", "errors", "orders/s",
+                   "p50 ms", "p95 ms", "p99 ms", "max ms"):
+        assert column in header
+    row = next(line for line in out.splitlines() if line.startswith("for_update")).split()
+    assert row[2] == "40"  # attempted
+    assert "invariants I1-I6: PASS" in out
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["invariants"] == "PASS" and data["phases"][0]["attempted"] == 40
+    assert data["timeline"]["main"]
+    assert (tmp_path / "run.png").read_bytes().startswith(b"\x89PNG")
+    assert not Product.objects.filter(sku__startswith=f"lt-{data['run_id']}-").exists()
+    assert not get_user_model().objects.filter(username__startswith=f"lt-{data['run_id']}-").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_naive_oversell_is_reported_plainly_and_exits_non_zero(tmp_path):
+    out = StringIO()
+    with pytest.raises(CommandError, match="invariant check FAILED"):
+        call_command("loadtest", "--strategy", "naive", "--jitter", "5", "--requests", "60", "--stock", "30",
+                     "--processes", "3", "--users", "5", "--no-progress", "--json", str(tmp_path / "n.json"),
+                     stdout=out, stderr=StringIO())
+    text = out.getvalue()
+    assert "OVERSOLD:" in text
+    assert "invariants I1-I6: FAIL" in text
+    assert "I2" in text
+    assert json.loads((tmp_path / "n.json").read_text())["invariants"] == "FAIL"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keep_leaves_the_rows_for_inspection(tmp_path):
+    out = run("--strategy", "guarded", "--requests", "10", "--keep", "--json", str(tmp_path / "k.json"), *SMALL)
+    run_id = json.loads((tmp_path / "k.json").read_text())["run_id"]
+    assert f"lt-{run_id}-" in out
+    assert Order.objects.filter(user__username__startswith=f"lt-{run_id}-").count() == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sellout_reports_what_the_storm_touched():
+    out = run("--strategy", "guarded", "--sellout", "--stock", "5", "--requests", "30", *SMALL)
+    assert "after sell-out:" in out and "SQL statements" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("guarded")]
+    assert [r[1] for r in rows] == ["sell-out", "storm"]
+    assert rows[1][2] == "30" and rows[1][4] == "30"  # every storm request was out of stock
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compare_prints_ratios_and_tolerates_the_expected_oversell(tmp_path):
+    out = run("--compare", "--strategies", "guarded,naive,redis_py", "--scenarios", "hot,sellout", "--repeat", "1",
+              "--duration", "0.5", "--sellout-stock", "5", "--jitter", "2", "--json", str(tmp_path / "c.json"),
+              "--plot", str(tmp_path / "c.png"), *SMALL)
+    assert "vs guarded" in out and "vs cache.lock" in out
+    hot_guarded = next(line.split() for line in out.splitlines() if line.split()[:1] == ["guarded"])
+    assert hot_guarded[2] == "1.00x"  # the first table (hot) is relative to guarded itself
+    assert "rejections/s" in out
+    assert "naive (hot) OVERSOLD" in out
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert set(data["scenarios"]) == {"hot", "sellout"}
+    assert {a["strategy"] for a in data["scenarios"]["hot"]["aggregates"]} == {"guarded", "naive", "redis_py"}
+    assert (tmp_path / "c.png").stat().st_size < 150_000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_http_mode_drives_the_json_api_and_counts_refusals_right(live_server):
+    out = run("--url", live_server.url, "--processes", "3", "--requests", "60", "--stock", "20", "--users", "5",
+              "--no-progress")
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["http"])
+    attempted, placed, out_of_stock, busy, errors = (int(x.replace(",", "")) for x in row[2:7])
+    assert (attempted, placed, out_of_stock, errors) == (60, 20, 40 - busy, 0)
+    assert "invariants I1-I6: PASS" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coupon_mode_claims_then_uses_the_coupon_within_its_total():
+    from shop.models import CouponClaim, Order
+
+    out = run("--coupon", "4", "--requests", "40", "--stock", "30", "--keep", *SMALL)
+    assert "invariants I1-I6: PASS" in out and " 30 " in next(
+        line for line in out.splitlines() if line.startswith("ours"))
+    claims = CouponClaim.objects.filter(coupon__code__startswith="LT-")
+    assert claims.count() == 4  # 5 users, 4 coupons: claimed exactly up to the total
+    with_coupon = Order.objects.filter(coupon__code__startswith="LT-")
+    assert with_coupon.count() == 4 and all(o.discount > 0 for o in with_coupon)
+
+
+def test_fault_list_names_every_scenario():
+    out = run("--fault-list")
+    for name in ("kill-holder", "pause-holder", "long-pause", "kill-waiter", "kill-mysql-connection", "restart-redis",
+                 "freeze-redis", "restock-in-pause"):
+        assert name in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fault_run_prints_its_row_and_passes():
+    out = run("--fault", "kill-holder", "--fault-duration", "5", "--fault-length", "1", "--fault-buyers", "3")
+    row = next(line for line in out.splitlines() if line.startswith("kill-holder "))
+    assert row.split()[1] == "1" and row.endswith("PASS")  # one fault injected
+
+
+@pytest.mark.django_db
+def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without it looks like
+    with pytest.raises(CommandError, match=r"pip install -r requirements-bench\.txt"):
+        run(*SMALL, "--plot", str(tmp_path / "run.png"))
+    assert not Order.objects.exists() and not Product.objects.exists()  # refused before any run
+
+
+def test_every_option_of_the_load_test_commands_has_help():
+    from django.core.management import load_command_class
+
+    for command in ("loadtest", "coupon_storm"):
+        parser = load_command_class("loadtest", command).create_parser("manage.py", command)
+        own = [a for a in parser._actions if a.dest not in {"help", "version", "verbosity", "settings", "pythonpath",
+                                                               "traceback", "no_color", "force_color", "skip_checks"}]
+        assert own and all(a.help for a in own), [a.dest for a in own if not a.help]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pay_mode_balances_paid_and_pending_then_the_expiry_returns_every_unpaid_unit(tmp_path):
+    out = run("--pay", "0.5", "--requests", "40", "--stock", "30", "--products", "2", "--quantity", "1-2",
+              "--keep", "--json", str(tmp_path / "p.json"), *SMALL)
+    data = json.loads((tmp_path / "p.json").read_text())
+    p = data["payments"]
+    assert p["passed"] and data["invariants"] == "PASS", out
+    assert p["paid"] > 0 and p["pending"] > 0  # 0.5 over ~40 orders: both kinds (seeded per process)
+    assert p["stock"] + p["paid"] + p["pending"] == p["initial"] == 60
+    assert p["expiry"] == "ran" and p["pending_after"] == 0
+    assert p["stock_after"] + p["paid_after"] == 60 and p["paid_after"] == p["paid"]
+    orders = Order.objects.filter(user__username__startswith=f"lt-{data['run_id']}-")
+    assert set(orders.values_list("status", flat=True)) == {"paid", "expired"}
+    assert orders.filter(status="expired").count() == p["expired_orders"]
+    assert "ok    stock (" in out and "ok    after expiry: stock (" in out
+    assert "phases" in data and data["phases"][0]["attempted"] == 40  # the existing shape is kept
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pay_mode_skips_the_expiry_when_it_would_expire_someone_elses_order(user, make_product):
+    from shop.services import place_order
+
+    other = place_order(user=user, lines=[(make_product(stock=3).pk, 1)]).order
+    out = run("--pay", "0", "--requests", "5", "--stock", "10", *SMALL)
+    assert "expiry skipped: 1 unpaid order(s) outside this run" in out
+    other.refresh_from_db()
+    assert other.status == "pending_payment"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "message"), [
+    (["--pay", "1.5"], "between 0 and 1"),
+    (["--pay", "0.5", "--strategy", "guarded"], "--pay works with a single run"),
+    (["--pay", "0.5", "--compare"], "--pay works with a single run"),
+])
+def test_pay_arguments_are_checked(args, message):
+    with pytest.raises(CommandError, match=message):
+        run(*SMALL, *args)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pay_mode_over_http_pays_through_the_api(live_server, tmp_path):
+    run("--url", live_server.url, "--pay", "1", "--processes", "2", "--requests", "10", "--stock", "6",
+        "--users", "3", "--no-progress", "--json", str(tmp_path / "h.json"))
+    p = json.loads((tmp_path / "h.json").read_text())["payments"]
+    assert (p["paid"], p["pending"], p["stock"], p["expiry"], p["passed"]) == (6, 0, 0, "not needed", True)
