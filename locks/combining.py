@@ -20,7 +20,7 @@ This is the public API of an optional backend capability (locks/backends/base.py
 with `supports_combining` implements `submit`, `take` and `reply`). The Redis backend has it:
 no polling and no lost wake-ups, a waiter BLPOPs its own list, where either the lock (a
 hand-off) or its reply arrives. The ordering is the lock's: FIFO, so nobody starves. On a
-backend without it, `submit` raises NotImplementedError: check `lock.backend.supports_combining`.
+backend without it, `submit` raises NotImplementedError: check `lock.supports_combining`.
 
 Crashes. A request taken into a batch is recorded as the holder's (the lock's `taken` hash)
 until the holder replies. A waiter looks again by itself when the holder's lease ends (as every
@@ -60,7 +60,7 @@ class Turn:
         """Take up to `limit` requests queued behind us (FIFO; the first plain waiter stops it)."""
         if limit <= 0:
             return []
-        batch = self.lock.backend.take(self.lock, token=self.hold.token, limit=int(limit))
+        batch = self.lock._backend.take(self.lock, token=self.hold.token, limit=int(limit))
         self.taken.extend(batch)
         return batch
 
@@ -70,7 +70,7 @@ class Turn:
         if not replies:
             return
         deadlines = {r.token: r.deadline_ms for r in self.taken if r.token in replies}
-        self.lock.backend.reply(self.lock, replies=replies, deadlines=deadlines)
+        self.lock._backend.reply(self.lock, replies=replies, deadlines=deadlines)
 
     def release(self) -> None:
         """Release, and count this turn as one batch of 1 + len(taken) requests in the family's
@@ -99,9 +99,9 @@ def submit(lock: Lock, payload: str, *, wait: float | None = None,
     """Queue `payload` on `lock`: a `Turn` if we got the lock (serve ourselves and the batch),
     or `Served` with the reply a combiner sent. `LockTimeout` if neither came within `wait`:
     the request may still have been worked on (see the module docstring). The lock's backend
-    must support combining (`lock.backend.supports_combining`).
+    must support combining (`lock.supports_combining`).
 
-    `guards` (`lock.backend.supports_guards`: plain Redis, not a cluster): keys of the lock's
+    `guards` (`lock.supports_guards`: plain Redis, not a cluster): keys of the lock's
     Redis that, if any exists, stop the request before it queues: `Guarded` with their values.
     A check the caller would make before queueing anyway (a sold-out marker), without its own
     round trip."""

@@ -41,16 +41,16 @@ class LockLike(Protocol):
     one_shot: bool
 
     @property
-    def ttl_ms(self) -> int: ...
+    def _ttl_ms(self) -> int: ...
 
     @property
-    def explicit_client(self) -> Redis | None:
+    def _explicit_client(self) -> Redis | None:
         """The Redis client given to Lock(client=...); None: the LOCKS cache alias's."""
 
-    def fence_ttl_ms(self) -> int:
+    def _fence_ttl_ms(self) -> int:
         """How long a fence key outlives the lock (0: one-shot, only for the lease)."""
 
-    def handoff_ms(self) -> int:
+    def _handoff_ms(self) -> int:
         """The provisional lease a release hands to the next waiter."""
 
     # The calls a Hold makes back into its lock (the front door keeps the bookkeeping).

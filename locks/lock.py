@@ -134,19 +134,20 @@ class Lock:
         """The Redis of its statistics and events (and of the lock itself on the Redis backend)."""
         return self._client if self._client is not None else default_client()
 
+    # -- what the backends and the stats read (locks/hold.py, LockLike): not for callers ---------
     @property
-    def explicit_client(self) -> Redis | None:
+    def _explicit_client(self) -> Redis | None:
         return self._client
 
     @property
-    def ttl_ms(self) -> int:
+    def _ttl_ms(self) -> int:
         return max(1, int(self.ttl * 1000))
 
-    def fence_ttl_ms(self) -> int:
+    def _fence_ttl_ms(self) -> int:
         """0 tells the backend the lock is one-shot: the fence key lives for the lease only."""
         return 0 if self.one_shot else max(1, int(locks_settings.FENCE_TTL * 1000))
 
-    def handoff_ms(self) -> int:
+    def _handoff_ms(self) -> int:
         """The provisional lease a release grants the next waiter (HANDOFF_LEASE, at most ttl)."""
         lease = min(self.ttl, _seconds(locks_settings.HANDOFF_LEASE, "LOCKS['HANDOFF_LEASE']", positive=True))
         return max(1, int(lease * 1000))
@@ -189,8 +190,14 @@ class Lock:
         return self._extend_hold(hold, seconds, replace=replace)
 
     @property
-    def backend(self) -> LockBackend:
-        return self._backend
+    def supports_combining(self) -> bool:
+        """Its backend queues requests a holder may serve (`submit`, locks/combining.py)."""
+        return self._backend.supports_combining
+
+    @property
+    def supports_guards(self) -> bool:
+        """Its backend reads guard keys in the queueing call (`submit(..., guards=...)`)."""
+        return self._backend.supports_guards
 
     def locked(self) -> bool:
         """Is anyone holding this lock right now?"""

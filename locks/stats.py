@@ -89,7 +89,7 @@ class Recorder:
 
     # -- recording (the lock's hot path: a mutex and a few dict updates) --------------------
     def _slot(self, lock: LockLike) -> _Pending:
-        return self._slot_of(lock.explicit_client, lock.keys.prefix)
+        return self._slot_of(lock._explicit_client, lock.keys.prefix)
 
     def _slot_of(self, client: Redis | None, prefix: str) -> _Pending:
         key = (client, prefix)

@@ -295,7 +295,7 @@ class MySQLBackend(LockBackend):
         wake = self._wake_name(conn, name)
         have_wake = clean = False
         contended = False
-        args = {"name": name, "token": token, "owner": owner[:200], "ttl_us": lock.ttl_ms * 1000,
+        args = {"name": name, "token": token, "owner": owner[:200], "ttl_us": lock._ttl_ms * 1000,
                 "grace_us": int(float(locks_settings.HANDOFF_LEASE) * 1e6)}
         try:
             while True:

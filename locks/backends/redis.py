@@ -165,8 +165,8 @@ def _lock_keys(keys: LockKeys) -> list[str]:
 
 def _acquire_args(lock: LockLike, *, token: str, owner: str, wait_ms: int) -> list:
     """ARGV of acquire up to the give-up time and payload (added per send: `_run_acquire`)."""
-    return [token, lock.ttl_ms, owner, max(wait_ms, 0), lock.keys.signal_prefix, lock.fence_ttl_ms(),
-            lock.handoff_ms()]
+    return [token, lock._ttl_ms, owner, max(wait_ms, 0), lock.keys.signal_prefix, lock._fence_ttl_ms(),
+            lock._handoff_ms()]
 
 
 class RedisBackend(LockBackend):
@@ -259,7 +259,7 @@ class RedisBackend(LockBackend):
                 if got is not None:
                     # Handed over at the very last moment: it is ours; don't strand it.
                     fence, now_ms, since_ms = got
-                    return Grant(fence, sent + (since_ms - now_ms) / 1000, lock.handoff_ms() / 1000, contended=True)
+                    return Grant(fence, sent + (since_ms - now_ms) / 1000, lock._handoff_ms() / 1000, contended=True)
         except ReplicasLagging as exc:
             signal.abort()
             self._release(lock, client, token)
@@ -362,7 +362,7 @@ class RedisBackend(LockBackend):
         for lock, token in items:
             keys = lock.keys
             queue_script(pipe, "release", keys=_lock_keys(keys),
-                          args=[token, keys.signal_prefix, lock.fence_ttl_ms(), lock.handoff_ms()])
+                          args=[token, keys.signal_prefix, lock._fence_ttl_ms(), lock._handoff_ms()])
         try:
             return [bool(released) for released in execute_pipeline(client, pipe)]
         except UNREACHABLE as exc:
@@ -388,7 +388,7 @@ class RedisBackend(LockBackend):
         keys = lock.keys
         return bool(script("release")(
             keys=_lock_keys(keys),
-            args=[token, keys.signal_prefix, lock.fence_ttl_ms(), lock.handoff_ms()],
+            args=[token, keys.signal_prefix, lock._fence_ttl_ms(), lock._handoff_ms()],
             client=client,
         ))
 

@@ -225,7 +225,7 @@ class RedlockBackend(LockBackend):
 
     @staticmethod
     def _fence_ttl_ms(lock: LockLike) -> int:
-        return max(lock.fence_ttl_ms(), lock.ttl_ms)
+        return max(lock._fence_ttl_ms(), lock._ttl_ms)
 
     # -- acquire ----------------------------------------------------------------------------
     def acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
@@ -238,7 +238,7 @@ class RedlockBackend(LockBackend):
                     raise Cancelled
                 sent = time.monotonic()
                 wait_ms = int((deadline - sent) * 1000) + 1000 if blocking else 0
-                args = [token, lock.ttl_ms, owner, self._fence_ttl_ms(lock), max(wait_ms, 0), "1" if woken else "0"]
+                args = [token, lock._ttl_ms, owner, self._fence_ttl_ms(lock), max(wait_ms, 0), "1" if woken else "0"]
                 replies = self._on_all(lambda m, a=args: m.run("acquire", _keys(keys, "lock", "fence", "waiters",
                                                                                   "handoff"), a))
                 granted = [i for i, r in enumerate(replies) if r is not _FAILED and int(r[0]) == GOT]
@@ -340,7 +340,7 @@ class RedlockBackend(LockBackend):
     def release(self, lock: LockLike, *, token: str) -> bool:
         keys = lock.keys
         replies = self._on_all(lambda m: m.run("release", _keys(keys, "lock", "waiters", "wake", "handoff"),
-                                               [token, "0", lock.handoff_ms()]))
+                                               [token, "0", lock._handoff_ms()]))
         self._need_quorum(lock.name, replies)
         return sum(1 for r in replies if r is not _FAILED and int(r) == OK) >= self.quorum
 

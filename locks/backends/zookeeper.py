@@ -553,7 +553,7 @@ class ZooKeeperBackend(LockBackend):
         """We are the head: issue the fence and start our lease, in one transaction (None: our
         node is gone, and then the fence was not issued either)."""
         parent = node.path.rsplit("/", 1)[0]
-        ttl_ms = lock.ttl_ms
+        ttl_ms = lock._ttl_ms
         while True:
             data, stat = self._call("get", parent)
             clock = self._fresh_clock()

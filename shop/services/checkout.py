@@ -20,14 +20,13 @@ import logging
 import time
 from dataclasses import dataclass
 
-from locks.backends import get_backend
 from locks.combining import Guarded
 from shop import admission, deadlines, errors, metrics, selectors
 from shop.conf import shop_settings
 from shop.models import Coupon, Order, OrderLine, Product
 from shop.services import batch, combining, idempotency, soldout
 from shop.services.batch import Again, Alone, Placed, Refused, Request, Result
-from shop.services.locking import held, product_lock, refuse_outer_transaction
+from shop.services.locking import held, product_lock, refuse_outer_transaction, shop_lock
 from shop.services.transactions import backoff, connection_errors
 from shop.services.validation import validate_code, validate_idempotency_key, validate_lines
 
@@ -87,16 +86,16 @@ def place_order(
     product_ids = [pid for pid, _ in lines]
     record_key = idempotency.record_key(user.pk, key) if key is not None else None
     use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
-    backend = get_backend()
+    lock = shop_lock(product_lock(product_ids[0]))  # what its lock service can do
     # One product: queue on its lock; whoever holds it commits everyone queued at once. (The
     # queue is a Redis one: on Redlock, ZooKeeper or MySQL every order takes the lock itself.)
-    combined = use_locks and shop_settings.COMBINING and len(lines) == 1 and backend.supports_combining
+    combined = use_locks and shop_settings.COMBINING and len(lines) == 1 and lock.supports_combining
     # Fast path: a product known to be sold out is refused without the lock or MySQL, unless this
     # key already placed an order (then it gets that order back). The markers and the record are
     # read by the queueing script itself where it can (guards: no round trip of their own), else
     # by one MGET first. Either way before any refusal for load: "sold out" is always answered.
     guards = (soldout.guard_keys(product_ids, record_key=record_key)
-              if combined and backend.supports_guards and soldout.shares_lock_redis() else [])
+              if combined and lock.supports_guards and soldout.shares_lock_redis() else [])
 
     def fast_path() -> Placement | None:
         try:

@@ -183,10 +183,10 @@ def test_a_payload_is_required():
 
 @pytest.mark.django_db(transaction=True)
 def test_combining_is_a_capability_only_a_combining_backend_has(name, settings):
-    assert Lock(name).backend.supports_combining  # the Redis backend
+    assert Lock(name).supports_combining  # the Redis backend
     settings.LOCKS = {**settings.LOCKS, "BACKEND": "mysql"}
     lock = Lock(name, wait=1.0)
-    assert not lock.backend.supports_combining
+    assert not lock.supports_combining
     with pytest.raises(NotImplementedError, match="does not combine requests"):
         submit(lock, "request")
     assert lock.held is None and not lock.locked()  # nothing was queued or taken
@@ -235,9 +235,9 @@ def start_submitter_guarded(name: str, payload: str, *, guards: list[str]):
 
 def test_guards_are_refused_where_one_script_cannot_read_them(name, settings):
     lock = Lock(name, wait=1.0)
-    assert lock.backend.supports_guards  # one Redis server
+    assert lock.supports_guards  # one Redis server
     settings.LOCKS = {**settings.LOCKS, "BACKEND": "mysql"}
-    assert not Lock(name).backend.supports_guards
+    assert not Lock(name).supports_guards
 
 
 def _combine_then_die(name: str, queue) -> None:

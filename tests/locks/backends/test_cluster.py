@@ -145,7 +145,7 @@ def test_guards_are_refused_on_the_cluster(backend, name):
     from locks.combining import submit
 
     lock = Lock(name, wait=1.0)
-    assert lock.backend.supports_combining and not lock.backend.supports_guards
+    assert lock.supports_combining and not lock.supports_guards
     with pytest.raises(ValueError, match="not on a cluster"):
         submit(lock, "request", guards=["shop:x:soldout:{1}"])
     assert not lock.locked()
