@@ -52,7 +52,7 @@ def order_complete(*, user, order_id: int | None = None, idempotency_key: str | 
 
 def coupon_list(*, active_only: bool = True) -> QuerySet[Coupon]:
     qs = Coupon.objects.annotate(claim_count=Count("claims")).order_by("id")
-    return qs.on_sale() if active_only else qs
+    return qs.filter(active=True) if active_only else qs
 
 
 def claims_for_user(*, user) -> QuerySet[CouponClaim]:
