@@ -451,7 +451,7 @@ def _buyer(index: int, product_id: int, user_ids: list[int], stop_at: float, arm
         out.send(("begin", key))
         try:
             return start, PLACED, place_order(user=rng.choice(users), lines=[(product_id, 1)],
-                                              idempotency_key=key).order.pk
+                                              idempotency_key=key).order_id
         except errors.ShopError as exc:
             return start, outcome_of_code(exc.code), None
         except Exception as exc:  # journaled as an error: the verdict fails on it

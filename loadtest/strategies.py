@@ -397,19 +397,21 @@ class Ours(Strategy):
         code = self.options.coupon_code
         try:
             try:
-                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs).order
+                placed = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
             except ShopError as exc:
                 if exc.code != "coupon_not_claimed":
                     raise
                 # A shopper claims the coupon the first time (if any are left), and buys with or without it.
                 code = self._claim(user)
-                order = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs).order
+                placed = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
         except ShopError as exc:
             return outcome_of_code(exc.code), None
         if wants_to_pay(self.rng, self.options):
+            from shop.models import Order
+
             with contextlib.suppress(ShopError):  # too late to pay: the order stays unpaid (the books show it)
-                self.services.pay_order(order=order, actor=f"loadtest:{user_id}")
-        return PLACED, order.pk
+                self.services.pay_order(order=Order.objects.get(pk=placed.order_id), actor=f"loadtest:{user_id}")
+        return PLACED, placed.order_id
 
     def _claim(self, user) -> str | None:
         from shop.errors import CouponAlreadyClaimed, CouponSoldOut

@@ -20,6 +20,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from shop import deadlines, errors, ratelimits, selectors
 from shop.models import CouponClaim, Order, Product
+from shop.receipts import Receipt
 from shop.services import cancel_order, claim_coupon, pay_order, place_order, validation
 from shop.services.validation import MAX_CODE_LENGTH, validate_code, validate_idempotency_key
 from shop.tokens import BadToken, bearer_token, user_for_token
@@ -154,24 +155,30 @@ def product_json(p: Product) -> dict[str, Any]:
     return {"id": p.pk, "sku": p.sku, "name": p.name, "price": str(p.price), "stock": p.stock}
 
 
-def order_json(order: Order) -> dict[str, Any]:
+def receipt_json(receipt: Receipt) -> dict[str, Any]:
+    """An order as the API shows it (shop.receipts: the one shape, placed or read back)."""
     return {
-        "id": order.pk,
-        "status": order.status,
-        "subtotal": str(order.subtotal),
-        "discount": str(order.discount),
-        "total": str(order.total),
-        "coupon_code": order.coupon.code if order.coupon_id else None,
-        "idempotency_key": order.idempotency_key,
-        "created_at": order.created_at.isoformat(),
-        "pay_by": order.pay_by.isoformat() if order.pay_by else None,
-        "paid_at": order.paid_at.isoformat() if order.paid_at else None,
+        "id": receipt.order_id,
+        "status": receipt.status,
+        "subtotal": str(receipt.subtotal),
+        "discount": str(receipt.discount),
+        "total": str(receipt.total),
+        "coupon_code": receipt.coupon_code,
+        "idempotency_key": receipt.idempotency_key,
+        "created_at": receipt.created_at.isoformat(),
+        "pay_by": receipt.pay_by.isoformat() if receipt.pay_by else None,
+        "paid_at": receipt.paid_at.isoformat() if receipt.paid_at else None,
         "lines": [
-            {"product_id": line.product_id, "sku": line.product.sku, "name": line.product.name,
+            {"product_id": line.product_id, "sku": line.sku, "name": line.name,
              "quantity": line.quantity, "unit_price": str(line.unit_price)}
-            for line in order.lines.all()
+            for line in receipt.lines
         ],
     }
+
+
+def order_json(order: Order) -> dict[str, Any]:
+    """A saved order (its coupon, lines and products loaded), in the receipt's shape."""
+    return receipt_json(Receipt.of_order(order))
 
 
 def claim_json(claim: CouponClaim) -> dict[str, Any]:
@@ -208,7 +215,7 @@ def orders(request: HttpRequest) -> JsonResponse:
             raise
     placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key,
                          deadline=deadlines.of_request(request))
-    return JsonResponse(order_json(placed.order), status=200 if placed.replayed else 201)
+    return JsonResponse(receipt_json(placed), status=200 if placed.replayed else 201)
 
 
 @api_view(("GET",))

@@ -191,7 +191,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
             cart.clear(request.session)
             if not placed.replayed:
                 messages.success(request, "Thank you! Your order is placed.")
-            return redirect("order", order_id=placed.order.pk)
+            return redirect("order", order_id=placed.order_id)
     # A fresh key for a fresh attempt; the coupon stays picked.
     chosen = form.cleaned_data.get("coupon_code", "") if form.is_valid() else ""
     return _checkout_page(request, rows, CheckoutForm(codes=codes, initial={"coupon_code": chosen}), effects)

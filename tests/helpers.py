@@ -123,3 +123,10 @@ def kill_own_connection() -> None:
         admin.cursor().execute(f"KILL {int(connection_id)}")
     finally:
         admin.close()
+
+
+def order_of(receipt):
+    """The saved Order behind a receipt that place_order returned (to pay, cancel or refund it)."""
+    from shop.models import Order
+
+    return Order.objects.get(pk=receipt.order_id)

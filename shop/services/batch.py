@@ -39,6 +39,7 @@ import locks
 from shop import errors, metrics
 from shop.conf import shop_settings
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+from shop.receipts import ReceiptLine as Line
 from shop.services import fence_refusals, hooks, idempotency, purchase_limits, soldout, stale_transactions
 from shop.services.coupons import coupon_error
 from shop.services.locking import StaleFence, check_before_commit, product_lock
@@ -92,15 +93,6 @@ class Request:
         data = json.loads(payload)
         return cls(id=data["id"], user_id=data["u"], lines=tuple((p, q) for p, q in data["l"]), code=data["c"],
                    key=data["k"], digest=data["d"], deadline=deadline, token=token, recorded=True)
-
-
-@dataclass(frozen=True)
-class Line:
-    product_id: int
-    sku: str
-    name: str
-    quantity: int
-    unit_price: Decimal
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,11 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass
 
 from locks.combining import Guarded
 from shop import admission, deadlines, errors, metrics, selectors
 from shop.conf import shop_settings
-from shop.models import Coupon, Order, OrderLine, Product
+from shop.receipts import Receipt
 from shop.services import batch, combining, idempotency, soldout
 from shop.services.batch import Again, Alone, Placed, Refused, Request, Result
 from shop.services.locking import held, product_lock, refuse_outer_transaction, shop_lock
@@ -33,29 +32,19 @@ from shop.services.validation import validate_code, validate_idempotency_key, va
 log = logging.getLogger("shop")
 
 
-@dataclass(frozen=True)
-class Placement:
-    """What place_order returns: the order, complete (its coupon, lines and their products are
-    attached, so rendering it sends no query), and whether it is a replay of an earlier request
-    with the same Idempotency-Key (HTTP 200 rather than 201)."""
-
-    order: Order
-    replayed: bool
-
-
 def request_digest(lines: list[tuple[int, int]], coupon_code: str | None) -> str:
     body = json.dumps({"lines": sorted(lines), "coupon": coupon_code or ""}, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def _replay(*, user, key: str, digest: str) -> Placement | None:
+def _replay(*, user, key: str, digest: str) -> Receipt | None:
     """The order a key already produced, or None; a different body conflicts."""
     order = selectors.order_complete(user=user, idempotency_key=key)
     if order is None:
         return None
     if order.request_digest != digest:
         raise errors.IdempotencyConflict(details={"order_id": order.pk})
-    return Placement(order=order, replayed=True)
+    return Receipt.of_order(order, replayed=True)
 
 
 @metrics.checkout_outcome  # outermost: sees DatabaseUnavailable from connection_errors
@@ -68,7 +57,7 @@ def place_order(
     idempotency_key: str | None = None,
     use_lock: bool | None = None,
     deadline: float | None = None,
-) -> Placement:
+) -> Receipt:
     """Place an order, all or nothing.
 
     `deadline`: time.monotonic() when the answer is due (shop/deadlines.py; default: the
@@ -97,7 +86,7 @@ def place_order(
     guards = (soldout.guard_keys(product_ids, record_key=record_key)
               if combined and lock.supports_guards and soldout.shares_lock_redis() else [])
 
-    def fast_path() -> Placement | None:
+    def fast_path() -> Receipt | None:
         try:
             fast = soldout.markers_and_record(product_ids, record_key=record_key)
         except soldout.SoldOutCheckFailed as exc:
@@ -121,15 +110,15 @@ def place_order(
                           digest=digest, record_key=record_key)
     finally:
         admission.leave()
-    if isinstance(result, Placement):
+    if isinstance(result, Receipt):
         return result
     if isinstance(result, Refused):
         raise result.error()
-    return _placement(result, user=user, key=key, digest=digest)
+    return _receipt(result, user=user, key=key)
 
 
 def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: bool, user, key: str | None,
-             digest: str, record_key: str | None) -> Result | Placement:
+             digest: str, record_key: str | None) -> Result | Receipt:
     """Queue on the product's lock (combined) or take the order's locks, until the request's
     line deadline; the writer's result (or a replay the queueing script's guards found)."""
     product_ids = [pid for pid, _ in mine.lines]
@@ -161,7 +150,7 @@ def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: boo
 
 
 def _fast_path(fast: soldout.FastPath, *, user, key: str | None, digest: str,
-               lines: list[tuple[int, int]]) -> Placement | None:
+               lines: list[tuple[int, int]]) -> Receipt | None:
     """The replay of this key's order if Redis has its record (or could not tell), else None;
     OutOfStock if a product is marked sold out."""
     if key is not None and fast.has_record is not False and (
@@ -175,21 +164,13 @@ def _fast_path(fast: soldout.FastPath, *, user, key: str | None, digest: str,
     return None
 
 
-def _placement(placed: Placed, *, user, key: str | None, digest: str) -> Placement:
-    """The writer's (or combiner's) result as a complete Order. Built from the result where it
-    carries the receipt (a placed order: no query); read back where it does not (a replay)."""
+def _receipt(placed: Placed, *, user, key: str | None) -> Receipt:
+    """The writer's (or combiner's) result as the buyer's receipt: built from the result where it
+    carries the lines (a placed order: no query), read back where it does not (a replay)."""
     if placed.lines is None:
-        order = selectors.order_complete(user=user, order_id=placed.order_id)
-        return Placement(order=order, replayed=placed.replayed)
-    order = Order(pk=placed.order_id, user=user, subtotal=placed.subtotal, discount=placed.discount,
-                  total=placed.total, coupon_id=placed.coupon_id, idempotency_key=key, request_digest=digest,
-                  status=placed.status, pay_by=placed.pay_by, paid_at=placed.paid_at, created_at=placed.created_at)
-    order._state.adding = False
-    if placed.coupon_id is not None:
-        order.coupon = Coupon(pk=placed.coupon_id, code=placed.coupon_code)
-    lines = [OrderLine(order=order, product=Product(pk=line.product_id, sku=line.sku, name=line.name),
-                       quantity=line.quantity, unit_price=line.unit_price) for line in placed.lines]
-    prefetched = order.lines.all()  # lazy: no query. Filled in as prefetch_related("lines") would.
-    prefetched._result_cache, prefetched._prefetch_done = lines, True
-    order._prefetched_objects_cache = {"lines": prefetched}
-    return Placement(order=order, replayed=placed.replayed)
+        return Receipt.of_order(selectors.order_complete(user=user, order_id=placed.order_id),
+                                replayed=placed.replayed)
+    return Receipt(order_id=placed.order_id, status=placed.status, subtotal=placed.subtotal,
+                   discount=placed.discount, total=placed.total, coupon_code=placed.coupon_code,
+                   idempotency_key=key, created_at=placed.created_at, pay_by=placed.pay_by, paid_at=placed.paid_at,
+                   lines=placed.lines, replayed=placed.replayed)

@@ -98,7 +98,7 @@ def test_cleanup_removes_everything_the_run_created():
     buyer = get_user_model().objects.get(pk=w.user_ids[0])
     placed = services.place_order(user=buyer, lines=[(w.product_ids[1], 1)], idempotency_key="lt-key")
     record = idempotency.record_key(buyer.pk, "lt-key")
-    assert get_redis_connection("default").get(record) == str(placed.order.pk).encode()
+    assert get_redis_connection("default").get(record) == str(placed.order_id).encode()
     assert soldout.mark(w.product_ids[0], fence=1)
     workload.cleanup(w)
     assert get_redis_connection("default").exists(record) == 0

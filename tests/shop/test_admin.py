@@ -9,6 +9,7 @@ from django.test import Client
 from locks import Lock
 from shop.models import Order, Product, StockLedger
 from shop.services import place_order
+from tests.helpers import order_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,7 +62,7 @@ def test_saving_the_change_form_never_writes_back_an_old_stock(admin_client, mak
 
 def test_cancel_order_goes_through_the_service(admin_client, make_product, user):
     p = make_product(stock=5)
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     assert "Cancel order" in admin_client.get(f"/admin/shop/order/{order.pk}/cancel/").content.decode()
     assert admin_client.post(f"/admin/shop/order/{order.pk}/cancel/").status_code == 302
     order.refresh_from_db()
@@ -167,7 +168,7 @@ def test_the_order_page_is_read_only_labels_its_lines_and_offers_cancel(admin_cl
     p = make_product(stock=5, price="129.00")
     p.name = "Limited sneaker drop"
     p.save(update_fields=["name"])
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     page = admin_client.get(f"/admin/shop/order/{order.pk}/change/").content.decode()
     assert "2 x Limited sneaker drop @ $129.00" in page  # the shop's money format
     assert 'name="_save"' not in page and 'name="_continue"' not in page  # no Save buttons
@@ -192,7 +193,7 @@ def test_the_product_page_offers_restock(admin_client, make_product):
 
 def test_view_only_staff_see_no_restock_or_cancel_and_cannot_trigger_them(make_product, user):
     p = make_product(stock=5)
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     viewer = Client()
     viewer.force_login(_staff_with("view_product", "view_order"))
     for url in (f"/admin/shop/product/{p.pk}/change/", "/admin/shop/product/"):
@@ -209,7 +210,7 @@ def test_view_only_staff_see_no_restock_or_cancel_and_cannot_trigger_them(make_p
 
 
 def test_staff_who_may_change_orders_get_the_cancel_tool_but_no_save(make_product, user):
-    order = place_order(user=user, lines=[(make_product(stock=5).pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(make_product(stock=5).pk, 1)]))
     editor = Client()
     editor.force_login(_staff_with("view_order", "change_order"))
     page = editor.get(f"/admin/shop/order/{order.pk}/change/").content.decode()
@@ -224,13 +225,13 @@ def test_staff_who_may_change_orders_get_the_cancel_tool_but_no_save(make_produc
 def _paid(user, product, quantity: int = 2) -> Order:
     from shop.services import pay_order
 
-    return pay_order(order=place_order(user=user, lines=[(product.pk, quantity)]).order, actor="test")
+    return pay_order(order=order_of(place_order(user=user, lines=[(product.pk, quantity)])), actor="test")
 
 
 def test_a_paid_order_offers_refund_and_never_cancel(admin_client, make_product, user):
     p = make_product(stock=5, price="129.00")
     paid = _paid(user, p)
-    pending = place_order(user=user, lines=[(p.pk, 1)]).order
+    pending = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     refund, cancel = f"/admin/shop/order/{paid.pk}/refund/", f"/admin/shop/order/{paid.pk}/cancel/"
     page = admin_client.get(f"/admin/shop/order/{paid.pk}/change/").content.decode()
     assert f'href="{refund}"' in page and "Refund order…" in page
@@ -267,7 +268,7 @@ def test_a_paid_order_offers_refund_and_never_cancel(admin_client, make_product,
 
 
 def test_the_cancel_page_says_what_state_the_order_is_in(admin_client, make_product, user):
-    order = place_order(user=user, lines=[(make_product(stock=5).pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(make_product(stock=5).pk, 1)]))
     page = admin_client.get(f"/admin/shop/order/{order.pk}/cancel/").content.decode()
     assert "is awaiting payment" in page and 'value="Yes, cancel it"' in page
     admin_client.post(f"/admin/shop/order/{order.pk}/cancel/")
@@ -326,12 +327,12 @@ def _sales_fixture(make_product, make_coupon, user, other_user):
     b = make_product(stock=6, price="5.00")
     c = make_product(stock=1, price="9.00")
     coupon = make_coupon(total=5, discount="2.00")
-    pay_order(order=place_order(user=user, lines=[(a.pk, 2)]).order, actor="t")
+    pay_order(order=order_of(place_order(user=user, lines=[(a.pk, 2)])), actor="t")
     place_order(user=other_user, lines=[(a.pk, 1)])
-    refund_order(order=pay_order(order=place_order(user=other_user, lines=[(a.pk, 1)]).order, actor="t"), actor="t")
+    refund_order(order=pay_order(order=order_of(place_order(user=other_user, lines=[(a.pk, 1)])), actor="t"), actor="t")
     claim_coupon(user=user, code=coupon.code)
-    pay_order(order=place_order(user=user, lines=[(b.pk, 3), (c.pk, 1)], coupon_code=coupon.code).order, actor="t")
-    cancel_order(order=place_order(user=other_user, lines=[(b.pk, 1)]).order, actor="t")
+    pay_order(order=order_of(place_order(user=user, lines=[(b.pk, 3), (c.pk, 1)], coupon_code=coupon.code)), actor="t")
+    cancel_order(order=order_of(place_order(user=other_user, lines=[(b.pk, 1)])), actor="t")
     return a, b, c
 
 
@@ -395,7 +396,7 @@ def test_orders_export_as_csv_with_the_list_filters_for_those_allowed(make_produ
 
     p, q = make_product(stock=20, price="1250.00"), make_product(stock=20)
     formula = get_user_model().objects.create_user("=HYPERLINK(evil)", password="x")
-    paid = pay_order(order=place_order(user=formula, lines=[(p.pk, 2), (q.pk, 1)]).order, actor="t")
+    paid = pay_order(order=order_of(place_order(user=formula, lines=[(p.pk, 2), (q.pk, 1)])), actor="t")
     place_order(user=other_user, lines=[(p.pk, 1)])
     url = "/admin/shop/order/export.csv"
 
@@ -428,7 +429,7 @@ def test_the_export_reads_orders_in_bounded_chunks(make_product, user, django_as
     from shop.selectors import orders_in_chunks
 
     p = make_product(stock=50)
-    placed = [place_order(user=user, lines=[(p.pk, 1)]).order.pk for _ in range(7)]
+    placed = [place_order(user=user, lines=[(p.pk, 1)]).order_id for _ in range(7)]
     with django_assert_max_num_queries(2 * 4 + 1):  # 4 chunks of 2: each an order page and its lines
         seen = [(o.pk, [line.quantity for line in o.lines.all()]) for o in
                 orders_in_chunks(orders=Order.objects.all(), chunk_size=2)]

@@ -18,6 +18,7 @@ from locks import Lock, stats
 from shop.models import Order
 from shop.services import claim_coupon, pay_order, place_order
 from tests.browser import ARTIFACTS, launch
+from tests.helpers import order_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -67,7 +68,7 @@ def _orders(make_product, make_coupon) -> list[Order]:
     orders = []
     for i, buyer in enumerate(buyers):
         claim_coupon(user=buyer, code=coupon.code)
-        order = place_order(user=buyer, lines=[(product.pk, 1 + i)], coupon_code=coupon.code).order
+        order = order_of(place_order(user=buyer, lines=[(product.pk, 1 + i)], coupon_code=coupon.code))
         if i % 2:
             order = pay_order(order=order, actor="test")
         orders.append(order)

@@ -19,6 +19,7 @@ from django.utils import timezone
 from shop import errors
 from shop.models import ApiToken, Order
 from shop.services import pay_order, place_order
+from tests.helpers import order_of
 from tests.shop.test_settings import start
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,7 +76,7 @@ def send_pending(**kwargs) -> int:
 
 def test_paying_queues_the_confirmation_and_the_job_sends_it_once(client, buyer, make_product):
     p = make_product(stock=9, price="1658.00")
-    order = place_order(user=buyer, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=buyer, lines=[(p.pk, 2)]))
     client.force_login(buyer)
     assert client.post(f"/orders/{order.pk}/pay/").status_code == 302
     assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
@@ -100,7 +101,7 @@ def test_paying_queues_the_confirmation_and_the_job_sends_it_once(client, buyer,
 def test_the_confirmation_leaves_after_the_payment_is_committed(buyer, make_product, settings):
     settings.EMAIL_BACKEND = f"{__name__}.StatusAtSendBackend"
     StatusAtSendBackend.seen = []
-    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
+    order = order_of(place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]))
     pay_order(order=order, actor="test")
     assert StatusAtSendBackend.seen == []
     assert send_pending() == 1
@@ -110,7 +111,7 @@ def test_the_confirmation_leaves_after_the_payment_is_committed(buyer, make_prod
 def test_a_failing_mail_server_leaves_the_mail_pending_and_a_later_run_sends_it(buyer, make_product, settings,
                                                                                caplog):
     settings.EMAIL_BACKEND = f"{__name__}.BrokenBackend"
-    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
+    order = order_of(place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]))
     assert pay_order(order=order, actor="test").status == Order.Status.PAID  # the mail is not the payment's
     with caplog.at_level(logging.WARNING, logger="shop"):
         assert send_mail_job() == "sent 0, failed 1"
@@ -130,7 +131,7 @@ def test_a_failing_mail_server_leaves_the_mail_pending_and_a_later_run_sends_it(
 def test_a_mail_that_keeps_failing_is_given_up_after_its_attempts(buyer, make_product, settings, caplog):
     settings.EMAIL_BACKEND = f"{__name__}.BrokenBackend"
     settings.SHOP = {**settings.SHOP, "MAIL_ATTEMPTS": 3}
-    pay_order(order=place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order, actor="test")
+    pay_order(order=order_of(place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)])), actor="test")
     later = timezone.now()
     with caplog.at_level(logging.ERROR, logger="shop"):
         for _ in range(4):
@@ -146,7 +147,7 @@ def test_the_mail_row_commits_with_the_payment_or_not_at_all(buyer, make_product
 
     from shop.services import emails
 
-    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
+    order = order_of(place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]))
 
     def lost(**kwargs):
         raise OperationalError(2013, "Lost connection to server during query")
@@ -162,12 +163,12 @@ def test_the_mail_row_commits_with_the_payment_or_not_at_all(buyer, make_product
 
 
 def test_no_address_no_mail_and_the_api_pays_with_the_same_service(user, make_product, client):
-    order = place_order(user=user, lines=[(make_product(stock=3).pk, 1)]).order  # `user` has no e-mail address
+    order = order_of(place_order(user=user, lines=[(make_product(stock=3).pk, 1)]))  # `user` has no e-mail address
     pay_order(order=order, actor="test")
     assert Order.objects.get(pk=order.pk).status == Order.Status.PAID and outbox() == []
     user.email = "u@example.com"
     user.save(update_fields=["email"])
-    second = place_order(user=user, lines=[(make_product(stock=3).pk, 1)]).order
+    second = order_of(place_order(user=user, lines=[(make_product(stock=3).pk, 1)]))
     token = ApiToken.issue(user_id=user.pk, name="test")
     response = client.post(f"/api/orders/{second.pk}/pay/", HTTP_AUTHORIZATION=f"Bearer {token}")
     assert response.status_code == 200, response.content
@@ -299,7 +300,7 @@ def test_a_bad_email_url_is_refused_at_start():
 
 def test_staff_see_the_outbox_in_the_admin(admin_client, buyer, make_product, settings):
     settings.EMAIL_BACKEND = f"{__name__}.BrokenBackend"
-    order = place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]).order
+    order = order_of(place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]))
     pay_order(order=order, actor="test")
     send_pending()
     page = admin_client.get("/admin/shop/outboxmail/").content.decode()

@@ -11,6 +11,7 @@ from django.utils import translation
 
 from shop.services import place_order
 from shop.templatetags.shop_tags import money
+from tests.helpers import order_of
 
 
 @pytest.mark.parametrize("value,shown", [
@@ -38,7 +39,7 @@ def test_money_follows_the_active_locale(settings):
 def test_every_page_and_the_admin_show_grouped_prices(client, user, make_product, make_coupon):
     p = make_product(stock=50, price="1658.00")
     make_coupon(discount="1500.00")
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     client.force_login(user)
     client.post(f"/products/{p.pk}/", {"quantity": 1})
     for url in ("/", f"/products/{p.pk}/", "/cart/", "/checkout/", f"/orders/{order.pk}/", "/orders/"):

@@ -11,13 +11,14 @@ from django.urls import reverse
 
 from shop.models import Order
 from shop.services import pay_order, place_order
+from tests.helpers import order_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_cancel_asks_first_and_only_a_post_cancels(client, user, other_user, make_product):
     p = make_product(stock=5)
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     client.force_login(user)
     url = reverse("order_cancel", args=[order.pk])
     page = client.get(reverse("order", args=[order.pk])).content.decode()
@@ -31,15 +32,15 @@ def test_cancel_asks_first_and_only_a_post_cancels(client, user, other_user, mak
     assert response.status_code == 302 and Order.objects.get(pk=order.pk).status == Order.Status.CANCELLED
     assert client.get(url)["Location"] == reverse("order", args=[order.pk])  # nothing left to confirm
 
-    paid = place_order(user=user, lines=[(p.pk, 1)]).order
+    paid = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     pay_order(order=paid, actor="test")
     assert client.get(reverse("order_cancel", args=[paid.pk])).status_code == 302
-    theirs = place_order(user=other_user, lines=[(p.pk, 1)]).order
+    theirs = order_of(place_order(user=other_user, lines=[(p.pk, 1)]))
     assert client.get(reverse("order_cancel", args=[theirs.pk])).status_code == 404
 
 
 def test_the_order_page_gives_its_script_the_deadline_and_the_server_time(client, user, make_product):
-    order = place_order(user=user, lines=[(make_product(stock=5).pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(make_product(stock=5).pk, 1)]))
     client.force_login(user)
     page = client.get(reverse("order", args=[order.pk])).content.decode()
     deadline = re.search(r'id="pay-countdown" data-deadline="([^"]+)" data-server-now="([^"]+)"', page)

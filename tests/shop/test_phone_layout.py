@@ -15,6 +15,7 @@ from django.utils.http import urlsafe_base64_encode
 
 from shop.models import ApiToken, Coupon, Product
 from tests.browser import ARTIFACTS, launch
+from tests.helpers import order_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -113,11 +114,11 @@ def _shop(live_server) -> dict:
                                    valid_from=now - timezone.timedelta(days=1),
                                    valid_until=now + timezone.timedelta(days=1))
     claim_coupon(user=alice, code=coupon.code)
-    paid = place_order(user=alice, lines=[(keyboard.pk, 1), (headphones.pk, 2)]).order
+    paid = order_of(place_order(user=alice, lines=[(keyboard.pk, 1), (headphones.pk, 2)]))
     pay_order(order=paid, actor="test")
-    cancelled = place_order(user=alice, lines=[(sneaker.pk, 1)]).order
+    cancelled = order_of(place_order(user=alice, lines=[(sneaker.pk, 1)]))
     cancel_order(order=cancelled, actor="test", unpaid_only=True)
-    unpaid = place_order(user=alice, lines=[(keyboard.pk, 2), (sneaker.pk, 1)]).order
+    unpaid = order_of(place_order(user=alice, lines=[(keyboard.pk, 2), (sneaker.pk, 1)]))
     ApiToken.issue(user_id=alice.pk, name="Load test from the office laptop")
     uid = urlsafe_base64_encode(force_bytes(alice.pk))
     return {"user": alice, "products": (keyboard, headphones, sneaker), "unpaid": unpaid,

@@ -10,6 +10,7 @@ from django.test import Client
 
 from shop import errors
 from shop.models import ApiToken, CouponClaim, Order
+from tests.helpers import order_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -181,7 +182,7 @@ def test_api_pay_and_cancel_are_limited_per_user(limits, client, user, other_use
     limits(pay="2/h", cancel="1/h")
     p = make_product(stock=20)
     token, other = ApiToken.issue(user_id=user.pk, name="t"), ApiToken.issue(user_id=other_user.pk, name="t")
-    a, b, c, d = (place_order(user=user, lines=[(p.pk, 1)]).order for _ in range(4))
+    a, b, c, d = (order_of(place_order(user=user, lines=[(p.pk, 1)])) for _ in range(4))
     assert api_post(client, f"/api/orders/{a.pk}/pay/", {}, token).status_code == 200
     assert api_post(client, f"/api/orders/{a.pk}/pay/", {}, token).status_code == 200  # paying again counts too
     assert_api_rate_limited(api_post(client, f"/api/orders/{b.pk}/pay/", {}, token), "pay")
@@ -190,7 +191,7 @@ def test_api_pay_and_cancel_are_limited_per_user(limits, client, user, other_use
     statuses = dict(Order.objects.filter(user=user).values_list("pk", "status"))
     assert statuses == {a.pk: "paid", b.pk: "pending_payment", c.pk: "cancelled", d.pk: "pending_payment"}
     # Another buyer's budget is their own.
-    theirs = place_order(user=other_user, lines=[(p.pk, 1)]).order
+    theirs = order_of(place_order(user=other_user, lines=[(p.pk, 1)]))
     assert api_post(client, f"/api/orders/{theirs.pk}/pay/", {}, other).status_code == 200
 
 
@@ -202,7 +203,7 @@ def test_web_pay_and_cancel_are_limited(limits, client, user, make_product):
     limits(pay="1/h", cancel="1/h")
     client.force_login(user)
     p = make_product(stock=20)
-    a, b, c, d = (place_order(user=user, lines=[(p.pk, 1)]).order for _ in range(4))
+    a, b, c, d = (order_of(place_order(user=user, lines=[(p.pk, 1)])) for _ in range(4))
     assert client.post(reverse("order_pay", args=[a.pk])).status_code == 302
     assert_web_rate_limited(client.post(reverse("order_pay", args=[b.pk])))
     assert client.post(reverse("order_cancel", args=[c.pk])).status_code == 302

@@ -16,6 +16,7 @@ from shop.models import Order
 from shop.services import place_order
 from shop.services.emails import send_pending_mail
 from tests.browser import ARTIFACTS, launch, log_in
+from tests.helpers import order_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -74,7 +75,7 @@ def test_order_cancel_is_secondary_and_confirmed_and_pay_by_counts_down_in_local
     from playwright.sync_api import sync_playwright
 
     p = make_product(stock=5, price="1658.00")
-    order = place_order(user=user, lines=[(p.pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     zone = "America/New_York"
     local = order.pay_by.astimezone(ZoneInfo(zone))
     with sync_playwright() as pw:

@@ -10,6 +10,7 @@ from django.urls import reverse
 
 from locks import Lock
 from shop.models import ApiToken, CouponClaim, Order, Product
+from tests.helpers import order_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -130,7 +131,7 @@ def test_orders_are_private(shopper, other_user, make_product):
     from shop.services import place_order
 
     p = make_product(stock=5)
-    theirs = place_order(user=other_user, lines=[(p.pk, 1)]).order
+    theirs = order_of(place_order(user=other_user, lines=[(p.pk, 1)]))
     assert shopper.get(f"/orders/{theirs.pk}/").status_code == 404
 
 
@@ -293,7 +294,7 @@ def test_pay_and_cancel_buttons_on_the_order_pages(shopper, user, other_user, ma
     from shop.services import place_order
 
     p = make_product(stock=5)
-    to_pay, to_cancel = (place_order(user=user, lines=[(p.pk, 1)]).order for _ in range(2))
+    to_pay, to_cancel = (order_of(place_order(user=user, lines=[(p.pk, 1)])) for _ in range(2))
     page = shopper.get(reverse("order", args=[to_pay.pk])).content.decode()
     assert reverse("order_pay", args=[to_pay.pk]) in page and "csrfmiddlewaretoken" in page
     assert reverse("order_cancel", args=[to_cancel.pk]) in shopper.get(reverse("orders")).content.decode()
@@ -310,7 +311,7 @@ def test_pay_and_cancel_buttons_on_the_order_pages(shopper, user, other_user, ma
     response = shopper.post(reverse("order_pay", args=[to_cancel.pk]), follow=True)
     assert "can no longer be paid" in response.content.decode()
 
-    theirs = place_order(user=other_user, lines=[(p.pk, 1)]).order
+    theirs = order_of(place_order(user=other_user, lines=[(p.pk, 1)]))
     assert shopper.post(reverse("order_pay", args=[theirs.pk])).status_code == 404
     assert shopper.post(reverse("order_cancel", args=[theirs.pk])).status_code == 404
     assert Order.objects.get(pk=theirs.pk).status == Order.Status.PENDING_PAYMENT

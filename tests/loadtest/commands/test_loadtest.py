@@ -11,6 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from shop.models import Order, Product
+from tests.helpers import order_of
 
 SMALL = ["--processes", "2", "--users", "5", "--no-progress"]
 
@@ -197,7 +198,7 @@ def test_pay_mode_balances_paid_and_pending_then_the_expiry_returns_every_unpaid
 def test_pay_mode_skips_the_expiry_when_it_would_expire_someone_elses_order(user, make_product):
     from shop.services import place_order
 
-    other = place_order(user=user, lines=[(make_product(stock=3).pk, 1)]).order
+    other = order_of(place_order(user=user, lines=[(make_product(stock=3).pk, 1)]))
     out = run("--pay", "0", "--requests", "5", "--stock", "10", *SMALL)
     assert "expiry skipped: 1 unpaid order(s) outside this run" in out
     other.refresh_from_db()

@@ -312,7 +312,7 @@ def _buy(user_id: int, product_id: int) -> list[int]:
     placed, refused = [], 0
     for _ in range(200):
         try:
-            placed.append(place_order(user=user, lines=[(product_id, 1)]).order.pk)
+            placed.append(place_order(user=user, lines=[(product_id, 1)]).order_id)
         except errors.OutOfStock:
             refused += 1
             if refused >= 2:

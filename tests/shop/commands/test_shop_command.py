@@ -20,6 +20,7 @@ from locks.services import cli_actor_name
 from shop.models import Order, Product, Refund, StockLedger
 from shop.selectors import product_sales
 from shop.services import pay_order, place_order
+from tests.helpers import order_of
 from tests.shop.test_admin import _sales_fixture
 from tests.shop.test_settings import ROOT
 
@@ -37,7 +38,7 @@ def shop(*args: str, answer: str | None = None, monkeypatch=None) -> str:
 
 
 def _paid(user, product, quantity: int = 2) -> Order:
-    return pay_order(order=place_order(user=user, lines=[(product.pk, quantity)]).order, actor="test")
+    return pay_order(order=order_of(place_order(user=user, lines=[(product.pk, quantity)])), actor="test")
 
 
 # --- restock -----------------------------------------------------------------------------------
@@ -82,7 +83,7 @@ def test_restock_json(make_product):
 # --- cancel and refund -------------------------------------------------------------------------
 def test_cancel_asks_then_returns_the_stock_with_the_actor(make_product, user, monkeypatch):
     p = make_product(stock=5, price="129.00")
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     with pytest.raises(CommandError, match="not cancelled"):
         shop("cancel", str(order.pk), answer="n", monkeypatch=monkeypatch)
     order.refresh_from_db()
@@ -125,7 +126,7 @@ def test_refund_pays_back_returns_the_stock_and_refuses_a_second_time(make_produ
 
 
 def test_refund_refuses_an_unpaid_order_and_an_unknown_one(make_product, user):
-    pending = place_order(user=user, lines=[(make_product(stock=5).pk, 1)]).order
+    pending = order_of(place_order(user=user, lines=[(make_product(stock=5).pk, 1)]))
     with pytest.raises(CommandError, match="Only a paid order can be refunded"):
         shop("refund", str(pending.pk), "--yes")
     pending.refresh_from_db()
@@ -136,7 +137,7 @@ def test_refund_refuses_an_unpaid_order_and_an_unknown_one(make_product, user):
 
 def test_json_output_and_a_refusal_as_json(make_product, user):
     p = make_product(stock=5)
-    order = place_order(user=user, lines=[(p.pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     with pytest.raises(CommandError, match="needs --yes"):
         shop("cancel", str(order.pk), "--json")
     data = json.loads(shop("cancel", str(order.pk), "--json", "--yes"))

@@ -16,7 +16,7 @@ from shop import errors
 from shop.models import Order
 from shop.services import cancel_order, hooks, place_order
 from shop.services.locking import product_lock
-from tests.helpers import make_users, run_processes
+from tests.helpers import make_users, order_of, run_processes
 from tests.locks.conftest import FORK, wait_until_queued
 from tests.shop.services.test_combining import assert_books
 
@@ -31,13 +31,13 @@ def _combining(settings):
 def test_idempotency_keys_compare_exactly_in_mysql_python_and_redis(user, make_product):
     """One rule everywhere: keys are case- and byte-exact (binary collation)."""
     p = make_product(stock=10)
-    first = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="Key-1").order
+    first = order_of(place_order(user=user, lines=[(p.pk, 1)], idempotency_key="Key-1"))
     placed = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="key-1")
-    other = placed.order
+    other = order_of(placed)
     assert other.pk != first.pk and not placed.replayed
-    again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="KEY-1").order
+    again = order_of(place_order(user=user, lines=[(p.pk, 1)], idempotency_key="KEY-1"))
     assert again.pk not in (first.pk, other.pk)
-    assert place_order(user=user, lines=[(p.pk, 1)], idempotency_key="key-1").order.pk == other.pk
+    assert place_order(user=user, lines=[(p.pk, 1)], idempotency_key="key-1").order_id == other.pk
     assert Order.objects.filter(user=user, idempotency_key="key-1").get().pk == other.pk
     assert_books([p.pk], {p.pk: 10}, [first.pk, other.pk, again.pk])
 
@@ -47,7 +47,7 @@ def _keyless_buyer(user_id: int, product_id: int, orders: int) -> dict:
     told: dict[str, list] = {"placed": [], "refused": []}
     for _ in range(orders):
         try:
-            told["placed"].append(place_order(user=user, lines=[(product_id, 1)]).order.pk)
+            told["placed"].append(place_order(user=user, lines=[(product_id, 1)]).order_id)
         except errors.ShopError as exc:
             told["refused"].append(exc.code)
     return told
@@ -61,7 +61,7 @@ def _key_variant_sender(user_id: int, product_id: int, rounds: int) -> dict:
         variant = "".join(c.upper() if (i >> j) & 1 else c for j, c in enumerate("drop-key"))
         for _ in range(2):
             try:
-                told["placed"].append(place_order(user=user, lines=[(product_id, 1)], idempotency_key=variant).order.pk)
+                told["placed"].append(place_order(user=user, lines=[(product_id, 1)], idempotency_key=variant).order_id)
             except errors.ShopError as exc:
                 told["refused"].append(exc.code)
     return told
@@ -71,7 +71,7 @@ def test_key_case_variants_never_fail_other_buyers_in_the_batch(make_product):
     p = make_product(stock=5000)
     buyers = make_users(8)
     [attacker] = make_users(1, prefix="attacker")
-    earlier = place_order(user=attacker, lines=[(p.pk, 1)], idempotency_key="drop-key").order
+    earlier = order_of(place_order(user=attacker, lines=[(p.pk, 1)], idempotency_key="drop-key"))
     cancel_order(order=earlier, actor=attacker, unpaid_only=True)
     def run(kind: str, uid: int, n: int) -> tuple[str, dict]:
         return kind, (_keyless_buyer if kind == "buyer" else _key_variant_sender)(uid, p.pk, n)
@@ -117,7 +117,7 @@ def _gated_buyer(user_id: int, product_id: int, victim_id: int | None, queue) ->
         hooks.checkout_hook = hook
     user = get_user_model().objects.get(pk=user_id)
     try:
-        queue.put(("placed", place_order(user=user, lines=[(product_id, 1)]).order.pk))
+        queue.put(("placed", place_order(user=user, lines=[(product_id, 1)]).order_id))
     except errors.ShopError as exc:
         queue.put((exc.code, None))
     finally:

@@ -13,10 +13,11 @@ from django.db import transaction
 
 from locks import inspect, stats
 from shop import errors
-from shop.api import order_json
+from shop.api import order_json, receipt_json
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
 from shop.services import batch, cancel_order, claim_coupon, hooks, place_order, restock, soldout
 from shop.services.locking import product_lock
+from tests.helpers import order_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
@@ -34,7 +35,7 @@ def counts():
 def test_an_order_decrements_stock_and_writes_order_lines_and_ledger(user, make_product):
     a, b = make_product(stock=5, price="10.00"), make_product(stock=3, price="2.50")
     placed = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)])
-    order = placed.order
+    order = order_of(placed)
     a.refresh_from_db()
     b.refresh_from_db()
     assert (a.stock, b.stock) == (4, 1)
@@ -96,10 +97,10 @@ def test_unknown_and_inactive_products(user, make_product):
 
 def test_idempotency_key_replays_the_first_order_and_refuses_a_different_body(user, make_product):
     p = make_product(stock=5)
-    first = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1").order
+    first = order_of(place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1"))
     before = counts()
     again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="checkout-1")
-    assert again.order.pk == first.pk and again.replayed
+    assert again.order_id == first.pk and again.replayed
     assert counts() == before
     with pytest.raises(errors.IdempotencyConflict) as err:
         place_order(user=user, lines=[(p.pk, 2)], idempotency_key="checkout-1")
@@ -110,8 +111,8 @@ def test_idempotency_key_replays_the_first_order_and_refuses_a_different_body(us
 
 def test_the_same_key_from_another_user_is_another_order(user, other_user, make_product):
     p = make_product(stock=5)
-    a = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="k").order
-    b = place_order(user=other_user, lines=[(p.pk, 1)], idempotency_key="k").order
+    a = order_of(place_order(user=user, lines=[(p.pk, 1)], idempotency_key="k"))
+    b = order_of(place_order(user=other_user, lines=[(p.pk, 1)], idempotency_key="k"))
     assert a.pk != b.pk
 
 
@@ -131,7 +132,7 @@ def test_coupon_must_be_claimed_then_applies_once(user, make_product, make_coupo
     claim = claim_coupon(user=user, code=coupon.code)
     coupon.refresh_from_db()
     assert coupon.remaining == 2
-    order = place_order(user=user, lines=[(p.pk, 1)], coupon_code=coupon.code).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 1)], coupon_code=coupon.code))
     assert (order.discount, order.total) == (Decimal("5.00"), Decimal("15.00"))
     claim.refresh_from_db()
     assert claim.order_id == order.pk and claim.used_at is not None
@@ -163,7 +164,7 @@ def test_cancel_returns_stock_and_coupon_exactly_once(user, make_product, make_c
     p = make_product(stock=5)
     coupon = make_coupon(total=5)
     claim_coupon(user=user, code=coupon.code)
-    order = place_order(user=user, lines=[(p.pk, 2)], coupon_code=coupon.code).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)], coupon_code=coupon.code))
     cancelled = cancel_order(order=order, actor="test")
     assert cancelled.status == Order.Status.CANCELLED and cancelled.cancelled_at
     p.refresh_from_db()
@@ -206,16 +207,16 @@ def test_sold_out_fast_path_skips_the_lock_and_mysql(user, make_product, django_
     assert inspect.acquisitions([name])[name] == acquired
     # A refill clears the marker before it commits: the next order goes through at once.
     restock(product=p, quantity=2, actor="ops")
-    assert place_order(user=user, lines=[(p.pk, 1)]).order.pk
+    assert place_order(user=user, lines=[(p.pk, 1)]).order_id
 
 
 def test_cancel_clears_the_sold_out_marker(user, other_user, make_product):
     p = make_product(stock=1)
-    order = place_order(user=user, lines=[(p.pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     with pytest.raises(errors.OutOfStock):
         place_order(user=other_user, lines=[(p.pk, 1)])
     cancel_order(order=order, actor="test")
-    assert place_order(user=other_user, lines=[(p.pk, 1)]).order.pk
+    assert place_order(user=other_user, lines=[(p.pk, 1)]).order_id
 
 
 def test_losing_the_marker_only_loses_the_speed_up(user, make_product, redis_client):
@@ -255,8 +256,8 @@ def test_a_cart_and_a_single_product_order_go_through_the_same_writer(user, make
 
 def test_a_cart_gets_the_same_refusals_and_ledger_shape_as_one_product(user, make_product):
     a, b = make_product(stock=2, price="3.00"), make_product(stock=1, price="4.00")
-    cart = place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)]).order
-    one = place_order(user=user, lines=[(a.pk, 1)]).order
+    cart = order_of(place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)]))
+    one = order_of(place_order(user=user, lines=[(a.pk, 1)]))
     for order in (cart, one):
         ledger = set(StockLedger.objects.filter(order=order).values_list("reason", "actor"))
         assert ledger == {(StockLedger.Reason.ORDER, f"user:{user.pk}")}
@@ -287,12 +288,12 @@ def test_the_placement_is_complete_and_renders_without_a_query(user, make_produc
     placed = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)], coupon_code=coupon.code, idempotency_key="pc-1")
     assert not placed.replayed
     with django_assert_num_queries(0):
-        shown = order_json(placed.order)
-    fresh = Order.objects.get(pk=placed.order.pk)
+        shown = receipt_json(placed)
+    fresh = Order.objects.get(pk=placed.order_id)
     assert shown == order_json(fresh)
     assert shown["total"] == "14.00" and shown["coupon_code"] == coupon.code and len(shown["lines"]) == 2
     again = place_order(user=user, lines=[(b.pk, 2), (a.pk, 1)], coupon_code=coupon.code, idempotency_key="pc-1")
-    assert again.replayed and order_json(again.order) == shown
+    assert again.replayed and receipt_json(again) == shown
 
 
 # --- the sold-out check in the queueing script (guards) ------------------------------------------
@@ -322,7 +323,7 @@ def test_a_queued_order_reads_the_markers_and_its_record_in_the_queueing_script(
     assert err.value.details["lines"] == [{"product_id": p.pk, "requested": 1, "available": 0}]
     # The retry of the key that bought the last unit gets its order, though the product is marked.
     again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="gk-1")
-    assert again.replayed and again.order.pk == last.order.pk
+    assert again.replayed and again.order_id == last.order_id
     assert mget_calls == ([] if combining else [[p.pk]] * 3)  # combining: no round trip of its own
     stats.flush()
     assert inspect.acquisitions([name])[name] == acquired  # neither took the lock
@@ -337,8 +338,8 @@ def test_a_record_whose_order_is_gone_queues_after_all(user, make_product, mget_
     p = make_product(stock=3)
     get_redis_connection("default").set(idempotency.record_key(user.pk, "gk-gone"), 999999, ex=60)
     placed = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="gk-gone")
-    assert not placed.replayed and placed.order.idempotency_key == "gk-gone"
-    assert Order.objects.get(pk=placed.order.pk).idempotency_key == "gk-gone"
+    assert not placed.replayed and placed.idempotency_key == "gk-gone"
+    assert Order.objects.get(pk=placed.order_id).idempotency_key == "gk-gone"
 
 
 def test_markers_in_another_redis_are_read_by_one_mget_first(user, make_product, combining, mget_calls,

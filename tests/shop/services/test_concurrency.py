@@ -17,7 +17,7 @@ from shop import errors
 from shop.invariants import check_invariants
 from shop.models import Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
 from shop.services import cancel_order, claim_coupon, hooks, place_order
-from tests.helpers import make_users, run_processes
+from tests.helpers import make_users, order_of, run_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("flavour")]
 
@@ -28,7 +28,7 @@ def buy_until_sold_out(user_id: int, lines: list[tuple[int, int]], max_tries: in
     placed, refused = [], 0
     for _ in range(max_tries):
         try:
-            placed.append(place_order(user=user, lines=lines).order.pk)
+            placed.append(place_order(user=user, lines=lines).order_id)
         except errors.OutOfStock:
             refused += 1
             if refused >= 3:
@@ -64,7 +64,7 @@ def buy_mixed(user_id: int, product_id: int, seed: int) -> dict:
     for _ in range(1000):
         qty = rng.randint(1, 5)
         try:
-            placed.append((qty, place_order(user=user, lines=[(product_id, qty)]).order.pk))
+            placed.append((qty, place_order(user=user, lines=[(product_id, qty)]).order_id))
         except errors.OutOfStock as exc:
             left = exc.details["lines"][0]["available"]
             refused.append((qty, left))
@@ -115,7 +115,7 @@ def buy_baskets(user_id: int, product_ids: list[int], seed: int) -> dict:
         lines = [(pid, rng.randint(1, 3)) for pid in chosen]
         rng.shuffle(lines)  # the service must sort: callers list products in any order
         try:
-            placed.append(place_order(user=user, lines=lines).order.pk)
+            placed.append(place_order(user=user, lines=lines).order_id)
         except (errors.OutOfStock, errors.LockTimeout, errors.Conflict):
             continue
     return {"placed": placed}
@@ -203,7 +203,7 @@ def buy_once_pausing_first(user_id: int, product_id: int, pause: float, queue_ma
     hooks.checkout_hook = hook
     try:
         while not first_fences and len(orders) < 30:
-            orders.append(place_order(user=user, lines=[(product_id, 1)]).order.pk)
+            orders.append(place_order(user=user, lines=[(product_id, 1)]).order_id)
     finally:
         hooks.checkout_hook = None
     fence = StockLedger.objects.get(order_id=orders[-1]).fence
@@ -215,7 +215,7 @@ def buy_some(user_id: int, product_id: int, n: int) -> dict:
     placed = []
     for _ in range(n):
         with contextlib.suppress(errors.OutOfStock, errors.LockTimeout):
-            placed.append(place_order(user=user, lines=[(product_id, 1)]).order.pk)
+            placed.append(place_order(user=user, lines=[(product_id, 1)]).order_id)
         time.sleep(0.05)
     return {"placed": placed}
 
@@ -251,7 +251,7 @@ def test_redis_down_means_lock_unavailable_and_nothing_written_then_recovery(use
     caches = {**settings.CACHES, "locks": {**settings.CACHES["locks"], "LOCATION": redis_server.url}}
     settings.CACHES = caches
     p = make_product(stock=5)
-    assert place_order(user=user, lines=[(p.pk, 1)]).order.pk
+    assert place_order(user=user, lines=[(p.pk, 1)]).order_id
     redis_server.stop()
     before = (Order.objects.count(), StockLedger.objects.count())
     for _ in range(3):
@@ -262,7 +262,7 @@ def test_redis_down_means_lock_unavailable_and_nothing_written_then_recovery(use
     p.refresh_from_db()
     assert p.stock == 4
     redis_server.start()  # same port, no app restart
-    assert place_order(user=user, lines=[(p.pk, 1)]).order.pk
+    assert place_order(user=user, lines=[(p.pk, 1)]).order_id
     p.refresh_from_db()
     assert p.stock == 3
 
@@ -280,7 +280,7 @@ def test_cancel_twice_concurrently_returns_stock_and_coupon_once(user, make_prod
     p = make_product(stock=10)
     coupon = make_coupon(total=5)
     claim_coupon(user=user, code=coupon.code)
-    order = place_order(user=user, lines=[(p.pk, 3)], coupon_code=coupon.code).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 3)], coupon_code=coupon.code))
     outcomes = run_processes(cancel_it, [(order.pk,)] * 6)
     assert sorted(outcomes) == ["cancelled"] + ["refused"] * 5
     p.refresh_from_db()

@@ -12,7 +12,7 @@ from shop import errors
 from shop.conf import shop_settings
 from shop.models import ApiToken, Order, Product
 from shop.services import hooks, pay_order, place_order
-from tests.helpers import kill_own_connection
+from tests.helpers import kill_own_connection, order_of
 from tests.mysql_proxy import MySQLProxy
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
@@ -67,7 +67,7 @@ def test_a_killed_connection_is_a_retryable_error_and_the_retry_places_the_order
 
     retry = place_order(user=user, lines=[(product.pk, 1)], idempotency_key="k-1")
     assert not retry.replayed
-    assert [o.pk for o in _orders(user)] == [retry.order.pk]
+    assert [o.pk for o in _orders(user)] == [retry.order_id]
     assert Product.objects.get(pk=product.pk).stock == 4
 
 
@@ -77,7 +77,7 @@ def test_a_commit_whose_reply_is_lost_is_found_by_the_retry_not_placed_twice(thr
     if shop_settings.COMBINING:
         # The combiner cannot know either, so it settles the request id: the INSERT collides
         # with the committed one, and the buyer gets its order.
-        first = place_order(user=user, lines=[(product.pk, 1)], idempotency_key="k-2").order
+        first = order_of(place_order(user=user, lines=[(product.pk, 1)], idempotency_key="k-2"))
         assert [o.pk for o in _orders(user)] == [first.pk]
     else:
         with pytest.raises(errors.DatabaseUnavailable) as caught:
@@ -87,7 +87,7 @@ def test_a_commit_whose_reply_is_lost_is_found_by_the_retry_not_placed_twice(thr
 
     retry = place_order(user=user, lines=[(product.pk, 1)], idempotency_key="k-2")
     assert retry.replayed
-    assert [o.pk for o in _orders(user)] == [retry.order.pk]
+    assert [o.pk for o in _orders(user)] == [retry.order_id]
     assert Product.objects.get(pk=product.pk).stock == 4
 
 
@@ -176,7 +176,7 @@ def buyer_with_mail(user):
 def test_a_payment_whose_commit_reply_is_lost_is_unknown_and_its_retry_returns_it(
     through_proxy, make_product, buyer_with_mail
 ):
-    order = place_order(user=buyer_with_mail, lines=[(make_product(stock=5).pk, 1)]).order
+    order = order_of(place_order(user=buyer_with_mail, lines=[(make_product(stock=5).pk, 1)]))
     through_proxy.drop_next_commit_reply.set()
     with pytest.raises(errors.DatabaseUnavailable) as caught:  # old code: no COMMIT of its own, no error
         pay_order(order=order, actor="test")
@@ -193,7 +193,7 @@ def test_a_lost_payment_reply_never_says_not_written_for_a_written_payment(
 ):
     """The reply to the flip's UPDATE is lost. In autocommit that UPDATE was its own COMMIT (old
     code: paid, yet "not_written"); inside the payment's transaction it was not committed."""
-    order = place_order(user=buyer_with_mail, lines=[(make_product(stock=5).pk, 1)]).order
+    order = order_of(place_order(user=buyer_with_mail, lines=[(make_product(stock=5).pk, 1)]))
     through_proxy.drop_next_reply_to(b"UPDATE `shop_order` SET `status`")
     with pytest.raises(errors.DatabaseUnavailable) as caught:
         pay_order(order=order, actor="test")
@@ -206,7 +206,7 @@ def test_a_lost_payment_reply_never_says_not_written_for_a_written_payment(
 
 
 def test_a_connection_lost_reading_back_a_committed_payment_is_unknown(monkeypatch, make_product, buyer_with_mail):
-    order = place_order(user=buyer_with_mail, lines=[(make_product(stock=5).pk, 1)]).order
+    order = order_of(place_order(user=buyer_with_mail, lines=[(make_product(stock=5).pk, 1)]))
     read_back = Order.refresh_from_db
 
     def lost_then_read(self, *args, **kwargs):

@@ -39,7 +39,7 @@ def _buy_random(user_id: int, product_ids: list[int], orders: int, seed: int) ->
     told: dict[str, list] = {"placed": [], "refused": []}
     for _ in range(orders):
         try:
-            told["placed"].append(place_order(user=user, lines=[(rng.choice(product_ids), 1)]).order.pk)
+            told["placed"].append(place_order(user=user, lines=[(rng.choice(product_ids), 1)]).order_id)
         except errors.ShopError as exc:
             told["refused"].append(exc.code)
     return told
@@ -67,7 +67,7 @@ def test_lanes_sell_several_products_exactly_in_shared_transactions(make_product
 def _buyer(user_id: int, product_id: int, queue) -> None:
     user = get_user_model().objects.get(pk=user_id)
     try:
-        queue.put((product_id, "placed", place_order(user=user, lines=[(product_id, 1)]).order.pk))
+        queue.put((product_id, "placed", place_order(user=user, lines=[(product_id, 1)]).order_id))
     except errors.ShopError as exc:
         queue.put((product_id, exc.code, None))
     finally:

@@ -12,6 +12,7 @@ import pytest
 from shop.conf import shop_settings
 from shop.services import place_order
 from shop.services.locking import check_before_commit, held, product_lock
+from tests.helpers import order_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,7 +34,7 @@ def test_a_killed_holder_stalls_the_product_for_less_than_the_wait(make_product,
     assert holding.wait(10)
     proc.join(5)
     started = time.monotonic()
-    order = place_order(user=user, lines=[(product.pk, 1)]).order  # old 5 s lease, 3 s wait: lock_timeout
+    order = order_of(place_order(user=user, lines=[(product.pk, 1)]))  # old 5 s lease, 3 s wait: lock_timeout
     stalled = time.monotonic() - started
     assert order.pk is not None
     assert stalled < shop_settings.LOCK_WAIT, stalled

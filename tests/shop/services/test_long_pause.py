@@ -30,7 +30,7 @@ def _timed_buy(user_id: int, product_id: int) -> tuple[str, int | None, float]:
     user = get_user_model().objects.get(pk=user_id)
     started = time.monotonic()
     try:
-        order_id, code = place_order(user=user, lines=[(product_id, 1)]).order.pk, "placed"
+        order_id, code = place_order(user=user, lines=[(product_id, 1)]).order_id, "placed"
     except errors.ShopError as exc:
         order_id, code = None, exc.code
     return code, order_id, time.monotonic() - started

@@ -19,7 +19,7 @@ from shop import errors
 from shop.invariants import check_invariants
 from shop.models import CouponClaim, Order, Product, StockLedger
 from shop.services import cancel_order, claim_coupon, expire_unpaid, pay_order, place_order
-from tests.helpers import make_users, run_processes
+from tests.helpers import make_users, order_of, run_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
@@ -34,7 +34,7 @@ def test_checkout_creates_a_pending_order_with_a_deadline(user, make_product, se
     settings.SHOP = {**settings.SHOP, "COMBINING": combining, "PAYMENT_WINDOW": 600}
     p = make_product(stock=5)
     before = timezone.now()
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     assert order.status == Order.Status.PENDING_PAYMENT and order.paid_at is None
     stored = Order.objects.get(pk=order.pk)
     assert stored.status == Order.Status.PENDING_PAYMENT
@@ -44,7 +44,7 @@ def test_checkout_creates_a_pending_order_with_a_deadline(user, make_product, se
 
 def test_pay_then_pay_again_is_a_no_op(user, make_product):
     p = make_product(stock=5)
-    order = place_order(user=user, lines=[(p.pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     paid = pay_order(order=order, actor="test")
     assert paid.status == Order.Status.PAID and paid.paid_at is not None
     again = pay_order(order=order, actor="test")
@@ -54,7 +54,7 @@ def test_pay_then_pay_again_is_a_no_op(user, make_product):
 
 def test_paying_after_the_deadline_or_a_cancellation_is_refused(user, make_product):
     p = make_product(stock=5)
-    late, cancelled = (place_order(user=user, lines=[(p.pk, 1)]).order for _ in range(2))
+    late, cancelled = (order_of(place_order(user=user, lines=[(p.pk, 1)])) for _ in range(2))
     make_late(late)
     with pytest.raises(errors.OrderNotPayable) as exc:
         pay_order(order=late, actor="test")
@@ -69,7 +69,7 @@ def test_buyer_cancels_unpaid_order_stock_and_coupon_back_once(user, make_produc
     p = make_product(stock=10)
     coupon = make_coupon(total=3)
     claim_coupon(user=user, code=coupon.code)
-    order = place_order(user=user, lines=[(p.pk, 4)], coupon_code=coupon.code).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 4)], coupon_code=coupon.code))
     cancel_order(order=order, actor="buyer", unpaid_only=True)
     with pytest.raises(errors.OrderNotCancellable):
         cancel_order(order=order, actor="buyer", unpaid_only=True)
@@ -82,7 +82,7 @@ def test_buyer_cancels_unpaid_order_stock_and_coupon_back_once(user, make_produc
 def test_buyer_cannot_cancel_a_paid_order(user, make_product):
     """Nor can staff: a paid order is refunded (tests/shop/services/test_refunds.py)."""
     p = make_product(stock=10)
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     pay_order(order=order, actor="test")
     with pytest.raises(errors.OrderNotCancellable):
         cancel_order(order=order, actor="buyer", unpaid_only=True)
@@ -93,9 +93,9 @@ def test_expire_unpaid_returns_exactly_the_reserved_stock_and_coupon(user, other
     p, q = make_product(stock=10), make_product(stock=10)
     coupon = make_coupon(total=3)
     claim_coupon(user=user, code=coupon.code)
-    late = place_order(user=user, lines=[(p.pk, 3), (q.pk, 1)], coupon_code=coupon.code).order
-    paid = place_order(user=other_user, lines=[(p.pk, 2)]).order
-    pending = place_order(user=other_user, lines=[(q.pk, 4)]).order
+    late = order_of(place_order(user=user, lines=[(p.pk, 3), (q.pk, 1)], coupon_code=coupon.code))
+    paid = order_of(place_order(user=other_user, lines=[(p.pk, 2)]))
+    pending = order_of(place_order(user=other_user, lines=[(q.pk, 4)]))
     pay_order(order=paid, actor="test")
     make_late(late)
     Order.objects.filter(pk=paid.pk).update(pay_by=timezone.now() - timedelta(seconds=1))  # paid: never expires
@@ -118,23 +118,23 @@ def test_expire_unpaid_returns_exactly_the_reserved_stock_and_coupon(user, other
 
 def test_expiry_clears_the_sold_out_marker(user, other_user, make_product):
     p = make_product(stock=1)
-    order = place_order(user=user, lines=[(p.pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     with pytest.raises(errors.OutOfStock):
         place_order(user=other_user, lines=[(p.pk, 1)])  # marks it sold out
     make_late(order)
     assert expire_unpaid() == 1
-    assert place_order(user=other_user, lines=[(p.pk, 1)]).order.status == Order.Status.PENDING_PAYMENT
+    assert place_order(user=other_user, lines=[(p.pk, 1)]).status == Order.Status.PENDING_PAYMENT
 
 
 def test_the_database_refuses_a_paid_at_on_an_expired_order(user, make_product):
-    order = place_order(user=user, lines=[(make_product(stock=2).pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(make_product(stock=2).pk, 1)]))
     with pytest.raises(IntegrityError), transaction.atomic():
         Order.objects.filter(pk=order.pk).update(status=Order.Status.EXPIRED, paid_at=timezone.now())
 
 
 def test_the_job_runs_through_run_jobs(user, make_product):
     p = make_product(stock=5)
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     make_late(order)
     out = io.StringIO()
     call_command("run_jobs", "--once", "--job", "shop.expire_unpaid", stdout=out)
@@ -153,7 +153,7 @@ def buy_and_pay(user_id: int, product_id: int, seed: int, seconds: float) -> dic
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         try:
-            order = place_order(user=user, lines=[(product_id, rng.randint(1, 2))]).order
+            order = order_of(place_order(user=user, lines=[(product_id, rng.randint(1, 2))]))
         except (errors.OutOfStock, errors.LockTimeout, errors.Conflict, errors.UnpaidOrdersLimit):
             time.sleep(0.01)  # unpaid_limit: five unpaid orders wait for the expirer
             continue
@@ -204,7 +204,7 @@ def test_expiry_races_checkouts_and_payments_without_double_returns(make_product
 
 def test_the_invariants_catch_a_double_return(user, make_product):
     p = make_product(stock=5)
-    order = place_order(user=user, lines=[(p.pk, 2)]).order
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     make_late(order)
     expire_unpaid()
     assert check_invariants(product_ids=[p.pk], initial_stock={p.pk: 5}) == []
@@ -220,7 +220,7 @@ def test_expiry_stops_when_the_job_loses_its_lease(user, make_product):
     from locks import LockLost
 
     p = make_product(stock=5)
-    orders = [place_order(user=user, lines=[(p.pk, 1)]).order for _ in range(3)]
+    orders = [order_of(place_order(user=user, lines=[(p.pk, 1)])) for _ in range(3)]
     for order in orders:
         make_late(order)
     calls = []

@@ -10,7 +10,7 @@ from shop import errors
 from shop.invariants import check_invariants
 from shop.models import Order, Product
 from shop.services import cancel_order, place_order
-from tests.helpers import make_users, run_processes
+from tests.helpers import make_users, order_of, run_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
@@ -29,7 +29,7 @@ def capped(make_product, *, stock: int, cap: int) -> Product:
 
 def test_a_buyer_cannot_buy_past_the_cap_and_a_cancel_gives_it_back(combining, user, other_user, make_product):
     p = capped(make_product, stock=20, cap=3)
-    first = place_order(user=user, lines=[(p.pk, 2)]).order
+    first = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     with pytest.raises(errors.PurchaseLimitExceeded) as refused:
         place_order(user=user, lines=[(p.pk, 2)])
     assert refused.value.code == "purchase_limit" and refused.value.status == 409
@@ -58,7 +58,7 @@ def _hammer(user_id: int, product_id: int, attempts: int) -> dict:
     try:
         for _ in range(attempts):
             try:
-                told["placed"].append(place_order(user=user, lines=[(product_id, 1)]).order.pk)
+                told["placed"].append(place_order(user=user, lines=[(product_id, 1)]).order_id)
             except errors.PurchaseLimitExceeded:
                 told["limit"] += 1
     finally:

@@ -28,7 +28,7 @@ def test_a_checkout_on_a_frozen_redis_fails_fast_with_a_retryable_error(private_
     assert elapsed < 1.5, elapsed
     assert elapsed < shop_settings.LOCK_WAIT + 1
     private_redis.resume()
-    assert place_order(user=user, lines=[(product.pk, 1)]).order.pk is not None  # and sales go on
+    assert place_order(user=user, lines=[(product.pk, 1)]).order_id is not None  # and sales go on
 
 
 def test_a_checkout_whose_redis_freezes_while_it_waits_fails_within_wait_plus_a_second(

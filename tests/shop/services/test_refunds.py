@@ -20,13 +20,13 @@ from shop.invariants import check_invariants, release_violations
 from shop.models import CouponClaim, Order, Product, Refund, StockLedger
 from shop.services import cancel_order, claim_coupon, orders, pay_order, place_order, refund_order
 from shop.services.orders import finish_refunds
-from tests.helpers import FORK, kill_own_connection, run_processes
+from tests.helpers import FORK, kill_own_connection, order_of, run_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
 
 def paid_order(user, lines, **kwargs) -> Order:
-    return pay_order(order=place_order(user=user, lines=lines, **kwargs).order, actor="test")
+    return pay_order(order=order_of(place_order(user=user, lines=lines, **kwargs)), actor="test")
 
 
 def test_a_refund_returns_the_stock_and_the_coupon_once(user, make_product, make_coupon):
@@ -58,8 +58,8 @@ def test_a_refund_returns_the_stock_and_the_coupon_once(user, make_product, make
 
 def test_only_a_paid_order_is_refunded(user, make_product):
     p = make_product(stock=10)
-    pending = place_order(user=user, lines=[(p.pk, 2)]).order
-    cancelled = place_order(user=user, lines=[(p.pk, 1)]).order
+    pending = order_of(place_order(user=user, lines=[(p.pk, 2)]))
+    cancelled = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     cancel_order(order=cancelled, actor="buyer", unpaid_only=True)
     for order in (pending, cancelled):
         with pytest.raises(errors.OrderNotRefundable):
@@ -83,7 +83,7 @@ def test_a_paid_order_is_never_cancelled_not_even_by_staff(user, make_product):
 
 
 def test_the_database_refuses_refunds_that_were_never_paid(user, make_product):
-    order = place_order(user=user, lines=[(make_product(stock=2).pk, 1)]).order
+    order = order_of(place_order(user=user, lines=[(make_product(stock=2).pk, 1)]))
     now = timezone.now()
     with pytest.raises(IntegrityError), transaction.atomic():
         Order.objects.filter(pk=order.pk).update(status=Order.Status.REFUNDED, refunded_at=now)  # no paid_at

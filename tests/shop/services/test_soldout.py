@@ -13,6 +13,7 @@ from django.db import connections
 from shop import errors
 from shop.conf import shop_settings
 from shop.services import place_order, restock, soldout
+from tests.helpers import order_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
 
@@ -72,7 +73,7 @@ def test_a_holder_paused_past_its_lease_cannot_mark_a_restocked_product_sold_out
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
     started = time.monotonic()
-    order = place_order(user=other_user, lines=[(product.pk, 1)]).order  # old code: out_of_stock for 300 s
+    order = order_of(place_order(user=other_user, lines=[(product.pk, 1)]))  # old code: out_of_stock for 300 s
     assert order.pk is not None
     assert time.monotonic() - started < shop_settings.LOCK_WAIT
     assert not soldout.sold_out([product.pk])
@@ -86,4 +87,4 @@ def test_a_product_sold_out_under_the_lock_is_marked_and_a_restock_clears_it(mak
     assert soldout.sold_out([product.pk]) == {product.pk}
     restock(product=product, quantity=2, actor="operator")
     assert soldout.sold_out([product.pk]) == set()
-    assert place_order(user=user, lines=[(product.pk, 1)]).order.pk is not None
+    assert place_order(user=user, lines=[(product.pk, 1)]).order_id is not None

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from shop import errors
 from shop.models import Order
 from shop.services import cancel_order, pay_order, place_order
-from tests.helpers import run_processes
+from tests.helpers import order_of, run_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,13 +23,13 @@ def test_a_buyer_with_the_limit_of_unpaid_orders_is_refused_until_one_is_paid_or
         settings, user, make_product, combining):
     settings.SHOP = {**settings.SHOP, "COMBINING": combining}
     p = make_product(stock=100)
-    first = place_order(user=user, lines=[(p.pk, 1)]).order
+    first = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     place_order(user=user, lines=[(p.pk, 1)])
     with pytest.raises(errors.UnpaidOrdersLimit) as exc:
         place_order(user=user, lines=[(p.pk, 1)])
     assert exc.value.status == 409 and exc.value.details == {"limit": 2, "unpaid": 2}
     pay_order(order=first, actor=user)
-    third = place_order(user=user, lines=[(p.pk, 1)]).order
+    third = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     cancel_order(order=third, actor=user, unpaid_only=True)
     place_order(user=user, lines=[(p.pk, 1)])
     assert Order.objects.filter(user=user, status=Order.Status.PENDING_PAYMENT).count() == 2
