@@ -7,7 +7,7 @@ or stopped buyer could leave taken). A few seconds in, the parent injects one fa
     kill-holder            SIGKILL a buyer inside its critical section (lock held, row updated)
     pause-holder           SIGSTOP a buyer inside its critical section past its lease, then SIGCONT
     long-pause             the same for 10 s, far past the lock wait: its open MySQL transaction
-                           is ended within a second of its lease (shop/services/stale_transactions.py)
+                           is ended within a second of its lease (shop/plumbing/stale_transactions.py)
     kill-waiter            SIGKILL a buyer while it is queued for the lock (found in the lock's
                            waiters hash in Redis)
     kill-mysql-connection  KILL a buyer's MySQL connection from an admin connection
@@ -20,7 +20,7 @@ or stopped buyer could leave taken). A few seconds in, the parent injects one fa
 A scenario is a fault plugged into the harness: its `fault` builds a `Fault` (`inject` and
 `heal` callables) from the run's `Context`; the harness injects it, waits the fault's length
 and heals it. The buyers reach their fault points through the checkout's test hook
-(shop/services/hooks.py). The HTTP harness (loadtest/httpfaults.py) plugs its faults in
+(shop/plumbing/hooks.py). The HTTP harness (loadtest/httpfaults.py) plugs its faults in
 the same way and shares the buyers' plumbing, the verdict and the outcome type below.
 
 The verdict (`Liveness.problems`): nothing oversold and I1-I6 hold (the books), and the sale
@@ -410,7 +410,8 @@ def _buyer(index: int, product_id: int, user_ids: list[int], stop_at: float, arm
     from django.contrib.auth import get_user_model
 
     from shop import errors
-    from shop.services import hooks, place_order
+    from shop.plumbing import hooks
+    from shop.services import place_order
 
     def take(mode: int) -> bool:
         with armed.get_lock():
@@ -566,8 +567,8 @@ def _queued_pids(product_id: int) -> list[int]:
 
     from locks.conf import locks_settings
     from locks.keys import LockKeys
-    from shop.services.combining import queue_lock
-    from shop.services.locking import product_lock
+    from shop.checkout.combining import queue_lock
+    from shop.plumbing.locking import product_lock
 
     name = queue_lock(product_id) if shop_settings.COMBINING else product_lock(product_id)
     raw = get_redis_connection(locks_settings.CACHE_ALIAS).hgetall(LockKeys.for_name(name).waiters)

@@ -25,7 +25,7 @@ The verdict is the one of loadtest/faults.py (0 oversold, I1-I6 with the orders 
 clients were told about, stall and hung-request bounds, nobody refused as sold out while stock
 existed, orders after the fault), plus the figures of this kind of fault: how long until
 orders flowed again, answers refused during the fault, requests cut, retries and replays, and
-fence refusals (a second holder's write refused: shop/services/fence_refusals.py).
+fence refusals (a second holder's write refused: shop/plumbing/fence_refusals.py).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ HOLDER_WAIT = 3.0  # seconds kill-app-server waits for one of the victim's worke
 def _lock_holder_pid(product_id: int) -> int | None:
     """The pid of the process holding the product's lock (owner "host:pid"), if any."""
     from locks.inspect import lock_info
-    from shop.services.locking import product_lock
+    from shop.plumbing.locking import product_lock
 
     with contextlib.suppress(Exception):
         held = lock_info(product_lock(product_id))
@@ -165,7 +165,7 @@ def restart_zookeeper(ctx: Context) -> Fault:
 def _failover(ctx: Context, kind: str) -> Fault:
     """SIGKILL the master that has the product's lock; healed when a replica is promoted."""
     from locks.keys import LockKeys
-    from shop.services.locking import product_lock
+    from shop.plumbing.locking import product_lock
 
     servers = ctx.service.servers
 
@@ -337,7 +337,7 @@ class HttpFaultOutcome(FaultOutcome):
     retries: int  # cut requests sent again with the same key (to another server)
     replays: int  # ... answered with the order a server had already committed for that key (200)
     settled: int  # cut requests never answered definitively, settled from the database by key
-    fence_refusals: int  # writes the fence refused during the run (shop/services/fence_refusals.py)
+    fence_refusals: int  # writes the fence refused during the run (shop/plumbing/fence_refusals.py)
     servers: dict[str, dict[str, int]]  # URL -> outcome -> answers (by the server that answered)
 
     COLUMNS = ("scenario", "orders", "oversold", "longest stall", "stall at fault", "recovery",
@@ -393,7 +393,7 @@ def _run(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.Ap
 def _drive(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.AppServers, service: LockService,
            work: workloads.Workload, *, keep: bool, say: Callable[[str], None]) -> HttpFaultOutcome:
     from loadtest.scenarios import _tokens
-    from shop.services import fence_refusals
+    from shop.plumbing import fence_refusals
 
     product_id = work.product_ids[0]
     tokens = list(_tokens(work.user_ids).values())

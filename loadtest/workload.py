@@ -30,7 +30,7 @@ from shop.models import (
     Product,
     StockLedger,
 )
-from shop.services import fence_refusals, idempotency, soldout
+from shop.plumbing import fence_refusals, idempotency, soldout
 
 PREFIX = "lt-"
 

@@ -29,7 +29,7 @@ ended without a reply (the combiner crashed, was paused past its lease, or was f
 request is an orphan: the next script that sees the hold gone (the next acquire of the free
 lock, a release, a force release) wakes it at once, and it queues again for a new combiner.
 So a request can be *worked on* twice: the caller must make its effect idempotent per request,
-e.g. a unique key per request id in the same transaction as the work (shop/services/combining.py
+e.g. a unique key per request id in the same transaction as the work (shop/checkout/combining.py
 does this), and decide the outcome of a request that timed out the same way. This module knows
 nothing of what requests mean.
 """

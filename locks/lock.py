@@ -457,7 +457,7 @@ def _by_backend(items: Sequence[T], lock_of: Callable[[T], Lock]) -> list[list[T
 def try_acquire_all(locks: Sequence[Lock]) -> dict[str, Hold]:
     """Each of `locks` that is free, taken without waiting: its Hold by name (the others are
     skipped). One round trip on Redis where a loop of `acquire(blocking=False)` costs one per
-    lock: for a holder that gathers what it can, like a checkout lane (shop/services/combining.py)."""
+    lock: for a holder that gathers what it can, like a checkout lane (shop/checkout/combining.py)."""
     holder = current_holder()
     holds: dict[str, Hold] = {}
     fresh = []

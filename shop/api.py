@@ -18,12 +18,12 @@ from django.http import HttpRequest, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from shop import deadlines, errors, ratelimits, selectors
+from shop import deadlines, errors, ratelimits, selectors, validation
 from shop.models import CouponClaim, Order, Product
 from shop.receipts import Receipt
-from shop.services import cancel_order, claim_coupon, pay_order, place_order, validation
-from shop.services.validation import MAX_CODE_LENGTH, validate_code, validate_idempotency_key
+from shop.services import cancel_order, claim_coupon, pay_order, place_order
 from shop.tokens import BadToken, bearer_token, user_for_token
+from shop.validation import MAX_CODE_LENGTH, validate_code, validate_idempotency_key
 
 MAX_BODY_BYTES = 16 * 1024
 
@@ -121,7 +121,7 @@ class _Transport(Exception):
 
 def parse_order(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None]:
     """An order body's lines and coupon, every problem reported at once (the lines by the
-    service's one check: shop.services.validation)."""
+    service's one check: shop.validation)."""
     problems: dict[str, str] = {}
     for key in sorted(set(data) - {"lines", "coupon_code"}):
         problems[str(key)[:50]] = "unknown field"

@@ -13,7 +13,7 @@ class ShopConfig(AppConfig):
 
         # The shop's scheduled jobs (run by `manage.py run_jobs` on every server).
         from shop import checks, jobs, tokens  # noqa: F401
-        from shop.services import stale_transactions
+        from shop.plumbing import stale_transactions
 
         # Service transactions are bounded; everything else on a pooled connection is not.
         connection_created.connect(stale_transactions.install, dispatch_uid="shop.unbound_other_work")

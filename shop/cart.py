@@ -13,7 +13,7 @@ from decimal import Decimal
 
 from django.contrib.sessions.backends.base import SessionBase
 
-from shop import errors
+from shop import errors, rules
 from shop.conf import shop_settings
 from shop.models import Product
 
@@ -107,7 +107,7 @@ def subtotal(rows: list[Line]) -> Decimal:
 
 def with_coupon(amount: Decimal, discount: Decimal | None) -> tuple[Decimal, Decimal]:
     """(discount, total) as checkout computes them: the discount never exceeds the subtotal."""
-    off = min(discount, amount) if discount is not None else Decimal("0")
+    off = rules.discount(amount, discount)
     return off, amount - off
 
 

@@ -6,7 +6,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import connection
 
 from shop.conf import shop_settings
-from shop.services import stale_transactions
+from shop.plumbing import stale_transactions
 
 
 @register(Tags.database)

@@ -23,7 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RESTOCK": 1_000_000,
     # Lines (products) one cart may hold: the cart lives in the session, which every request reads.
     "MAX_CART_LINES": 20,
-    # Combining (shop/services/combining.py): an order for one product queues on the product's
+    # Combining (shop/checkout/combining.py): an order for one product queues on the product's
     # lock, and whoever holds the lock commits everyone queued, up to COMBINE_BATCH orders, in
     # one transaction. Off: every order takes its locks and is a batch of one (multi-product
     # orders always are); the same writer either way. Env: SHOP_COMBINING=false.
@@ -79,7 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_UNPAID_ORDERS": 5,
     # A holder paused past its lease (GC, SIGSTOP, a stalled VM) keeps its MySQL transaction and
     # InnoDB row locks open; the next holder would wait for the whole pause. How that transaction
-    # is ended (shop/services/stale_transactions.py): "timeout" (MariaDB's idle_transaction_timeout,
+    # is ended (shop/plumbing/stale_transactions.py): "timeout" (MariaDB's idle_transaction_timeout,
     # ceil(LOCK_TTL) + 1 s, no privilege needed), "kill" (the next holder KILLs the connection
     # recorded with the older fence: MySQL 8; same database user for every app server), "auto"
     # (timeout on MariaDB, kill elsewhere), or "off" (wait for the paused holder).

@@ -138,7 +138,7 @@ class ShopWorker(ThreadWorker):
         super().load_wsgi()
         from shop import admission, metrics
         from shop.conf import shop_settings
-        from shop.services import soldout
+        from shop.plumbing import soldout
 
         self.queue_max = int(shop_settings.QUEUE_MAX or self.cfg.threads)
         self.queue_target = float(shop_settings.QUEUE_TARGET)

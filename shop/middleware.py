@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from shop import errors
-from shop.services.transactions import drop_connection, lost_connection
+from shop.plumbing.transactions import drop_connection, lost_connection
 
 
 class DatabaseUnavailableMiddleware:

@@ -18,7 +18,7 @@ def namespace() -> str:
 
 
 def sold_out_marker(product_id: int) -> str:
-    """Set while the product is known sold out (shop/services/soldout.py)."""
+    """Set while the product is known sold out (shop/plumbing/soldout.py)."""
     return f"{namespace()}:soldout:{{{product_id}}}"
 
 
@@ -43,7 +43,7 @@ def fence_refusals(lock: str) -> str:
 
 
 def holder(lock: str) -> str:
-    """Kill mode: the recent holders' connections under this lock (shop/services/stale_transactions.py)."""
+    """Kill mode: the recent holders' connections under this lock (shop/plumbing/stale_transactions.py)."""
     return f"{namespace()}:holder:{{{lock}}}"
 
 

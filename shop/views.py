@@ -15,11 +15,11 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from shop import cart, deadlines, errors, ratelimits, selectors
+from shop import cart, deadlines, errors, ratelimits, selectors, validation
 from shop.conf import shop_settings
 from shop.forms import AddToCartForm, CheckoutForm, QuantityForm, QueuedPasswordResetForm, SignUpForm, TokenForm
 from shop.models import ApiToken
-from shop.services import cancel_order, claim_coupon, pay_order, place_order, validation
+from shop.services import cancel_order, claim_coupon, pay_order, place_order
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 

@@ -9,7 +9,7 @@ dressed as MySQL 8.4:
 - a statement that MySQL 8 would refuse fails as it would there: `... RETURNING ...` (1064, a
   syntax error), the MariaDB-only variables `idle_transaction_timeout` & co. (1193, unknown
   system variable), `information_schema.INNODB_LOCK_WAITS` (removed in MySQL 8: 1109);
-- so `shop.services.stale_transactions` picks kill mode, as it does on MySQL 8.
+- so `shop.plumbing.stale_transactions` picks kill mode, as it does on MySQL 8.
 
 Two ways in: `emulate(connection)` dresses a live connection for a while (the test suite's
 `mysql8` fixture), and `DATABASE_ENGINE=loadtest.mysql8` makes it the project's database

@@ -3,10 +3,10 @@
     validate -> sold-out markers + idempotency record (read by the queueing script, or one MGET
     first) -> replay if the key has a record -> refuse if sold out ->
       one product, SHOP["COMBINING"], a backend with combining: queue on its lock; whoever holds
-        it commits the queue (shop/services/combining.py)
+        it commits the queue (shop/checkout/combining.py)
       otherwise (a cart, COMBINING off, locks off, a backend without combining): the sorted
         product locks, and a batch of one
-    either way the one writer (shop/services/batch.py) commits, in one durable transaction.
+    either way the one writer (shop/checkout/writer.py) commits, in one durable transaction.
 
 The Redis lock keeps buyers of one product in an orderly queue outside MySQL; the guarded UPDATE
 (`stock >= n AND fence < :fence`) is what guarantees no oversell, even when a lock was lost.
@@ -21,13 +21,14 @@ import time
 
 from locks.combining import Guarded
 from shop import admission, deadlines, errors, metrics, selectors
+from shop.checkout import combining, protocol, writer
+from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
+from shop.plumbing import idempotency, soldout
+from shop.plumbing.locking import held, product_lock, refuse_outer_transaction, shop_lock
+from shop.plumbing.transactions import backoff, connection_errors
 from shop.receipts import Receipt
-from shop.services import batch, combining, idempotency, soldout
-from shop.services.batch import Again, Alone, Placed, Refused, Request, Result
-from shop.services.locking import held, product_lock, refuse_outer_transaction, shop_lock
-from shop.services.transactions import backoff, connection_errors
-from shop.services.validation import validate_code, validate_idempotency_key, validate_lines
+from shop.validation import validate_code, validate_idempotency_key, validate_lines
 
 log = logging.getLogger("shop")
 
@@ -104,7 +105,7 @@ def place_order(
             raise errors.Busy(details={"reason": "deadline", "retry_after": errors.Busy.retry_after})
         raise admission.refusal()
     try:
-        mine = Request(id=batch.new_request_id(), user_id=user.pk, lines=tuple(lines), code=code, key=key,
+        mine = Request(id=protocol.new_request_id(), user_id=user.pk, lines=tuple(lines), code=code, key=key,
                        digest=digest, deadline=deadlines.line_wait_until(deadline), recorded=combined)
         result = _in_line(mine, combined=combined, guards=guards, use_locks=use_locks, user=user, key=key,
                           digest=digest, record_key=record_key)
@@ -123,12 +124,12 @@ def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: boo
     line deadline; the writer's result (or a replay the queueing script's guards found)."""
     product_ids = [pid for pid, _ in mine.lines]
     retries = int(shop_settings.RETRIES)
-    result: Result = batch.AGAIN
+    result: Result = protocol.AGAIN
     for n in range(retries + 1):
         # The one retry loop: a stale fence or a lost lock (the writer answers AGAIN) queues or
         # locks again; deadlocks and lock-wait timeouts are retried inside the writer.
         result = (combining.queue(mine, wait=mine.deadline - time.monotonic(), guards=guards) if combined
-                  else batch.ALONE)
+                  else protocol.ALONE)
         if isinstance(result, Guarded):  # a marker or a record: not queued
             fast = soldout.fast_path_of(product_ids, result.values, record_key=record_key)
             if (replayed := _fast_path(fast, user=user, key=key, digest=digest, lines=list(mine.lines))) is not None:
@@ -137,7 +138,7 @@ def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: boo
             result = combining.queue(mine, wait=mine.deadline - time.monotonic())
         if isinstance(result, Alone):  # not combined, or handed back by a lane's holder: lock it ourselves
             with held([product_lock(pid) for pid in product_ids], use_locks=use_locks, until=mine.deadline) as holds:
-                result = batch.write([mine], holds={pid: holds[product_lock(pid)] for pid in product_ids})[mine.id]
+                result = writer.write([mine], holds={pid: holds[product_lock(pid)] for pid in product_ids})[mine.id]
         if not isinstance(result, Again):
             break
         log.info("place_order: again (%d) after a lost lock", n + 1)

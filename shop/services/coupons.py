@@ -9,31 +9,19 @@ from __future__ import annotations
 
 from django.db import IntegrityError
 from django.db.models import F
-from django.utils import timezone
 
 from shop import errors
 from shop.models import Coupon, CouponClaim
-from shop.services.locking import (
+from shop.plumbing.locking import (
     StaleFence,
     check_before_commit,
     coupon_lock,
     held,
     refuse_outer_transaction,
 )
-from shop.services.transactions import connection_errors, durable_transaction, with_retries
-from shop.services.validation import validate_code
-
-
-def coupon_error(coupon: Coupon | None, code: str) -> errors.ShopError | None:
-    """Why `coupon` (looked up by `code`) cannot be used now, or None if it can."""
-    if coupon is None:
-        return errors.CouponUnknown(details={"coupon_code": code})
-    now = timezone.now()
-    if not coupon.active or (coupon.valid_from and now < coupon.valid_from) or (
-        coupon.valid_until and now >= coupon.valid_until
-    ):
-        return errors.CouponExpired(details={"coupon_code": code})
-    return None
+from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
+from shop.rules import coupon_error
+from shop.validation import validate_code
 
 
 def valid_coupon(code: str) -> Coupon:

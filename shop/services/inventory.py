@@ -2,7 +2,7 @@
 
 A refill takes the product lock, removes the sold-out marker and raises the product's refill
 floor to its fence *before* its COMMIT (so no order can re-mark the product: see
-shop/services/soldout.py), and writes a fenced UPDATE plus a ledger row.
+shop/plumbing/soldout.py), and writes a fenced UPDATE plus a ledger row.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from django.utils import timezone
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import Product, StockLedger
-from shop.services import soldout
-from shop.services.locking import (
+from shop.plumbing import soldout
+from shop.plumbing.locking import (
     StaleFence,
     check_before_commit,
     held,
     product_lock,
     refuse_outer_transaction,
 )
-from shop.services.transactions import connection_errors, durable_transaction, with_retries
-from shop.services.validation import validate_quantity
+from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
+from shop.validation import validate_quantity
 
 
 def return_stock(*, product_id: int, quantity: int, hold, reason: str, order=None, actor: str = "") -> None:

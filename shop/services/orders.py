@@ -26,23 +26,18 @@ from django.utils import timezone
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import CouponClaim, Order, OrderLine, OutboxMail, Refund, StockLedger
-from shop.services.emails import queue_order_mail
-from shop.services.inventory import return_stock, unmark_sold_out
-from shop.services.locking import check_before_commit, held, product_lock, refuse_outer_transaction
-from shop.services.transactions import (
+from shop.plumbing.locking import check_before_commit, held, product_lock, refuse_outer_transaction
+from shop.plumbing.transactions import (
     connection_errors,
     drop_connection,
     durable_transaction,
     lost_connection,
     with_retries,
 )
+from shop.services.emails import queue_order_mail
+from shop.services.inventory import return_stock, unmark_sold_out
 
 log = logging.getLogger("shop")
-
-
-def pay_by_from(now: datetime | None = None) -> datetime:
-    """The payment deadline of an order placed now (SHOP["PAYMENT_WINDOW"] seconds)."""
-    return (now or timezone.now()) + timedelta(seconds=float(shop_settings.PAYMENT_WINDOW))
 
 
 def _refusal(order_pk: int, refusal: type[errors.ShopError]) -> errors.ShopError:

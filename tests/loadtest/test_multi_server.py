@@ -18,7 +18,8 @@ from loadtest.httpfaults import HttpFaultConfig
 from shop.conf import shop_settings
 from shop.errors import Conflict
 from shop.models import Product
-from shop.services import fence_refusals, place_order
+from shop.plumbing import fence_refusals
+from shop.services import place_order
 
 
 def _answers(url: str) -> bool:

@@ -14,7 +14,7 @@ from loadtest.runner import Phase, Plan, RunError
 from loadtest.strategies import Options
 from shop import services
 from shop.models import Order, OrderLine, Product, StockLedger
-from shop.services import idempotency, soldout
+from shop.plumbing import idempotency, soldout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shop import errors
-from shop.services import batch
+from shop.checkout import protocol
 
 
 def _all(cls: type[errors.ShopError]) -> set[type[errors.ShopError]]:
@@ -27,7 +27,7 @@ def test_a_new_error_is_registered_and_a_taken_code_is_refused():
 
     try:
         assert errors.ERRORS_BY_CODE["test_only_brand_new"] is Brand
-        refused = batch.Refused.of(Brand(details={"x": 1}))
+        refused = protocol.Refused.of(Brand(details={"x": 1}))
         assert type(refused.error()) is Brand  # a combined buyer's reply names it by code
         with pytest.raises(TypeError, match="taken"):
             type("Twin", (errors.ShopError,), {"code": "out_of_stock"})
@@ -38,6 +38,6 @@ def test_a_new_error_is_registered_and_a_taken_code_is_refused():
 @pytest.mark.parametrize("code", sorted(errors.ERRORS_BY_CODE))
 def test_every_code_round_trips_through_a_combiners_reply(code):
     cls = errors.ERRORS_BY_CODE[code]
-    sent = batch.Refused.of(cls(details={"k": "v"}))
-    got = batch.from_json(batch.to_json(sent))
+    sent = protocol.Refused.of(cls(details={"k": "v"}))
+    got = protocol.from_json(protocol.to_json(sent))
     assert isinstance(got.error(), cls) and got.error().details == {"k": "v"}

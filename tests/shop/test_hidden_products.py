@@ -12,7 +12,8 @@ from django.test import Client
 
 from shop import errors
 from shop.models import ApiToken, Order, Product
-from shop.services import place_order, soldout
+from shop.plumbing import soldout
+from shop.services import place_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,7 +69,7 @@ def test_a_product_hidden_after_it_went_in_the_cart_shows_as_gone_to_shoppers(cl
 
 def test_the_web_checkout_names_a_product_hidden_meanwhile_as_gone(client, user, make_product, monkeypatch):
     """Hidden between the cart review and the order: the refusal reads as for a missing product."""
-    from shop.services import hooks
+    from shop.plumbing import hooks
 
     p = make_product(stock=5)
     client.force_login(user)

@@ -19,8 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from locks import metrics as lock_metrics
 from shop import errors
 from shop.models import Product
-from shop.services import hooks, place_order
-from shop.services.locking import product_lock
+from shop.plumbing import hooks
+from shop.plumbing.locking import product_lock
+from shop.services import place_order
 from tests.helpers import make_users
 
 pytestmark = pytest.mark.django_db(transaction=True)

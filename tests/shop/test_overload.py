@@ -20,8 +20,9 @@ from django.db import connections
 from loadtest import appservers, openloop
 from locks import Lock
 from shop.models import ApiToken, Order
-from shop.services import place_order, soldout
-from shop.services.locking import product_lock
+from shop.plumbing import soldout
+from shop.plumbing.locking import product_lock
+from shop.services import place_order
 from tests.helpers import make_users
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

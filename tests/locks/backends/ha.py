@@ -73,9 +73,9 @@ def acquire_after_failover(lock: Lock, *, timeout: float = 20.0) -> tuple[bool, 
 def _stale_holder(name: str, product_id: int, go, queue) -> None:
     """Process A: take the lock, report its fence, and on `go` write the product row with it."""
     from locks.exceptions import LockError
+    from shop.plumbing.locking import StaleFence
+    from shop.plumbing.transactions import durable_transaction
     from shop.services.inventory import return_stock
-    from shop.services.locking import StaleFence
-    from shop.services.transactions import durable_transaction
 
     lock = Lock(name, ttl=30.0)
     assert lock.acquire(blocking=False)
@@ -107,8 +107,8 @@ def two_holders_after_a_failover(name: str, *, before_acquire: Callable[[], None
     from decimal import Decimal
 
     from shop.models import Product, StockLedger
+    from shop.plumbing.transactions import durable_transaction
     from shop.services.inventory import return_stock
-    from shop.services.transactions import durable_transaction
 
     product = Product.objects.create(sku=f"HA-{time.monotonic_ns()}", name="Failover", price=Decimal("1.00"), stock=10)
     before_acquire()

@@ -158,7 +158,7 @@ def test_the_default_cache_and_rate_limits_work_on_the_cluster(backend, name, rf
     from django.core.cache import caches
     from django_ratelimit.core import get_usage
 
-    from shop.services import soldout
+    from shop.plumbing import soldout
 
     cache = caches["default"]
     values = {f"{name}:{i}": i for i in range(20)}

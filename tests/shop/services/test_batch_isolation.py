@@ -14,8 +14,9 @@ from django.db import connection, connections
 from locks import Lock
 from shop import errors
 from shop.models import Order
-from shop.services import cancel_order, hooks, place_order
-from shop.services.locking import product_lock
+from shop.plumbing import hooks
+from shop.plumbing.locking import product_lock
+from shop.services import cancel_order, place_order
 from tests.helpers import make_users, order_of, run_processes
 from tests.locks.conftest import FORK, wait_until_queued
 from tests.shop.services.test_combining import assert_books

@@ -14,9 +14,11 @@ from django.db import transaction
 from locks import inspect, stats
 from shop import errors
 from shop.api import order_json, receipt_json
+from shop.checkout import protocol, writer
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
-from shop.services import batch, cancel_order, claim_coupon, hooks, place_order, restock, soldout
-from shop.services.locking import product_lock
+from shop.plumbing import hooks, soldout
+from shop.plumbing.locking import product_lock
+from shop.services import cancel_order, claim_coupon, place_order, restock
 from tests.helpers import order_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]
@@ -236,14 +238,14 @@ def test_a_cart_and_a_single_product_order_go_through_the_same_writer(user, make
     """The writer's hook sees both, with the holds of every product of the order."""
     a, b = make_product(stock=5), make_product(stock=5)
     writes: list[tuple[list, list[str]]] = []
-    real_write = batch.write
+    real_write = writer.write
 
     def spy(requests, *, holds):
         writes.append(([r.lines for r in requests], sorted(holds)))
         return real_write(requests, holds=holds)
 
     stages: list[tuple[str, list[str]]] = []
-    monkeypatch.setattr(batch, "write", spy)
+    monkeypatch.setattr(writer, "write", spy)
     monkeypatch.setattr(hooks, "checkout_hook", lambda stage, holds: stages.append((stage, sorted(holds))))
     place_order(user=user, lines=[(b.pk, 1), (a.pk, 2)])
     place_order(user=user, lines=[(a.pk, 1)])
@@ -333,7 +335,7 @@ def test_a_queued_order_reads_the_markers_and_its_record_in_the_queueing_script(
 def test_a_record_whose_order_is_gone_queues_after_all(user, make_product, mget_calls):
     from django_redis import get_redis_connection
 
-    from shop.services import idempotency
+    from shop.plumbing import idempotency
 
     p = make_product(stock=3)
     get_redis_connection("default").set(idempotency.record_key(user.pk, "gk-gone"), 999999, ex=60)
@@ -381,13 +383,13 @@ def test_a_batchs_order_ids_are_right_whatever_the_auto_increment_step(make_prod
 
     users = [get_user_model().objects.create_user(f"step-{i}", password="pw-not-used") for i in range(3)]
     p = make_product(stock=10)
-    requests = [batch.Request(id=batch.new_request_id(), user_id=u.pk, lines=((p.pk, i + 1),), code=None, key=None,
-                              digest="d", deadline=float("inf")) for i, u in enumerate(users)]
+    requests = [protocol.Request(id=protocol.new_request_id(), user_id=u.pk, lines=((p.pk, i + 1),), code=None,
+                                 key=None, digest="d", deadline=float("inf")) for i, u in enumerate(users)]
     with connection.cursor() as cursor:
         cursor.execute("SET SESSION auto_increment_increment = 7, auto_increment_offset = 3")
     try:
         with Lock(product_lock(p.pk), ttl=10) as hold:
-            results = batch.write(requests, holds={p.pk: hold})
+            results = writer.write(requests, holds={p.pk: hold})
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SET SESSION auto_increment_increment = DEFAULT, auto_increment_offset = DEFAULT")

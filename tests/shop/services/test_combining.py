@@ -1,4 +1,4 @@
-"""Combining checkout (shop/services/combining.py) with real processes, MariaDB and Redis.
+"""Combining checkout (shop/checkout/combining.py) with real processes, MariaDB and Redis.
 
 Every run ends with the invariant check: I1-I6, and I5 against what each buyer was told.
 """
@@ -19,8 +19,9 @@ from locks import Lock, inspect, stats
 from shop import errors
 from shop.invariants import check_invariants
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, Product
-from shop.services import claim_coupon, hooks, place_order
-from shop.services.locking import product_lock
+from shop.plumbing import hooks
+from shop.plumbing.locking import product_lock
+from shop.services import claim_coupon, place_order
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK, wait_until_queued
 
@@ -216,7 +217,7 @@ def test_buyers_whose_wait_runs_out_get_lock_timeout_and_no_order_appears_later(
     p = make_product(stock=100)
     # The combiner is slow (alive, renewing its lease) for 1.5 s; its buyers give up after 1 s.
     # (Not longer: a transaction idle for ceil(LOCK_TTL) + 1 s is ended by MySQL, see
-    # shop/services/stale_transactions.py and test_long_pause.py.)
+    # shop/plumbing/stale_transactions.py and test_long_pause.py.)
     combiner, others, queue = _run_behind_combiner(p, stage=stage, action="sleep:1.5", wait=1.0)
     told = [queue.get(timeout=15) for _ in range(len(others) + 1)]
     combiner.join(10)

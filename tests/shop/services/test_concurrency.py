@@ -16,7 +16,8 @@ from locks import inspect
 from shop import errors
 from shop.invariants import check_invariants
 from shop.models import Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.services import cancel_order, claim_coupon, hooks, place_order
+from shop.plumbing import hooks
+from shop.services import cancel_order, claim_coupon, place_order
 from tests.helpers import make_users, order_of, run_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("flavour")]

@@ -11,7 +11,8 @@ from django.db import connection
 from shop import errors
 from shop.conf import shop_settings
 from shop.models import ApiToken, Order, Product
-from shop.services import hooks, pay_order, place_order
+from shop.plumbing import hooks
+from shop.services import pay_order, place_order
 from tests.helpers import kill_own_connection, order_of
 from tests.mysql_proxy import MySQLProxy
 
@@ -141,20 +142,20 @@ def test_a_connection_lost_after_the_commit_keeps_the_batchs_orders_and_calls_th
     """After COMMIT the writer looks up why a request was refused; losing the connection
     there must not turn the batch's committed order into "not written"."""
     from locks import Lock
-    from shop.services import batch
-    from shop.services.locking import product_lock
+    from shop.checkout import protocol, writer
+    from shop.plumbing.locking import product_lock
 
     p = make_product(stock=1)
-    placed = batch.Request(id=batch.new_request_id(), user_id=user.pk, lines=((p.pk, 1),), code=None, key=None,
+    placed = protocol.Request(id=protocol.new_request_id(), user_id=user.pk, lines=((p.pk, 1),), code=None, key=None,
                            digest="d", deadline=float("inf"))
-    refused = batch.Request(id=batch.new_request_id(), user_id=other_user.pk, lines=((p.pk, 5),), code=None,
+    refused = protocol.Request(id=protocol.new_request_id(), user_id=other_user.pk, lines=((p.pk, 5),), code=None,
                             key="k-after-commit", digest="d", deadline=float("inf"), token="t", recorded=True)
     kill_at("after_commit")
     with Lock(product_lock(p.pk), ttl=10) as hold:
-        results = batch.write([placed, refused], holds={p.pk: hold})
-    assert isinstance(results[placed.id], batch.Placed)
+        results = writer.write([placed, refused], holds={p.pk: hold})
+    assert isinstance(results[placed.id], protocol.Placed)
     assert Order.objects.get(pk=results[placed.id].order_id).user == user
-    assert results[refused.id] == batch.Refused.of(errors.DatabaseUnavailable(details={"outcome": "unknown"}))
+    assert results[refused.id] == protocol.Refused.of(errors.DatabaseUnavailable(details={"outcome": "unknown"}))
     p.refresh_from_db()
     assert p.stock == 0
 

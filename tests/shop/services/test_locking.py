@@ -10,8 +10,8 @@ import time
 import pytest
 
 from shop.conf import shop_settings
+from shop.plumbing.locking import check_before_commit, held, product_lock
 from shop.services import place_order
-from shop.services.locking import check_before_commit, held, product_lock
 from tests.helpers import order_of
 
 pytestmark = pytest.mark.django_db(transaction=True)

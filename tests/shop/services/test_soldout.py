@@ -12,7 +12,8 @@ from django.db import connections
 
 from shop import errors
 from shop.conf import shop_settings
-from shop.services import place_order, restock, soldout
+from shop.plumbing import soldout
+from shop.services import place_order, restock
 from tests.helpers import order_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("flavour")]

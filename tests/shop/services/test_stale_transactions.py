@@ -15,8 +15,8 @@ from django.core import checks
 from django.db import OperationalError, connection, connections, transaction
 
 from shop.models import Product
-from shop.services import hooks, stale_transactions
-from shop.services.locking import product_lock
+from shop.plumbing import hooks, stale_transactions
+from shop.plumbing.locking import product_lock
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK
 from tests.shop.services.test_combining import _run_behind_combiner

@@ -22,8 +22,8 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 import locks
 from shop import errors
 from shop.conf import shop_settings
-from shop.services import fence_refusals, stale_transactions
-from shop.services.locking import StaleFence
+from shop.plumbing import fence_refusals, stale_transactions
+from shop.plumbing.locking import StaleFence
 
 log = logging.getLogger("shop")
 

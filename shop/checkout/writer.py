@@ -1,7 +1,7 @@
 """The one checkout writer: commits a batch of order requests under their products' held locks.
 
 Every order goes through `write` (docs/design.md, "The path of one checkout"): a single-product order
-queued on its product's lock is written in its combiner's batch (shop/services/combining.py); a
+queued on its product's lock is written in its combiner's batch (shop/checkout/combining.py); a
 cart over several products, a backend without combining or SHOP["COMBINING"] off is a batch of
 one under its sorted product locks (shop/services/checkout.py). One durable transaction:
 
@@ -23,11 +23,9 @@ replayed, or its buyer gave up) and refused alone: I9, each request answered on 
 
 from __future__ import annotations
 
-import json
 import logging
-import secrets
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 
@@ -36,15 +34,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 import locks
-from shop import errors, metrics
+from shop import errors, metrics, rules
+from shop.checkout import purchase_limits
+from shop.checkout.protocol import AGAIN, Placed, Refused, Request, Result
 from shop.conf import shop_settings
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.receipts import ReceiptLine as Line
-from shop.services import fence_refusals, hooks, idempotency, purchase_limits, soldout, stale_transactions
-from shop.services.coupons import coupon_error
-from shop.services.locking import StaleFence, check_before_commit, product_lock
-from shop.services.orders import pay_by_from
-from shop.services.transactions import (
+from shop.plumbing import fence_refusals, hooks, idempotency, soldout, stale_transactions
+from shop.plumbing.locking import StaleFence, check_before_commit, product_lock
+from shop.plumbing.transactions import (
     ER_LOCK_WAIT_TIMEOUT,
     RETRYABLE_MYSQL,
     backoff,
@@ -52,6 +49,8 @@ from shop.services.transactions import (
     durable_transaction,
     lost_connection,
 )
+from shop.receipts import ReceiptLine as Line
+from shop.rules import coupon_error, pay_by_from
 
 log = logging.getLogger("shop")
 
@@ -61,130 +60,6 @@ DEADLINE_MARGIN = 0.05
 COMMIT_MARGIN = 0.02
 
 
-# --- requests and results -------------------------------------------------------------------
-def new_request_id() -> str:
-    """32 hex digits, time-ordered (microseconds, then 72 random bits): unique, and appended at
-    the end of the request-id indexes rather than scattered through them."""
-    return f"{time.time_ns() // 1000:014x}{secrets.token_hex(9)}"
-
-
-@dataclass(frozen=True)
-class Request:
-    """One buyer's order. `token`: the combining token of a queued buyer (None for the caller's
-    own request); `recorded`: write its id (CheckoutRequest) so a buyer that stops waiting can
-    settle what happened to it (combining); `deadline`: time.monotonic() of this process."""
-
-    id: str
-    user_id: int
-    lines: tuple[tuple[int, int], ...]
-    code: str | None
-    key: str | None
-    digest: str
-    deadline: float
-    token: str | None = None
-    recorded: bool = False
-
-    def payload(self) -> str:
-        return json.dumps({"id": self.id, "u": self.user_id, "l": self.lines, "c": self.code, "k": self.key,
-                           "d": self.digest}, separators=(",", ":"))
-
-    @classmethod
-    def from_payload(cls, payload: str, *, deadline: float, token: str) -> Request:
-        data = json.loads(payload)
-        return cls(id=data["id"], user_id=data["u"], lines=tuple((p, q) for p, q in data["l"]), code=data["c"],
-                   key=data["k"], digest=data["d"], deadline=deadline, token=token, recorded=True)
-
-
-@dataclass(frozen=True)
-class Placed:
-    """An order committed for the request (or, `replayed`, the one its key placed before).
-    `lines` is None when the writer did not have them at hand (a replay): read the order back."""
-
-    order_id: int
-    subtotal: Decimal
-    discount: Decimal
-    total: Decimal
-    coupon_id: int | None
-    coupon_code: str | None
-    status: str
-    pay_by: datetime | None
-    paid_at: datetime | None
-    created_at: datetime
-    lines: tuple[Line, ...] | None = None
-    replayed: bool = False
-
-    @classmethod
-    def of(cls, order: Order, *, replayed: bool) -> Placed:
-        return cls(order_id=order.pk, subtotal=order.subtotal, discount=order.discount, total=order.total,
-                   coupon_id=order.coupon_id, coupon_code=None, status=order.status, pay_by=order.pay_by,
-                   paid_at=order.paid_at, created_at=order.created_at, replayed=replayed)
-
-
-@dataclass(frozen=True)
-class Refused:
-    code: str
-    message: str
-    details: dict = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, exc: errors.ShopError) -> Refused:
-        return cls(code=exc.code, message=exc.message, details=exc.details)
-
-    def error(self) -> errors.ShopError:
-        return errors.ERRORS_BY_CODE[self.code](self.message, details=self.details)
-
-
-@dataclass(frozen=True)
-class Again:
-    """Nothing was written and the lock is gone (stale fence, lost lease): queue or lock again."""
-
-
-@dataclass(frozen=True)
-class Alone:
-    """Nothing was written: the lane's holder could not take this product's lock without waiting
-    (a cart or a buyer on its own holds it). The buyer takes the product lock itself."""
-
-
-Result = Placed | Refused | Again | Alone
-AGAIN = Again()
-ALONE = Alone()
-
-
-def to_json(result: Result) -> str:
-    """The combiner's reply to a queued buyer, through Redis."""
-    if isinstance(result, Again):
-        return '{"again":1}'
-    if isinstance(result, Alone):
-        return '{"alone":1}'
-    if isinstance(result, Refused):
-        return json.dumps({"error": vars(result)}, separators=(",", ":"))
-    # vars, not asdict: asdict deep-copies every field, a large share of a combiner's reply time.
-    order = {**vars(result), "lines": None if result.lines is None else [vars(line) for line in result.lines]}
-    return json.dumps({"order": order}, separators=(",", ":"), default=str)
-
-
-def from_json(text: str) -> Result:
-    data = json.loads(text)
-    if "again" in data:
-        return AGAIN
-    if "alone" in data:
-        return ALONE
-    if "error" in data:
-        return Refused(**data["error"])
-    o = data["order"]
-
-    def when(value: str | None) -> datetime | None:
-        return datetime.fromisoformat(value) if value else None
-
-    lines = None if o["lines"] is None else tuple(
-        Line(**{**line, "unit_price": Decimal(line["unit_price"])}) for line in o["lines"])
-    return Placed(order_id=o["order_id"], subtotal=Decimal(o["subtotal"]), discount=Decimal(o["discount"]),
-                  total=Decimal(o["total"]), coupon_id=o["coupon_id"], coupon_code=o["coupon_code"],
-                  status=o["status"], pay_by=when(o["pay_by"]), paid_at=when(o["paid_at"]),
-                  created_at=when(o["created_at"]), lines=lines, replayed=o["replayed"])
-
-
-# --- the writer -----------------------------------------------------------------------------
 Holds = dict[int, "locks.Hold | None"]  # product id -> its hold (None: locks are off)
 
 
@@ -440,14 +315,14 @@ def _insert_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict
     for r in placed:
         subtotal = sum((rows[pid]["price"] * qty for pid, qty in r.lines), Decimal("0.00"))
         claim = claims.get(r.id)
-        discount = min(claim.coupon.discount, subtotal) if claim is not None else Decimal("0.00")
+        off = rules.discount(subtotal, claim.coupon.discount if claim is not None else None)
         lines = tuple(Line(product_id=pid, sku=rows[pid]["sku"], name=rows[pid]["name"], quantity=qty,
                            unit_price=rows[pid]["price"]) for pid, qty in r.lines)
-        out.append(Placed(order_id=0, subtotal=subtotal, discount=discount, total=subtotal - discount,
+        out.append(Placed(order_id=0, subtotal=subtotal, discount=off, total=subtotal - off,
                           coupon_id=claim.coupon_id if claim is not None else None,
                           coupon_code=claim.coupon.code if claim is not None else None,
                           status=status, pay_by=pay_by, paid_at=None, created_at=now, lines=lines))
-        values.append((r.id, r.user_id, status, subtotal, discount, subtotal - discount, out[-1].coupon_id, r.key,
+        values.append((r.id, r.user_id, status, subtotal, off, subtotal - off, out[-1].coupon_id, r.key,
                        r.digest, db_now, db_pay_by))
     ids = _insert_orders_rows(values)
     pairs = [(r, replace(p, order_id=ids[r.id])) for r, p in zip(placed, out, strict=True)]

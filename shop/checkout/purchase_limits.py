@@ -2,7 +2,7 @@
 unpaid orders (SHOP["MAX_UNPAID_ORDERS"]), so that one buyer, or a bot with many requests, cannot
 drain or hoard a limited drop. (Request rates are shop/ratelimits.py.)
 
-Counted under the product's lock *and* its row lock: the checkout writer (batch.py) counts after
+Counted under the product's lock *and* its row lock: the checkout writer (writer.py) counts after
 it holds the product's row in InnoDB (its SELECT ... FOR UPDATE), and every
 order of a product writes that row, so no other order of the product is in flight uncommitted
 and the count is exact, even if the Redis lock was lost meanwhile.

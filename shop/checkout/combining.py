@@ -2,9 +2,9 @@
 
     place_order (checkout.py) -> queue(request):
       submit the request on the product's lock (locks/combining.py)
-        Served -> the combiner's reply: our result (batch.from_json)
+        Served -> the combiner's reply: our result (protocol.from_json)
         our Turn -> batch = [ours] + the requests queued behind us (up to COMBINE_BATCH),
-          written by the one checkout writer (shop/services/batch.py) in one transaction;
+          written by the one checkout writer (shop/checkout/writer.py) in one transaction;
           reply to every request taken, release: the lock goes by hand-off to the next in line,
           who serves the next batch
       a buyer whose wait runs out (or who cannot tell what happened) *settles* its request id:
@@ -29,11 +29,12 @@ from redis.exceptions import RedisError
 import locks
 from locks import combining
 from shop import errors
+from shop.checkout import protocol, writer
+from shop.checkout.protocol import Placed, Refused, Request, Result
 from shop.conf import shop_settings
 from shop.models import CheckoutRequest
-from shop.services import batch, stale_transactions
-from shop.services.batch import Placed, Refused, Request, Result
-from shop.services.locking import (
+from shop.plumbing import stale_transactions
+from shop.plumbing.locking import (
     lane_lock,
     lock_error,
     product_lock,
@@ -41,7 +42,7 @@ from shop.services.locking import (
     release_safely,
     shop_lock,
 )
-from shop.services.transactions import RETRYABLE_MYSQL, backoff, durable_transaction
+from shop.plumbing.transactions import RETRYABLE_MYSQL, backoff, durable_transaction
 
 log = logging.getLogger("shop")
 
@@ -53,7 +54,7 @@ def queue_lock(product_id: int) -> str:
 
 def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result | combining.Guarded:
     """One pass: queue `mine` on its product's lock; serve a batch if the lock comes to us.
-    `batch.AGAIN` when the lock was lost before our request was committed: queue again.
+    `protocol.AGAIN` when the lock was lost before our request was committed: queue again.
     `guards`: keys that stop the request before it queues (`Guarded`: the sold-out check)."""
     lanes = int(shop_settings.COMBINE_LANES)
     lock = shop_lock(lane_lock(mine.lines[0][0], lanes=lanes))
@@ -67,7 +68,7 @@ def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result |
         return _settled(mine) or Refused.of(lock_error(exc, lock=lock.name))
     if isinstance(got, combining.Guarded):
         return got
-    result = (batch.from_json(got.reply) if isinstance(got, combining.Served)
+    result = (protocol.from_json(got.reply) if isinstance(got, combining.Served)
               else _take_turn(got, mine=mine, lanes=lanes))
     if (isinstance(result, Refused) and result.code == errors.DatabaseUnavailable.code
             and result.details.get("outcome") == "unknown"):
@@ -113,15 +114,15 @@ def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
                 results = _write_lane([mine, *taken], also=also)
             else:
                 stale_transactions.record({turn.hold.name: turn.hold})
-                results = batch.write([mine, *taken], holds={mine.lines[0][0]: turn.hold})
+                results = writer.write([mine, *taken], holds={mine.lines[0][0]: turn.hold})
         except errors.ShopError as exc:  # the database went away: every request shares the outcome
             results = {r.id: Refused.of(exc) for r in [mine, *taken]}
         except Exception:
             # Unexpected: the transaction rolled back, nothing was written. Tell the others to
             # come again (their own turn will show the error if it persists), then raise.
-            replies = {r.token: batch.to_json(batch.AGAIN) for r in taken if r.token}
+            replies = {r.token: protocol.to_json(protocol.AGAIN) for r in taken if r.token}
             raise
-        replies = {r.token: batch.to_json(results[r.id]) for r in taken if r.token}
+        replies = {r.token: protocol.to_json(results[r.id]) for r in taken if r.token}
     finally:
         _end_turn(turn, replies, also=also)
     return results[mine.id]
@@ -138,12 +139,12 @@ def _write_lane(requests: list[Request], *, also: list[locks.Hold]) -> dict[str,
     except locks.LockUnavailable as exc:
         raise lock_error(exc, lock=exc.name) from exc
     also.extend(got.values())
-    holds: batch.Holds = {pid: got[product_lock(pid)] for pid in product_ids if product_lock(pid) in got}
-    results: dict[str, Result] = {r.id: batch.ALONE for r in requests if r.lines[0][0] not in holds}
+    holds: writer.Holds = {pid: got[product_lock(pid)] for pid in product_ids if product_lock(pid) in got}
+    results: dict[str, Result] = {r.id: protocol.ALONE for r in requests if r.lines[0][0] not in holds}
     writable = [r for r in requests if r.lines[0][0] in holds]
     if writable:
         stale_transactions.record(got)
-        results.update(batch.write(writable, holds=holds))
+        results.update(writer.write(writable, holds=holds))
     return results
 
 

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from locks.conf import locks_settings
 from shop import redis_keys
 from shop.conf import shop_settings
-from shop.services import hooks
+from shop.plumbing import hooks
 
 log = logging.getLogger("shop")
 

@@ -3,7 +3,7 @@
 Lock order is the deadlock rule: every service takes its locks through `held()` in one order
 (products by id; a coupon's own lock for claim_coupon), so two requests can never wait on each
 other in a cycle. A coupon claim used by an order, or an idempotency key, needs no lock: its row
-(FOR UPDATE) and its unique key settle a race in MySQL (shop/services/batch.py).
+(FOR UPDATE) and its unique key settle a race in MySQL (shop/checkout/writer.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from django.db import transaction
 import locks
 from shop import errors
 from shop.conf import shop_settings
-from shop.services import stale_transactions
+from shop.plumbing import stale_transactions
 
 log = logging.getLogger("shop")
 
@@ -26,7 +26,7 @@ log = logging.getLogger("shop")
 class StaleFence(Exception):
     """A guarded UPDATE was refused because a newer lock holder already wrote the row.
 
-    `lock`: the name of the lock whose fence was refused (counted by `shop.services.fence_refusals`)."""
+    `lock`: the name of the lock whose fence was refused (counted by `shop.plumbing.fence_refusals`)."""
 
     def __init__(self, lock: str) -> None:
         super().__init__(lock)

@@ -137,7 +137,7 @@ def install(sender=None, connection=None, **kwargs) -> None:
 
 @contextmanager
 def service_transaction() -> Iterator[str]:
-    """Around a service transaction (shop.services.transactions.durable_transaction): its bounds,
+    """Around a service transaction (shop.plumbing.transactions.durable_transaction): its bounds,
     and the watch for a stale holder when the previous attempt's row wait ran out."""
     if connection.vendor != "mysql":
         yield "off"
