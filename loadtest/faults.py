@@ -20,7 +20,7 @@ or stopped buyer could leave taken). A few seconds in, the parent injects one fa
 A scenario is a fault plugged into the harness: its `fault` builds a `Fault` (`inject` and
 `heal` callables) from the run's `Context`; the harness injects it, waits the fault's length
 and heals it. The buyers reach their fault points through the checkout's test hook
-(shop/plumbing/hooks.py). The HTTP harness (loadtest/httpfaults.py) plugs its faults in
+(shop/hooks.py). The HTTP harness (loadtest/httpfaults.py) plugs its faults in
 the same way and shares the buyers' plumbing, the verdict and the outcome type below.
 
 The verdict (`Liveness.problems`): nothing oversold and I1-I6 hold (the books), and the sale
@@ -139,7 +139,7 @@ def outage(down: Callable[[], object], up: Callable[[], object], *, down_note: s
 
 # --- the run's journal and outcome (both harnesses) -----------------------------------------
 @dataclass
-class Request:
+class Attempt:
     start: float
     end: float
     outcome: str
@@ -171,7 +171,7 @@ class Liveness:
         return out
 
 
-def liveness(requests: list[Request], *, in_stock: list[tuple[float, float]], healed_at: float,
+def liveness(requests: list[Attempt], *, in_stock: list[tuple[float, float]], healed_at: float,
              grace: float = 0.0, victims: frozenset[int] = frozenset()) -> Liveness:
     """Liveness figures of a journal. `in_stock`: the windows in which stock existed and orders
     could be placed (an outage of the lock's Redis is cut out); refusals in their first `grace`
@@ -198,7 +198,7 @@ def liveness(requests: list[Request], *, in_stock: list[tuple[float, float]], he
 class FaultOutcome:
     scenario: Scenario
     faults: int
-    requests: list[Request]
+    requests: list[Attempt]
     oversold: int
     violations: list[str]
     liveness: Liveness
@@ -301,7 +301,7 @@ class Journal:
     is common."""
 
     def __init__(self, pipes: dict[int, Connection]) -> None:
-        self.requests: list[Request] = []
+        self.requests: list[Attempt] = []
         self.in_flight: dict[int, str] = {}  # buyer -> Idempotency-Key of the request it has sent
         self.changed = threading.Condition()
         self.thread = threading.Thread(target=self._read, args=(dict(pipes),), daemon=True)
@@ -327,7 +327,7 @@ class Journal:
         raise NotImplementedError
 
 
-def check_books(work: workloads.Workload, requests: list[Request], unanswered: list[str], *,
+def check_books(work: workloads.Workload, requests: list[Attempt], unanswered: list[str], *,
                 restocked: int = 0) -> tuple[int, list[str], int]:
     """(oversold, invariant violations, requests settled from the database) once the run is over.
 
@@ -374,7 +374,7 @@ class _Journal(Journal):
     def _note(self, buyer: int, message: tuple) -> None:
         kind = message[0]
         if kind == "request":
-            self.requests.append(Request(*message[1:], buyer=buyer))
+            self.requests.append(Attempt(*message[1:], buyer=buyer))
             self.in_flight.pop(buyer, None)
         elif kind == "fault":
             self.events.append((message[1], message[2], message[3]))
@@ -409,8 +409,7 @@ def _buyer(index: int, product_id: int, user_ids: list[int], stop_at: float, arm
     """A forked buyer: place orders until stop_at, journaling each one (and fault events)."""
     from django.contrib.auth import get_user_model
 
-    from shop import errors
-    from shop.plumbing import hooks
+    from shop import errors, hooks
     from shop.services import place_order
 
     def take(mode: int) -> bool:
@@ -567,10 +566,9 @@ def _queued_pids(product_id: int) -> list[int]:
 
     from locks.conf import locks_settings
     from locks.keys import LockKeys
-    from shop.checkout.combining import queue_lock
-    from shop.plumbing.locking import product_lock
+    from shop.lock_names import checkout_queue
 
-    name = queue_lock(product_id) if shop_settings.COMBINING else product_lock(product_id)
+    name = checkout_queue(product_id)
     raw = get_redis_connection(locks_settings.CACHE_ALIAS).hgetall(LockKeys.for_name(name).waiters)
     pids = []
     for token, info in raw.items():
@@ -605,10 +603,10 @@ def _caches_on(redis: RedisProcess | None) -> Iterator[None]:
     if redis is None:
         yield
         return
-    from shop.settings import _redis_cache
+    from shop.settings import redis_cache
 
-    with override_settings(CACHES={**settings.CACHES, "default": _redis_cache(redis.url),
-                                   "locks": _redis_cache(redis.url)}):
+    with override_settings(CACHES={**settings.CACHES, "default": redis_cache(redis.url),
+                                   "locks": redis_cache(redis.url)}):
         yield
 
 

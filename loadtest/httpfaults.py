@@ -47,10 +47,10 @@ from typing import Any
 from loadtest import appservers, lockservices
 from loadtest import workload as workloads
 from loadtest.faults import (
+    Attempt,
     Fault,
     FaultOutcome,
     Journal,
-    Request,
     Scenario,
     apply,
     buy_until,
@@ -106,7 +106,7 @@ HOLDER_WAIT = 3.0  # seconds kill-app-server waits for one of the victim's worke
 def _lock_holder_pid(product_id: int) -> int | None:
     """The pid of the process holding the product's lock (owner "host:pid"), if any."""
     from locks.inspect import lock_info
-    from shop.plumbing.locking import product_lock
+    from shop.lock_names import product_lock
 
     with contextlib.suppress(Exception):
         held = lock_info(product_lock(product_id))
@@ -165,7 +165,7 @@ def restart_zookeeper(ctx: Context) -> Fault:
 def _failover(ctx: Context, kind: str) -> Fault:
     """SIGKILL the master that has the product's lock; healed when a replica is promoted."""
     from locks.keys import LockKeys
-    from shop.plumbing.locking import product_lock
+    from shop.lock_names import product_lock
 
     servers = ctx.service.servers
 
@@ -313,7 +313,7 @@ class _Journal(Journal):
             self.retries.append(message[1:])
         elif kind == "request":
             start, end, outcome, order_id, server, cut = message[1:]
-            self.requests.append(Request(start, end, outcome, order_id, buyer=buyer))
+            self.requests.append(Attempt(start, end, outcome, order_id, buyer=buyer))
             counts = self.servers.setdefault(server, dict.fromkeys(OUTCOMES, 0))
             counts[outcome] += 1
             key = self.in_flight.pop(buyer, None)
@@ -393,7 +393,7 @@ def _run(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.Ap
 def _drive(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.AppServers, service: LockService,
            work: workloads.Workload, *, keep: bool, say: Callable[[str], None]) -> HttpFaultOutcome:
     from loadtest.scenarios import _tokens
-    from shop.plumbing import fence_refusals
+    from shop import selectors
 
     product_id = work.product_ids[0]
     tokens = list(_tokens(work.user_ids).values())
@@ -431,7 +431,7 @@ def _drive(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.
     fault_stall = max(b - a for a, b in itertools.pairwise(points))
     until = done.healed + recovery if recovery is not None else stop_at
     refused = sum(1 for r in requests if r.outcome != PLACED and done.injected <= r.end <= until)
-    fence_refusals = fence_refusals.refusals(workloads.lock_names(work))
+    fence_refusals = selectors.fence_refusals(lock_names=workloads.lock_names(work))
     if not keep:
         workloads.cleanup(work)  # its fence refusal counts too
     return HttpFaultOutcome(

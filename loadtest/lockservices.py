@@ -70,9 +70,9 @@ class LockService:
 
 def redis_cache(url: str) -> dict[str, Any]:
     """The locks cache alias for `url`, configured as shop/settings.py configures LOCKS_REDIS_URL."""
-    from shop.settings import _redis_cache
+    from shop.settings import redis_cache
 
-    return _redis_cache(url, "LOCKS_REDIS_URL")
+    return redis_cache(url, "LOCKS_REDIS_URL")
 
 
 @dataclass(frozen=True)

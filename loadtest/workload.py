@@ -19,7 +19,9 @@ from django_redis import get_redis_connection
 from loadtest.models import DbLock
 from locks.conf import locks_settings
 from locks.keys import LockKeys
+from shop import redis_keys
 from shop.conf import shop_settings
+from shop.lock_names import coupon_lock, product_lock
 from shop.models import (
     RESERVING_STATUSES,
     CheckoutRequest,
@@ -30,7 +32,6 @@ from shop.models import (
     Product,
     StockLedger,
 )
-from shop.plumbing import fence_refusals, idempotency, soldout
 
 PREFIX = "lt-"
 
@@ -97,14 +98,14 @@ def create(run_id: str, *, products: int, stock: int, users: int, price: Decimal
 
 
 def lock_names(workload: Workload) -> list[str]:
-    """Names the service locks for this workload (see `Product.lock_name`, `Coupon.lock_name`)."""
-    names = [f"product:{pk}" for pk in workload.product_ids]
+    """The shop's locks for this workload (its products', its coupon's)."""
+    names = [product_lock(pk) for pk in workload.product_ids]
     if workload.coupon_id is not None:
-        names.append(f"coupon:{workload.coupon_id}")
+        names.append(coupon_lock(workload.coupon_id))
     return names
 
 
-def redis_keys(workload: Workload) -> dict[str, list[str]]:
+def leftover_keys(workload: Workload) -> dict[str, list[str]]:
     """Per cache alias, every Redis key the strategies may have left for this workload."""
     db = connection.settings_dict["NAME"]
     peers = []
@@ -112,10 +113,11 @@ def redis_keys(workload: Workload) -> dict[str, list[str]]:
         name = f"lt:{db}:product:{pk}"
         peers += [f":1:{name}", f"lock:{name}", f"lock-signal:{name}"]  # redis-py, python-redis-lock
     ours = [k for name in lock_names(workload) for k in LockKeys.for_name(name).all()]
-    refusals = [fence_refusals.key(name) for name in lock_names(workload)]
-    markers = [key for pk in workload.product_ids for key in soldout.marker_keys(pk)]
+    refusals = [redis_keys.fence_refusals(name) for name in lock_names(workload)]
+    markers = [key for pk in workload.product_ids
+               for key in (redis_keys.sold_out_marker(pk), redis_keys.refill_floor(pk))]
     keys = {"default": peers, locks_settings.CACHE_ALIAS: ours}
-    keys.setdefault(shop_settings.SOLDOUT_CACHE_ALIAS, []).extend(refusals + markers)
+    keys.setdefault(shop_settings.REDIS_ALIAS, []).extend(refusals + markers)
     return keys
 
 
@@ -127,7 +129,10 @@ def cleanup(workload: Workload) -> None:
     products = Product.objects.filter(sku__startswith=tag)
     records = (Order.objects.filter(user__in=users, idempotency_key__isnull=False)
                .values_list("user_id", "idempotency_key"))
-    idempotency.delete_records(records.iterator(chunk_size=5000))
+    keys = [redis_keys.idempotency_record(user_id, key) for user_id, key in records.iterator(chunk_size=5000)]
+    client = get_redis_connection(shop_settings.REDIS_ALIAS)
+    for i in range(0, len(keys), 1000):  # the records would stay in a shared Redis for IDEMPOTENCY_TTL
+        client.delete(*keys[i : i + 1000])
     with transaction.atomic():
         StockLedger.objects.filter(product__in=products).delete()
         StockLedger.objects.filter(order__user__in=users).delete()
@@ -146,13 +151,13 @@ def cleanup(workload: Workload) -> None:
         if workload.coupon_id is not None:
             Coupon.objects.filter(pk=workload.coupon_id).delete()
         users.delete()
-    for alias, keys in redis_keys(workload).items():
+    for alias, keys in leftover_keys(workload).items():
         client = get_redis_connection(alias)
         for i in range(0, len(keys), 500):
             client.delete(*keys[i : i + 500])
     if workload.product_ids:
-        get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).zrem(
-            soldout.index_key(), *[str(pid) for pid in workload.product_ids])
+        get_redis_connection(shop_settings.REDIS_ALIAS).zrem(
+            redis_keys.sold_out_index(), *[str(pid) for pid in workload.product_ids])
 
 
 @dataclass

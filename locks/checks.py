@@ -37,12 +37,12 @@ def check_locks_settings(app_configs=None, **kwargs) -> list:
         # One primary per lock: not a shard ring, and not SentinelClient, which reads from a
         # replica (a lagging replica shows a held lock free). Sentinel and Cluster are fine the way
         # locks/redis_urls.py configures them: DefaultClient on the master (is_master=1), and
-        # locks.cluster.ClusterClient (each lock's keys in one slot, on that slot's master).
+        # locks.django_redis_cluster.ClusterClient (each lock's keys in one slot, on that slot's master).
         if client_class.endswith(("ShardClient", "HerdClient", "SentinelClient")):
             errors.append(Error(
                 f"CACHES[{alias!r}]['OPTIONS']['CLIENT_CLASS'] is {client_class}; locks need one primary.",
                 hint="Set LOCKS_REDIS_URL to redis://..., redis+sentinel://h:p,h:p/<master>/0 (the master "
-                     "only, DefaultClient) or redis+cluster://h:p,h:p/0 (locks.cluster.ClusterClient).",
+                     "only, DefaultClient) or redis+cluster://h:p,h:p/0 (locks.django_redis_cluster.ClusterClient).",
                 id="locks.E004",
             ))
         if options.get("IGNORE_EXCEPTIONS"):

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from locks.backends import Request
+from locks.backends import QueuedRequest
 from locks.exceptions import LockNotOwned
 from locks.hold import Guarded, Hold, Served
 from locks.lock import Lock
 from locks.stats import recorder
 
-__all__ = ["Guarded", "Request", "Served", "Turn", "submit"]
+__all__ = ["Guarded", "QueuedRequest", "Served", "Turn", "submit"]
 
 
 class Turn:
@@ -53,10 +53,10 @@ class Turn:
     def __init__(self, lock: Lock, hold: Hold) -> None:
         self.lock = lock
         self.hold = hold
-        self.taken: list[Request] = []
+        self.taken: list[QueuedRequest] = []
         self._recorded = False
 
-    def take(self, limit: int) -> list[Request]:
+    def take(self, limit: int) -> list[QueuedRequest]:
         """Take up to `limit` requests queued behind us (FIFO; the first plain waiter stops it)."""
         if limit <= 0:
             return []

@@ -6,7 +6,7 @@
 
 Sentinel: always the *master* (`?is_master=1` with django-redis's DefaultClient, never its
 SentinelClient): SentinelClient sends reads to a replica, and a lock's state read from a lagging
-replica could show a held lock free. Cluster: locks/cluster.py (django-redis has none).
+replica could show a held lock free. Cluster: locks/django_redis_cluster.py (django-redis has none).
 
 Retries (redis-py 8 retries a connection error 10 times with exponential backoff, ~7 s against a
 dead node): a single server keeps its pool's default (no retry); Sentinel retries a connection
@@ -140,8 +140,8 @@ def cache_config(url: str, *, socket_timeout: float, pool_kwargs: dict[str, Any]
     if len(path) > 1 or _db(setting, url, path[0] if path else "") != 0:
         raise _bad(setting, url, "Redis Cluster has only database 0")
     options.update(
-        CLIENT_CLASS="locks.cluster.ClusterClient",
-        CONNECTION_FACTORY="locks.cluster.ClusterConnectionFactory",
+        CLIENT_CLASS="locks.django_redis_cluster.ClusterClient",
+        CONNECTION_FACTORY="locks.django_redis_cluster.ClusterConnectionFactory",
         CLUSTER_NODES=nodes,
     )
     host, port = nodes[0]

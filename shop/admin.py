@@ -29,7 +29,7 @@ from django.views.decorators.http import require_http_methods
 
 from locks import inspect
 from locks.exceptions import LockUnavailable
-from shop import errors
+from shop import errors, rules
 from shop.conf import shop_settings
 from shop.exports import order_csv
 from shop.models import (
@@ -239,11 +239,6 @@ def _short_time(value) -> str:
 
 
 # What an operator may do to an order in each status (the services re-check under the locks).
-ORDER_ACTIONS = {
-    Order.Status.PENDING_PAYMENT: ("cancel", "Cancel"),
-    Order.Status.PLACED: ("cancel", "Cancel"),
-    Order.Status.PAID: ("refund", "Refund"),
-}
 
 
 @admin.register(Order)
@@ -297,10 +292,10 @@ class OrderAdmin(admin.ModelAdmin):
 
     def action_url(self, order: Order) -> tuple[str, str] | None:
         """(url, label) of what the order's status allows (cancel or refund), or None."""
-        action = ORDER_ACTIONS.get(order.status)
+        action = rules.operator_action(order.status)
         if action is None:
             return None
-        return reverse(f"admin:shop_order_{action[0]}", args=[order.pk]), action[1]
+        return reverse(f"admin:shop_order_{action}", args=[order.pk]), action.capitalize()
 
     @admin.display(description="")
     def order_actions(self, obj: Order) -> str:

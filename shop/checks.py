@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connection
 
-from shop.conf import shop_settings
+from shop.conf import DEFAULTS, RENAMED, shop_settings
 from shop.plumbing import stale_transactions
+
+
+@register()
+def check_shop_keys(app_configs=None, **kwargs) -> list:
+    """A misspelt or renamed key of SHOP would silently fall back to its default."""
+    unknown = sorted(set(getattr(settings, "SHOP", {})) - set(DEFAULTS))
+    return [Error(f'SHOP["{key}"] is not a setting of the shop.',
+                  hint=(f'It was renamed: SHOP["{RENAMED[key]}"].' if key in RENAMED else
+                        "The settings are listed in shop/conf.py (DEFAULTS)."), id="shop.E003")
+            for key in unknown]
 
 
 @register(Tags.database)

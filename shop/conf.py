@@ -63,9 +63,11 @@ DEFAULTS: dict[str, Any] = {
     "LOW_STOCK": 10,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.
     "RETRIES": 5,
-    # Sold-out markers live in this cache's Redis, with this TTL (seconds). Services keep them
-    # exact; the TTL bounds the damage of stock changed behind their back (raw SQL, a DB reset).
-    "SOLDOUT_CACHE_ALIAS": "default",
+    # The cache alias of the shop's own Redis (shop/redis_keys.py: sold-out markers, idempotency
+    # records, cached tokens, overload counts), apart from the lock service's (LOCKS["CACHE_ALIAS"]).
+    "REDIS_ALIAS": "default",
+    # Sold-out markers live there with this TTL (seconds). Services keep them exact; the TTL
+    # bounds the damage of stock changed behind their back (raw SQL, a DB reset).
     "SOLDOUT_TTL": 300,
     # An order with an Idempotency-Key leaves a record in that same Redis (written before its
     # COMMIT), so the sold-out fast path knows which keys placed an order without asking MySQL.
@@ -106,6 +108,10 @@ DEFAULTS: dict[str, Any] = {
         "cancel": "60/m",
     },
 }
+
+
+# Keys of SHOP that were renamed: the system check names the new one (shop.E003).
+RENAMED = {"SOLDOUT_CACHE_ALIAS": "REDIS_ALIAS"}
 
 
 class ShopSettings:

@@ -12,6 +12,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from shop import lock_names
+
 
 class ProductQuerySet(models.QuerySet):
     def on_sale(self) -> ProductQuerySet:
@@ -50,7 +52,7 @@ class Product(models.Model):
 
     @property
     def lock_name(self) -> str:
-        return f"product:{self.pk}"
+        return lock_names.product_lock(self.pk)
 
     # --- may it be sold now: the one rule (the checkout writer, the cart, the catalog) --------
     # The writer reads rows with plain SQL: it asks `row_on_sale` of the row's ON_SALE_FIELDS,
@@ -101,7 +103,7 @@ class Coupon(models.Model):
 
     @property
     def lock_name(self) -> str:
-        return f"coupon:{self.pk}"
+        return lock_names.coupon_lock(self.pk)
 
 
 class Order(models.Model):

@@ -62,7 +62,7 @@ def flush() -> None:
         return
     key = _key(int(time.time()) // BUCKET)
     try:
-        pipe = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).pipeline(transaction=False)
+        pipe = get_redis_connection(shop_settings.REDIS_ALIAS).pipeline(transaction=False)
         for what, n in counts.items():
             pipe.hincrby(key, what, n)
         pipe.expire(key, KEEP)
@@ -76,7 +76,7 @@ def totals(seconds: int) -> Counter[str]:
     """The cluster's counts over the last `seconds` (whole buckets)."""
     now = int(time.time()) // BUCKET
     buckets = [now - i for i in range(max(1, seconds // BUCKET))]
-    pipe = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).pipeline(transaction=False)
+    pipe = get_redis_connection(shop_settings.REDIS_ALIAS).pipeline(transaction=False)
     for bucket in buckets:
         pipe.hgetall(_key(bucket))
     out: Counter[str] = Counter()

@@ -1,4 +1,4 @@
-"""Every key the shop keeps in its Redis (SHOP["SOLDOUT_CACHE_ALIAS"]), in one place.
+"""Every key the shop keeps in its Redis (SHOP["REDIS_ALIAS"]), in one place.
 
 All live under `shop:<database name>:`, so two shops (a laptop's development and test
 databases, say) can share one Redis and a test run can delete exactly its own (`namespace`).

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
-from shop.models import Coupon
+from shop.models import Coupon, Order
 
 
 def coupon_error(coupon: Coupon | None, code: str) -> errors.ShopError | None:
@@ -33,3 +33,11 @@ def discount(subtotal: Decimal, coupon_discount: Decimal | None) -> Decimal:
 def pay_by_from(now: datetime | None = None) -> datetime:
     """The payment deadline of an order placed now (SHOP["PAYMENT_WINDOW"] seconds)."""
     return (now or timezone.now()) + timedelta(seconds=float(shop_settings.PAYMENT_WINDOW))
+
+
+def operator_action(status: str) -> str | None:
+    """What an operator may do to an order in this status: "cancel" an unpaid one (its stock and
+    coupon go back), "refund" a paid one (the payment goes back too), or nothing. The admin's buttons
+    and `manage.py shop` ask the same question."""
+    return {Order.Status.PENDING_PAYMENT: "cancel", Order.Status.PLACED: "cancel",
+            Order.Status.PAID: "refund"}.get(status)

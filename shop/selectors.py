@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from decimal import Decimal
 
 from django.db.models import Count, DecimalField, F, OuterRef, Prefetch, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
+from django_redis import get_redis_connection
 
-from shop import errors
+from shop import errors, redis_keys
 from shop.conf import shop_settings
 from shop.models import Coupon, CouponClaim, Order, OrderLine, Product
 
@@ -126,3 +127,15 @@ def orders_in_chunks(*, orders: QuerySet[Order], chunk_size: int = 1000) -> Iter
         if len(chunk) < chunk_size:
             return
         last = chunk[-1].pk
+
+
+def fence_refusals(*, lock_names: Iterable[str]) -> int:
+    """How often the fence refused a stale holder's write under these lock names, counted by every
+    process of every app server (shop/plumbing/fence_refusals.py): what a failover test reports."""
+    keys = [redis_keys.fence_refusals(name) for name in lock_names]
+    if not keys:
+        return 0
+    pipe = get_redis_connection(shop_settings.REDIS_ALIAS).pipeline(transaction=False)
+    for k in keys:  # GETs, not one MGET: on Redis Cluster the keys live in different slots
+        pipe.get(k)
+    return sum(int(v) for v in pipe.execute() if v is not None)

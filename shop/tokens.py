@@ -34,7 +34,7 @@ def _cache_key(key_hash: str) -> str:
 
 
 def _cache():
-    return caches[shop_settings.SOLDOUT_CACHE_ALIAS]
+    return caches[shop_settings.REDIS_ALIAS]
 
 
 def user_for_token(raw: str):

@@ -79,11 +79,11 @@ def _no_stale_shop_keys(django_db_setup, django_db_blocker):
 def private_redis(settings) -> Iterator[RedisServer]:
     """Both Redis aliases (markers and locks) on a private redis-server, configured exactly as
     shop/settings/redis_locks.py configures them from REDIS_URL: a test may stop, freeze or wipe it."""
-    from shop.settings import _redis_cache
+    from shop.settings import redis_cache
 
     server = RedisServer()
     server.start()
-    settings.CACHES = {**settings.CACHES, "default": _redis_cache(server.url), "locks": _redis_cache(server.url)}
+    settings.CACHES = {**settings.CACHES, "default": redis_cache(server.url), "locks": redis_cache(server.url)}
     try:
         yield server
     finally:

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
 
-from locks.backends.base import Grant, HeldLock, LockBackend, Released, Request, every_held
+from locks.backends.base import Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
 from locks.conf import locks_settings
 
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ["BACKENDS", "Grant", "HeldLock", "LockBackend", "Released", "Request", "every_held", "get_backend"]
+__all__ = ["BACKENDS", "Grant", "HeldLock", "LockBackend", "QueuedRequest", "Released", "every_held", "get_backend"]
 
 BACKENDS = {
     "redis": "locks.backends.redis.RedisBackend",

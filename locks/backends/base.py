@@ -68,7 +68,7 @@ class HeldLock:
 
 
 @dataclass(frozen=True)
-class Request:
+class QueuedRequest:
     """A queued combining request the holder took: answer it with `reply({token: ...})`."""
 
     token: str
@@ -184,13 +184,13 @@ class LockBackend(ABC):
         any of those keys exists the request is not queued, and `Guarded` has their values."""
         raise NotImplementedError(f"the {self.name} backend does not combine requests")
 
-    def take(self, lock: LockLike, *, token: str, limit: int) -> list[Request]:
+    def take(self, lock: LockLike, *, token: str, limit: int) -> list[QueuedRequest]:
         """The holder (`token`) takes up to `limit` requests queued behind it, FIFO (the first
         plain waiter stops it). `LockNotOwned` if the lock is no longer `token`'s."""
         raise NotImplementedError(f"the {self.name} backend does not combine requests")
 
     def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int]) -> None:
-        """Answer taken requests by token; `deadlines`: their `Request.deadline_ms`."""
+        """Answer taken requests by token; `deadlines`: their `QueuedRequest.deadline_ms`."""
         raise NotImplementedError(f"the {self.name} backend does not combine requests")
 
     def close(self) -> None:  # noqa: B027 - optional: most backends have something to close

@@ -39,7 +39,7 @@ from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, RedisError
 
-from locks.backends.base import Grant, HeldLock, LockBackend, Released, Request, every_held
+from locks.backends.base import Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
 from locks.conf import locks_settings
 from locks.connection import (
     UNREACHABLE,
@@ -418,7 +418,7 @@ class RedisBackend(LockBackend):
             raise LockUnavailable(f"Redis unreachable: {exc}", name=lock.name) from exc
 
     # -- combining -------------------------------------------------------------------------
-    def take(self, lock: LockLike, *, token: str, limit: int) -> list[Request]:
+    def take(self, lock: LockLike, *, token: str, limit: int) -> list[QueuedRequest]:
         keys = lock.keys
         sent = time.monotonic()
         try:
@@ -432,7 +432,7 @@ class RedisBackend(LockBackend):
         batch = []
         for i in range(1, len(got), 3):
             deadline_ms = int(got[i + 1])
-            batch.append(Request(token=text(got[i]), payload=text(got[i + 2]),
+            batch.append(QueuedRequest(token=text(got[i]), payload=text(got[i + 2]),
                                  deadline=sent + (deadline_ms - now_ms) / 1000, deadline_ms=deadline_ms))
         return batch
 

@@ -32,24 +32,13 @@ from shop import errors
 from shop.checkout import protocol, writer
 from shop.checkout.protocol import Placed, Refused, Request, Result
 from shop.conf import shop_settings
+from shop.lock_names import lane_lock, product_lock
 from shop.models import CheckoutRequest
 from shop.plumbing import stale_transactions
-from shop.plumbing.locking import (
-    lane_lock,
-    lock_error,
-    product_lock,
-    release_all_safely,
-    release_safely,
-    shop_lock,
-)
+from shop.plumbing.locking import lock_error, release_all_safely, release_safely, shop_lock
 from shop.plumbing.transactions import RETRYABLE_MYSQL, backoff, durable_transaction
 
 log = logging.getLogger("shop")
-
-
-def queue_lock(product_id: int) -> str:
-    """The lock a single-product order of this product queues on (its own, or its lane's)."""
-    return lane_lock(product_id, lanes=int(shop_settings.COMBINE_LANES))
 
 
 def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result | combining.Guarded:

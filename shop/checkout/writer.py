@@ -34,13 +34,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 import locks
-from shop import errors, metrics, rules
+from shop import errors, hooks, metrics, rules
 from shop.checkout import purchase_limits
 from shop.checkout.protocol import AGAIN, Placed, Refused, Request, Result
 from shop.conf import shop_settings
+from shop.lock_names import product_lock
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.plumbing import fence_refusals, hooks, idempotency, soldout, stale_transactions
-from shop.plumbing.locking import StaleFence, check_before_commit, product_lock
+from shop.plumbing import fence_refusals, idempotency, soldout, stale_transactions
+from shop.plumbing.locking import StaleFence, check_before_commit
 from shop.plumbing.transactions import (
     ER_LOCK_WAIT_TIMEOUT,
     RETRYABLE_MYSQL,

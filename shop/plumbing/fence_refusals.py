@@ -4,7 +4,7 @@ A refusal (`StaleFence`) is the fence doing its job: a holder that lost its lock
 its lease, or overtaken after a failover of the lock service) tried to write after a newer
 holder had. The failover load tests report how often that happened during their run, across
 every app server, so the count must live where all servers can add to it: one INCR in the
-markers' Redis (SOLDOUT_CACHE_ALIAS, not the lock service, which may be the thing failing),
+markers' Redis (REDIS_ALIAS, not the lock service, which may be the thing failing),
 keyed by database and lock name. A run's lock names are its own (its products, its coupon),
 so the keys of a run are exactly its count. Only a refusal pays for it (never the hot path);
 a Redis error is logged and forgotten: the count is a statistic, the refusal is what keeps the
@@ -14,7 +14,6 @@ books right.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
@@ -27,27 +26,11 @@ log = logging.getLogger("shop")
 TTL = 24 * 3600  # seconds a count is kept after its last refusal
 
 
-def key(name: str) -> str:
-    return redis_keys.fence_refusals(name)
-
-
 def refused(name: str, *, operation: str) -> None:
     """Count one refusal of a write under lock `name` (here, and in the Prometheus metrics by `operation`)."""
     metrics.fence_refused(operation)
     try:
-        client = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS)
-        client.pipeline().incr(key(name)).expire(key(name), TTL).execute()
+        client = get_redis_connection(shop_settings.REDIS_ALIAS)
+        client.pipeline().incr(redis_keys.fence_refusals(name)).expire(redis_keys.fence_refusals(name), TTL).execute()
     except RedisError as exc:
         log.warning("fence refusal on %s not counted: %s", name, exc)
-
-
-def refusals(names: Iterable[str]) -> int:
-    """Refusals counted under these lock names (by every process of every app server)."""
-    keys = [key(name) for name in names]
-    if not keys:
-        return 0
-    pipe = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).pipeline(transaction=False)
-    for k in keys:  # GETs, not one MGET: on Redis Cluster the keys live in different slots
-        pipe.get(k)
-    values = pipe.execute()
-    return sum(int(v) for v in values if v is not None)

@@ -10,17 +10,11 @@ retry of the key that bought the last unit still gets its order back. MySQL's un
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
 from shop import errors, redis_keys
 from shop.conf import shop_settings
-
-
-def record_key(user_id: int, key: str) -> str:
-    return redis_keys.idempotency_record(user_id, key)
 
 
 def write_records(records: list[tuple[int, str, int]], *, required: bool) -> None:
@@ -32,19 +26,10 @@ def write_records(records: list[tuple[int, str, int]], *, required: bool) -> Non
         return
     ttl = int(shop_settings.IDEMPOTENCY_TTL)
     try:
-        pipe = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS).pipeline(transaction=False)
+        pipe = get_redis_connection(shop_settings.REDIS_ALIAS).pipeline(transaction=False)
         for user_id, key, order_id in records:
-            pipe.set(record_key(user_id, key), order_id, ex=ttl)
+            pipe.set(redis_keys.idempotency_record(user_id, key), order_id, ex=ttl)
         pipe.execute()
     except RedisError as exc:
         if required:
             raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc
-
-
-def delete_records(pairs: Iterable[tuple[int, str]]) -> None:
-    """Forget the records of (user id, key): for removing test and load-test orders, whose
-    records would otherwise stay in a shared Redis for IDEMPOTENCY_TTL."""
-    client = get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS)
-    keys = [record_key(user_id, key) for user_id, key in pairs]
-    for i in range(0, len(keys), 1000):
-        client.delete(*keys[i : i + 1000])

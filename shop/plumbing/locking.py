@@ -33,20 +33,6 @@ class StaleFence(Exception):
         self.lock = lock
 
 
-def product_lock(product_id: int) -> str:
-    return f"product:{product_id}"
-
-
-def lane_lock(product_id: int, *, lanes: int) -> str:
-    """The queue a single-product order waits in: its product's own lock, or with lanes
-    (SHOP["COMBINE_LANES"]) the lane the product falls in."""
-    return product_lock(product_id) if lanes <= 0 else f"checkout-lane:{product_id % lanes}"
-
-
-def coupon_lock(coupon_id: int) -> str:
-    return f"coupon:{coupon_id}"
-
-
 def shop_lock(name: str, *, wait: float | None = None) -> locks.Lock:
     """The lock `name` with the shop's lease, wait (unless given) and watchdog settings."""
     return locks.Lock(name, ttl=shop_settings.LOCK_TTL, wait=shop_settings.LOCK_WAIT if wait is None else wait,

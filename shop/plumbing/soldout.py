@@ -24,9 +24,8 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from locks.conf import locks_settings
-from shop import redis_keys
+from shop import hooks, redis_keys
 from shop.conf import shop_settings
-from shop.plumbing import hooks
 
 log = logging.getLogger("shop")
 
@@ -54,18 +53,18 @@ class SoldOutCheckFailed(Exception):
     """Redis could not answer the sold-out check; see `sold_out`."""
 
 
-def marker_keys(product_id: int) -> list[str]:
+def _marker_keys(product_id: int) -> list[str]:
     return [redis_keys.sold_out_marker(product_id), redis_keys.refill_floor(product_id)]
 
 
 def _client():
-    return get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS)
+    return get_redis_connection(shop_settings.REDIS_ALIAS)
 
 
 def shares_lock_redis() -> bool:
     """Markers and locks in one Redis: a failed marker check means the lock cannot work either."""
     caches = settings.CACHES
-    mine = caches.get(shop_settings.SOLDOUT_CACHE_ALIAS, {}).get("LOCATION")
+    mine = caches.get(shop_settings.REDIS_ALIAS, {}).get("LOCATION")
     return mine is not None and mine == caches.get(locks_settings.CACHE_ALIAS, {}).get("LOCATION")
 
 
@@ -100,7 +99,7 @@ def guard_keys(product_ids: Iterable[int], *, record_key: str | None = None) -> 
     """The keys `markers_and_record` reads, for a lock's submit to check instead (guards, see
     locks/combining.py): then the check costs no round trip of its own. Only where the markers
     live in the locks' Redis and that is one server (`shares_lock_redis`, `supports_guards`)."""
-    return [marker_keys(pid)[0] for pid in product_ids] + ([record_key] if record_key is not None else [])
+    return [redis_keys.sold_out_marker(pid) for pid in product_ids] + ([record_key] if record_key is not None else [])
 
 
 def fast_path_of(product_ids: Iterable[int], values: Sequence[object], *, record_key: str | None = None) -> FastPath:
@@ -121,10 +120,6 @@ KNOWN_REFRESH = 0.25
 _known: dict[int, float] = {}  # product id -> time.time() its marker lapses
 
 
-def index_key() -> str:
-    return redis_keys.sold_out_index()
-
-
 def _seen_sold_out(product_ids: Iterable[int]) -> None:
     until = time.time() + float(shop_settings.SOLDOUT_TTL)
     for pid in product_ids:
@@ -142,7 +137,7 @@ def known_sold_out(product_ids: Iterable[int]) -> bool:
 def refresh_known() -> None:
     """Read the index of sold-out products into this process's `known_sold_out`."""
     try:
-        rows = _client().zrangebyscore(index_key(), time.time(), "+inf", withscores=True)
+        rows = _client().zrangebyscore(redis_keys.sold_out_index(), time.time(), "+inf", withscores=True)
     except RedisError:
         return  # a hint: without it, orders are refused busy while the lines are full, or answered by the app
     fresh = {int(member): score for member, score in rows}
@@ -162,9 +157,9 @@ def mark(product_id: int, *, fence: int) -> bool:
     hooks.call("before_sold_out_mark", {})
     ttl = int(shop_settings.SOLDOUT_TTL)
     try:
-        marked = bool(_client().eval(_MARK, 2, *marker_keys(product_id), fence, ttl))
+        marked = bool(_client().eval(_MARK, 2, *_marker_keys(product_id), fence, ttl))
         if marked:  # the index is a hint in a key of its own (another slot on a cluster)
-            _client().zadd(index_key(), {str(product_id): time.time() + ttl})
+            _client().zadd(redis_keys.sold_out_index(), {str(product_id): time.time() + ttl})
         return marked
     except RedisError:
         log.warning("could not mark product %s sold out", product_id, exc_info=True)
@@ -180,10 +175,10 @@ def refilled(product_ids: Iterable[int], *, fence: int | None) -> None:
     ids = list(product_ids)
     for pid in ids:
         if fence is None:
-            client.delete(marker_keys(pid)[0])
+            client.delete(redis_keys.sold_out_marker(pid))
         else:
-            client.eval(_REFILL, 2, *marker_keys(pid), fence, max(FLOOR_TTL, int(shop_settings.SOLDOUT_TTL)))
+            client.eval(_REFILL, 2, *_marker_keys(pid), fence, max(FLOOR_TTL, int(shop_settings.SOLDOUT_TTL)))
     if ids:
-        client.zrem(index_key(), *[str(pid) for pid in ids])
+        client.zrem(redis_keys.sold_out_index(), *[str(pid) for pid in ids])
         for pid in ids:
             _known.pop(pid, None)

@@ -171,7 +171,7 @@ def _key(name: str) -> str:
 
 
 def _client():
-    return get_redis_connection(shop_settings.SOLDOUT_CACHE_ALIAS)
+    return get_redis_connection(shop_settings.REDIS_ALIAS)
 
 
 def _server_identity(raw) -> str:

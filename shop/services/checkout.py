@@ -20,12 +20,13 @@ import logging
 import time
 
 from locks.combining import Guarded
-from shop import admission, deadlines, errors, metrics, selectors
+from shop import admission, deadlines, errors, metrics, redis_keys, selectors
 from shop.checkout import combining, protocol, writer
 from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
-from shop.plumbing import idempotency, soldout
-from shop.plumbing.locking import held, product_lock, refuse_outer_transaction, shop_lock
+from shop.lock_names import product_lock
+from shop.plumbing import soldout
+from shop.plumbing.locking import held, refuse_outer_transaction, shop_lock
 from shop.plumbing.transactions import backoff, connection_errors
 from shop.receipts import Receipt
 from shop.validation import validate_code, validate_idempotency_key, validate_lines
@@ -74,7 +75,7 @@ def place_order(
     key = validate_idempotency_key(idempotency_key) if idempotency_key is not None else None
     digest = request_digest(lines, code)
     product_ids = [pid for pid, _ in lines]
-    record_key = idempotency.record_key(user.pk, key) if key is not None else None
+    record_key = redis_keys.idempotency_record(user.pk, key) if key is not None else None
     use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
     lock = shop_lock(product_lock(product_ids[0]))  # what its lock service can do
     # One product: queue on its lock; whoever holds it commits everyone queued at once. (The

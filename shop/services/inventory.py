@@ -14,15 +14,10 @@ from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
+from shop.lock_names import product_lock
 from shop.models import Product, StockLedger
 from shop.plumbing import soldout
-from shop.plumbing.locking import (
-    StaleFence,
-    check_before_commit,
-    held,
-    product_lock,
-    refuse_outer_transaction,
-)
+from shop.plumbing.locking import StaleFence, check_before_commit, held, refuse_outer_transaction
 from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
 from shop.validation import validate_quantity
 

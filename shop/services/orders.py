@@ -25,8 +25,9 @@ from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
+from shop.lock_names import product_lock
 from shop.models import CouponClaim, Order, OrderLine, OutboxMail, Refund, StockLedger
-from shop.plumbing.locking import check_before_commit, held, product_lock, refuse_outer_transaction
+from shop.plumbing.locking import check_before_commit, held, refuse_outer_transaction
 from shop.plumbing.transactions import (
     connection_errors,
     drop_connection,

@@ -25,7 +25,6 @@ from shop.settings.environment import DEBUG_FROM_FILE, DEFAULT_DEV_ENV_FILE  # n
 from shop.settings.core import *  # noqa: F403
 from shop.settings.database import *  # noqa: F403
 from shop.settings.redis_locks import *  # noqa: F403
-from shop.settings.redis_locks import _redis_cache as _redis_cache  # tests and load tests build caches with it
 from shop.settings.shop_values import *  # noqa: F403
 from shop.settings.ratelimits import *  # noqa: F403
 from shop.settings.metrics import *  # noqa: F403

@@ -12,7 +12,7 @@ REDIS_SOCKET_TIMEOUT = value("REDIS_SOCKET_TIMEOUT")
 _max_connections = value("REDIS_MAX_CONNECTIONS")
 
 
-def _redis_cache(location: str, setting: str = "REDIS_URL") -> dict:
+def redis_cache(location: str, setting: str = "REDIS_URL") -> dict:
     """The CACHES entry for a Redis URL (also how tests and load tests configure their own)."""
     return redis_urls.cache_config(location, setting=setting, socket_timeout=REDIS_SOCKET_TIMEOUT, pool_kwargs={
         "max_connections": _max_connections,
@@ -21,9 +21,9 @@ def _redis_cache(location: str, setting: str = "REDIS_URL") -> dict:
 
 
 CACHES = {
-    "default": _redis_cache(REDIS_URL, "REDIS_URL"),
+    "default": redis_cache(REDIS_URL, "REDIS_URL"),
     # Locks get their own alias: never IGNORE_EXCEPTIONS, never a replica or a shard.
-    "locks": _redis_cache(LOCKS_REDIS_URL, "LOCKS_REDIS_URL"),
+    "locks": redis_cache(LOCKS_REDIS_URL, "LOCKS_REDIS_URL"),
 }
 
 # --- which coordination service holds the locks (locks/backends/; the names are its registry) --

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from loadtest import faults
-from loadtest.faults import FaultConfig, Request, liveness
+from loadtest.faults import Attempt, FaultConfig, liveness
 from loadtest.strategies import BUSY, ERROR, OUT_OF_STOCK, PLACED
 
 
-def _placed_every(step: float, start: float, end: float) -> list[Request]:
+def _placed_every(step: float, start: float, end: float) -> list[Attempt]:
     out, t = [], start
     while t < end:
-        out.append(Request(t, t + 0.001, PLACED, 1))
+        out.append(Attempt(t, t + 0.001, PLACED, 1))
         t += step
     return out
 
@@ -32,14 +32,14 @@ def test_a_gap_in_orders_while_stock_exists_is_a_stall():
 
 
 def test_sold_out_answers_while_stock_exists_fail_after_the_grace():
-    journal = [*_placed_every(0.01, 0, 10), Request(2.5, 2.501, OUT_OF_STOCK), Request(4.0, 4.001, OUT_OF_STOCK)]
+    journal = [*_placed_every(0.01, 0, 10), Attempt(2.5, 2.501, OUT_OF_STOCK), Attempt(4.0, 4.001, OUT_OF_STOCK)]
     figures = liveness(journal, in_stock=[(2.0, 10)], healed_at=2.0, grace=1.0)
     assert figures.refused_in_stock == 1  # 2.5 is inside the restock's first second; 4.0 is not
     assert "1 buyers refused as sold out while stock existed" in figures.problems(stall_limit=4.0)
 
 
 def test_errors_and_no_orders_after_the_fault_fail_busy_answers_do_not():
-    journal = [*_placed_every(0.01, 0, 5), Request(5, 5.5, BUSY), Request(5.5, 5.6, ERROR)]
+    journal = [*_placed_every(0.01, 0, 5), Attempt(5, 5.5, BUSY), Attempt(5.5, 5.6, ERROR)]
     figures = liveness(journal, in_stock=[(0, 5)], healed_at=6)
     assert figures.busy == 1
     assert figures.problems(stall_limit=4.0) == ["1 unexpected errors", "no order placed after the fault healed"]

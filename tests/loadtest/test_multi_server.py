@@ -15,10 +15,10 @@ from django.core.management import CommandError, call_command
 
 from loadtest import appservers, httpfaults
 from loadtest.httpfaults import HttpFaultConfig
+from shop import redis_keys, selectors
 from shop.conf import shop_settings
 from shop.errors import Conflict
 from shop.models import Product
-from shop.plumbing import fence_refusals
 from shop.services import place_order
 
 
@@ -104,12 +104,12 @@ def test_every_fence_refusal_is_counted_under_its_lock_name(settings, make_produ
     try:
         with pytest.raises(Conflict):
             place_order(user=user, lines=[(product.pk, 1)])
-        assert fence_refusals.refusals([name]) == shop_settings.RETRIES + 1
+        assert selectors.fence_refusals(lock_names=[name]) == shop_settings.RETRIES + 1
         assert Product.objects.get(pk=product.pk).stock == 5
     finally:
         from django_redis import get_redis_connection
 
-        get_redis_connection("default").delete(fence_refusals.key(name))
+        get_redis_connection("default").delete(redis_keys.fence_refusals(name))
 
 
 # --- faults over HTTP -----------------------------------------------------------------------

@@ -12,9 +12,9 @@ from loadtest import runner, strategies, workload
 from loadtest.models import DbLock
 from loadtest.runner import Phase, Plan, RunError
 from loadtest.strategies import Options
-from shop import services
+from shop import redis_keys, services
 from shop.models import Order, OrderLine, Product, StockLedger
-from shop.plumbing import idempotency, soldout
+from shop.plumbing import soldout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,7 +97,7 @@ def test_cleanup_removes_everything_the_run_created():
     # What an HTTP run leaves in Redis: an order's idempotency record and a sold-out marker.
     buyer = get_user_model().objects.get(pk=w.user_ids[0])
     placed = services.place_order(user=buyer, lines=[(w.product_ids[1], 1)], idempotency_key="lt-key")
-    record = idempotency.record_key(buyer.pk, "lt-key")
+    record = redis_keys.idempotency_record(buyer.pk, "lt-key")
     assert get_redis_connection("default").get(record) == str(placed.order_id).encode()
     assert soldout.mark(w.product_ids[0], fence=1)
     workload.cleanup(w)
@@ -111,5 +111,5 @@ def test_cleanup_removes_everything_the_run_created():
     assert caches["default"].get("lt:probe") == 1
     caches["default"].delete("lt:probe")
     assert not DbLock.objects.filter(name__startswith="lt:").exists()
-    for alias, keys in workload.redis_keys(w).items():
+    for alias, keys in workload.leftover_keys(w).items():
         assert get_redis_connection(alias).exists(*keys) == 0

@@ -1,34 +1,41 @@
 """The load-test app stands above the shop and the locks: it imports them, never the other way
-round (so the shop ships, and the locks app builds as a wheel, without it)."""
+round (so the shop ships, and the locks app builds as a wheel, without it); and it uses the shop
+only through the shop's public surface, as a user's own load test would."""
 
 from __future__ import annotations
 
-import ast
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
+from tests.structure import imported_names, imports, modules
+
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def _imported_modules(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-    return found
+# What the shop offers beside it (docs/design.md, "The house"): the verbs and the reads, the
+# models and errors, its settings and values, its lock names and Redis keys, the invariant check,
+# and the checkout's test hook.
+SHOP_PUBLIC = {"services", "selectors", "models", "errors", "conf", "settings", "deadlines", "lock_names",
+               "redis_keys", "invariants", "hooks"}
 
 
 @pytest.mark.parametrize("package", ["shop", "locks"])
 def test_the_floors_below_never_import_the_load_tests(package):
-    up = [f"{path.relative_to(ROOT)} imports {module}"
-          for path in sorted((ROOT / package).rglob("*.py"))
-          for module in sorted(_imported_modules(path)) if module == "loadtest" or module.startswith("loadtest.")]
+    found = modules(ROOT / package)
+    up = [f"{module} imports {name}" for module, path in sorted(found.items())
+          for name in sorted(imported_names(module, path)) if name.split(".")[0] == "loadtest"]
     assert up == []
+
+
+def test_the_load_tests_use_the_shop_only_through_its_public_surface():
+    shop = modules(ROOT / "shop")
+    found = modules(ROOT / "loadtest")
+    private = [f"{module} imports {target}" for module, path in sorted(found.items())
+               for target in sorted(imports(module, path, set(shop)))
+               if target.split(".")[1:2] and target.split(".")[1] not in SHOP_PUBLIC]
+    assert private == []
 
 
 @pytest.mark.django_db

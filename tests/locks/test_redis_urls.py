@@ -43,8 +43,8 @@ def test_sentinel_is_the_master_only_with_a_bounded_retry():
 def test_cluster_uses_the_cluster_factory_and_client():
     config = _config("redis+cluster://10.0.0.1:7000,10.0.0.2:7001")
     options = config["OPTIONS"]
-    assert options["CONNECTION_FACTORY"] == "locks.cluster.ClusterConnectionFactory"
-    assert options["CLIENT_CLASS"] == "locks.cluster.ClusterClient"
+    assert options["CONNECTION_FACTORY"] == "locks.django_redis_cluster.ClusterConnectionFactory"
+    assert options["CLIENT_CLASS"] == "locks.django_redis_cluster.ClusterClient"
     assert options["CLUSTER_NODES"] == [("10.0.0.1", 7000), ("10.0.0.2", 7001)]
     assert config["LOCATION"] == "redis://10.0.0.1:7000/0"
     assert kind(config) == "cluster"

@@ -69,7 +69,7 @@ def test_a_product_hidden_after_it_went_in_the_cart_shows_as_gone_to_shoppers(cl
 
 def test_the_web_checkout_names_a_product_hidden_meanwhile_as_gone(client, user, make_product, monkeypatch):
     """Hidden between the cart review and the order: the refusal reads as for a missing product."""
-    from shop.plumbing import hooks
+    from shop import hooks
 
     p = make_product(stock=5)
     client.force_login(user)

@@ -17,10 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from locks import metrics as lock_metrics
-from shop import errors
+from shop import errors, hooks
+from shop.lock_names import product_lock
 from shop.models import Product
-from shop.plumbing import hooks
-from shop.plumbing.locking import product_lock
 from shop.services import place_order
 from tests.helpers import make_users
 

@@ -19,9 +19,9 @@ from django.db import connections
 
 from loadtest import appservers, openloop
 from locks import Lock
+from shop.lock_names import product_lock
 from shop.models import ApiToken, Order
 from shop.plumbing import soldout
-from shop.plumbing.locking import product_lock
 from shop.services import place_order
 from tests.helpers import make_users
 

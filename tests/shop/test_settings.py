@@ -71,7 +71,7 @@ def test_a_settings_mistake_fails_at_start_naming_the_setting(env, named):
     ("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/mymaster/0", "redis://mymaster/0?is_master=1",
      "django_redis.pool.SentinelConnectionFactory"),
     ("redis+cluster://127.0.0.1:7000,127.0.0.1:7001/0", "redis://127.0.0.1:7000/0",
-     "locks.cluster.ClusterConnectionFactory"),
+     "locks.django_redis_cluster.ClusterConnectionFactory"),
 ])
 def test_sentinel_and_cluster_urls_configure_both_aliases(url, location, factory):
     # Every URL form, valid and not, is tested in-process in tests/locks/test_redis_urls.py.
@@ -254,3 +254,14 @@ def test_the_crowd_limits_come_from_the_environment():
     for name, bad in (("SHOP_MAX_WAITING", "0"), ("SHOP_QUEUE_INTERVAL", "soon"), ("SHOP_QUEUE_MAX", "-3")):
         refused = start(DEBUG="true", **{name: bad})
         assert refused.returncode != 0 and name in refused.stderr
+
+
+def test_a_misspelt_or_renamed_shop_key_is_a_system_check_error(settings):
+    from shop.checks import check_shop_keys
+
+    settings.SHOP = {"LOCK_TTL": 2.0}
+    assert check_shop_keys() == []
+    settings.SHOP = {"SOLDOUT_CACHE_ALIAS": "markers", "LOCK_TLL": 2.0}
+    found = {e.msg.split('"')[1]: e for e in check_shop_keys()}
+    assert set(found) == {"SOLDOUT_CACHE_ALIAS", "LOCK_TLL"} and {e.id for e in found.values()} == {"shop.E003"}
+    assert "REDIS_ALIAS" in found["SOLDOUT_CACHE_ALIAS"].hint

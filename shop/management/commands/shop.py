@@ -29,8 +29,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
 
 from locks.services import cli_actor_name
-from shop import errors
-from shop.admin import ORDER_ACTIONS
+from shop import errors, rules
 from shop.models import Order, Product, StockLedger
 from shop.selectors import STOCK_LEVELS, product_sales
 from shop.services import cancel_order, refund_order, restock
@@ -133,7 +132,7 @@ class Command(BaseCommand):
                  .filter(pk=opts["order"]).first())
         if order is None:
             raise errors.OrderNotFound(f"No order #{opts['order']}.", details={"order_id": opts["order"]})
-        allowed = ORDER_ACTIONS.get(order.status, ("",))[0] == action
+        allowed = rules.operator_action(order.status) == action
         if not opts["yes"] and allowed:  # a refusal needs no question: the service says why
             if opts["json"]:
                 raise CommandError(f"{action} with --json needs --yes (no question can be asked)")

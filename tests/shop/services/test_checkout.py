@@ -12,12 +12,12 @@ import pytest
 from django.db import transaction
 
 from locks import inspect, stats
-from shop import errors
+from shop import errors, hooks, redis_keys
 from shop.api import order_json, receipt_json
 from shop.checkout import protocol, writer
+from shop.lock_names import product_lock
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
-from shop.plumbing import hooks, soldout
-from shop.plumbing.locking import product_lock
+from shop.plumbing import soldout
 from shop.services import cancel_order, claim_coupon, place_order, restock
 from tests.helpers import order_of
 
@@ -228,7 +228,7 @@ def test_losing_the_marker_only_loses_the_speed_up(user, make_product, redis_cli
     place_order(user=user, lines=[(p.pk, 1)])
     with pytest.raises(errors.OutOfStock):
         place_order(user=user, lines=[(p.pk, 1)])
-    get_redis_connection("default").delete(soldout.marker_keys(p.pk)[0])  # as if Redis lost its data
+    get_redis_connection("default").delete(redis_keys.sold_out_marker(p.pk))  # as if Redis lost its data
     with pytest.raises(errors.OutOfStock):  # the locked path still refuses
         place_order(user=user, lines=[(p.pk, 1)])
 
@@ -335,10 +335,9 @@ def test_a_queued_order_reads_the_markers_and_its_record_in_the_queueing_script(
 def test_a_record_whose_order_is_gone_queues_after_all(user, make_product, mget_calls):
     from django_redis import get_redis_connection
 
-    from shop.plumbing import idempotency
 
     p = make_product(stock=3)
-    get_redis_connection("default").set(idempotency.record_key(user.pk, "gk-gone"), 999999, ex=60)
+    get_redis_connection("default").set(redis_keys.idempotency_record(user.pk, "gk-gone"), 999999, ex=60)
     placed = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="gk-gone")
     assert not placed.replayed and placed.idempotency_key == "gk-gone"
     assert Order.objects.get(pk=placed.order_id).idempotency_key == "gk-gone"
@@ -346,9 +345,9 @@ def test_a_record_whose_order_is_gone_queues_after_all(user, make_product, mget_
 
 def test_markers_in_another_redis_are_read_by_one_mget_first(user, make_product, combining, mget_calls,
                                                             redis_server, settings):
-    from shop.settings import _redis_cache
+    from shop.settings import redis_cache
 
-    settings.CACHES = {**settings.CACHES, "default": _redis_cache(redis_server.url)}  # markers elsewhere
+    settings.CACHES = {**settings.CACHES, "default": redis_cache(redis_server.url)}  # markers elsewhere
     assert not soldout.shares_lock_redis()
     p = make_product(stock=1)
     place_order(user=user, lines=[(p.pk, 1)])

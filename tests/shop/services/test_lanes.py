@@ -10,8 +10,8 @@ from django.db.models import Count
 
 from locks import Lock, inspect, stats
 from shop import errors
+from shop.lock_names import lane_lock, product_lock
 from shop.models import Order, OrderLine
-from shop.plumbing.locking import lane_lock, product_lock
 from shop.services import place_order
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK, wait_until_queued

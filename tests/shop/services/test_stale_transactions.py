@@ -14,9 +14,10 @@ from django.contrib.auth import get_user_model
 from django.core import checks
 from django.db import OperationalError, connection, connections, transaction
 
+from shop import hooks
+from shop.lock_names import product_lock
 from shop.models import Product
-from shop.plumbing import hooks, stale_transactions
-from shop.plumbing.locking import product_lock
+from shop.plumbing import stale_transactions
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK
 from tests.shop.services.test_combining import _run_behind_combiner

@@ -1,0 +1,39 @@
+"""The house of shop/ keeps its floors (docs/design.md, "The house"): every module imports only
+from the floors below it (lazy and TYPE_CHECKING imports too). The public verbs (services) stand
+on the checkout's internals, which stand on the plumbing of MySQL and Redis, which stands on the
+shop's values, models and rules; the doors (views, API, admin, commands, jobs) stand on top."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import shop
+from tests.structure import floor_violations, imports, modules
+
+ROOT = Path(shop.__file__).parent
+
+# Floor of each module (dotted names below `shop`); a package's modules default to the package's.
+FLOORS = {
+    0: ["conf", "errors", "models", "redis_keys", "lock_names", "hooks", "reporting", "passwords", "converters",
+        "templatetags"],
+    1: ["settings", "rules", "validation", "receipts", "deadlines", "overload", "metrics", "admission",
+        "ratelimits", "tokens", "exports", "invariants", "selectors", "cart"],
+    2: ["plumbing"],
+    3: ["checkout"],
+    4: ["services"],
+    5: ["jobs", "forms", "api", "views", "admin", "middleware", "urls", "apps", "checks", "management",
+        "gunicorn_worker", "context_processors", "asgi", "wsgi", ""],
+}
+DOORS = {"views", "api", "admin", "forms", "management", "jobs"}
+
+
+def test_every_module_imports_only_from_the_floors_below_it():
+    assert floor_violations(ROOT, FLOORS) == []
+
+
+def test_the_doors_reach_the_checkout_only_through_the_services():
+    """Views, API, admin, commands and jobs call the verbs; the checkout's internals are not theirs."""
+    found = modules(ROOT)
+    reached = {m: sorted(t for t in imports(m, found[m], set(found)) if t.startswith("shop.checkout"))
+               for m in found if m.split(".")[1:2] and m.split(".")[1] in DOORS}
+    assert {m: t for m, t in reached.items() if t} == {}
