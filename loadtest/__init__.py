@@ -14,9 +14,11 @@ the other way round (neither shop nor locks imports it).
     appservers.py    several gunicorn app servers on this process's database and lock service
     lockservices.py  the registry of lock services on private servers (Redis, Sentinel, Cluster,
                      Redlock, ZooKeeper, MySQL): backendbench and the HTTP faults start them here
-    faults.py        fault injection in process: the inject/heal plug-in interface, the buyers'
-                     plumbing, the verdict and `FaultOutcome`, shared with ...
-    httpfaults.py    ... fault injection over HTTP (app servers killed, lock services failing
+    fault_harness.py what both fault harnesses share: the inject/heal plug-in interface, the
+                     buyers' plumbing, the verdict and `FaultOutcome`
+    inprocess_harness.py  fault injection in process: forked buyers, the checkout's test hook
+    faults.py        the in-process faults, one scenario each (`loadtest --fault NAME`)
+    httpfaults.py    fault injection over HTTP (app servers killed, lock services failing
                      over); `HttpFaultOutcome` extends `FaultOutcome`
     lockbench.py     the lock alone against redis-py's Lock and python-redis-lock (`lockbench`)
     servers/         private Redis, Sentinel, Cluster, Redlock and ZooKeeper servers, started and

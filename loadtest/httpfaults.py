@@ -15,13 +15,13 @@ seconds in, the parent injects the scenario's fault:
     restart-redis-http   the servers' lock Redis (a private redis-server) killed, restarted empty
 
 A scenario is a fault plugged into this harness as into the in-process one
-(loadtest/faults.py): `service` names the lock service the servers share, from the
+(loadtest/inprocess_harness.py): `service` names the lock service the servers share, from the
 registry of loadtest/lockservices.py (None: this process's own), which starts its servers
 and says how to point the app servers at it; `fault` builds the `Fault` (inject/heal
 callables) from the running app servers and service. The Sentinel, Cluster, Redlock and
 ZooKeeper failovers plug in the same way.
 
-The verdict is the one of loadtest/faults.py (0 oversold, I1-I6 with the orders the
+The verdict is the one of loadtest/fault_harness.py (0 oversold, I1-I6 with the orders the
 clients were told about, stall and hung-request bounds, nobody refused as sold out while stock
 existed, orders after the fault), plus the figures of this kind of fault: how long until
 orders flowed again, answers refused during the fault, requests cut, retries and replays, and
@@ -46,7 +46,7 @@ from typing import Any
 
 from loadtest import appservers, lockservices
 from loadtest import workload as workloads
-from loadtest.faults import (
+from loadtest.fault_harness import (
     Attempt,
     Fault,
     FaultOutcome,

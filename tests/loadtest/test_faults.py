@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest import faults
-from loadtest.faults import Attempt, FaultConfig, liveness
+from loadtest import fault_harness, faults
+from loadtest.fault_harness import Attempt, liveness
+from loadtest.inprocess_harness import FaultConfig
 from loadtest.strategies import BUSY, ERROR, OUT_OF_STOCK, PLACED
 
 
@@ -64,4 +65,4 @@ def test_short_fault_runs_pass(scenario):
 def test_every_fault_scenario_at_full_length_passes(scenario):
     outcome = faults.run_scenario(scenario, FaultConfig())
     assert outcome.faults == 1
-    assert outcome.passed, faults.table([outcome])
+    assert outcome.passed, fault_harness.table([outcome])

@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 
 from loadtest import lockservices
-from loadtest.faults import FaultOutcome
+from loadtest.fault_harness import FaultOutcome
 from loadtest.httpfaults import HttpFaultOutcome
 from loadtest.lockservices import LockService
 from locks import Lock
@@ -56,13 +56,12 @@ def test_backendbench_runs_each_service_of_the_registry(tmp_path):
 
 
 def test_both_fault_tables_render_through_report_table():
-    from loadtest import faults, httpfaults, report
+    from loadtest import fault_harness, faults, httpfaults, report
 
     assert issubclass(HttpFaultOutcome, FaultOutcome)
-    for kind in (faults, httpfaults):
-        assert kind.table is faults.table
-    liveness = faults.liveness([], in_stock=[(0, 1)], healed_at=0)
+    assert httpfaults.table is fault_harness.table  # the in-process harness's command uses it too
+    liveness = fault_harness.liveness([], in_stock=[(0, 1)], healed_at=0)
     outcome = FaultOutcome(scenario=faults.SCENARIOS["kill-holder"], faults=1, requests=[], oversold=0,
                            violations=[], liveness=liveness, stall_limit=4.0)
-    assert faults.table([outcome]) == report.table(FaultOutcome.COLUMNS, [outcome.row()])
-    assert faults.table([outcome]).splitlines()[0].split()[:3] == ["scenario", "faults", "orders"]
+    assert fault_harness.table([outcome]) == report.table(FaultOutcome.COLUMNS, [outcome.row()])
+    assert fault_harness.table([outcome]).splitlines()[0].split()[:3] == ["scenario", "faults", "orders"]

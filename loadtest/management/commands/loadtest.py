@@ -18,7 +18,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from loadtest import appservers, faults, httpfaults, openloop, report, scenarios, strategies, workload
+from loadtest import appservers, fault_harness, faults, httpfaults, openloop, report, scenarios, strategies, workload
+from loadtest.inprocess_harness import FaultConfig
 from loadtest.runner import RunError
 from loadtest.scenarios import Comparison, LoadConfig, Outcome
 
@@ -206,7 +207,7 @@ class Command(BaseCommand):
             raise CommandError("--fault-buyers must be at least 2 (one holder, one waiter)")
         if not workload.is_migrated():
             raise CommandError(workload.NOT_MIGRATED)
-        config = faults.FaultConfig(buyers=opts["fault_buyers"], duration=opts["fault_duration"],
+        config = FaultConfig(buyers=opts["fault_buyers"], duration=opts["fault_duration"],
                                     fault_length=opts["fault_length"], seed=opts["seed"])
         over_http = httpfaults.HttpFaultConfig(
             servers=opts["servers"] or 3, server_workers=opts["server_workers"],
@@ -230,7 +231,7 @@ class Command(BaseCommand):
                 outcomes.append(faults.run_scenario(name, config, keep=opts["keep"], say=say))
         if outcomes:
             self.stdout.write("")
-            self.stdout.write(faults.table(outcomes))
+            self.stdout.write(fault_harness.table(outcomes))
         if http_outcomes:
             self.stdout.write("")
             self.stdout.write(f"over HTTP, {over_http.servers} app servers ({over_http.server_workers} workers x "
