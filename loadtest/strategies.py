@@ -555,6 +555,15 @@ class OursLanes(_OursWith):
     shop = {"COMBINE_LANES": 2}
 
 
+class OursQueues(_OursWith):
+    """The real service with a queue per product (no lanes: the default before lanes were on):
+    a batch holds the orders of one product."""
+
+    name = "ours_queues"
+    label = "ours, a queue per product (SHOP_COMBINE_LANES=0)"
+    shop = {"COMBINE_LANES": 0}
+
+
 class Raw(Strategy):
     """The row's own limit: hand-written MySQLdb (guarded UPDATE, then the order, line and ledger
     INSERTs, one transaction), no ORM, no lock. How far every other strategy is from the row."""
@@ -607,7 +616,7 @@ class Raw(Strategy):
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
     for cls in (Naive, GuardedUpdate, Optimistic, SelectForUpdate, LockTable, MySQLGetLock, RedisPyLock,
-                PythonRedisLock, Raw, Ours, OursPerOrder, OursLanes)
+                PythonRedisLock, Raw, Ours, OursPerOrder, OursQueues, OursLanes)
 }
 
 

@@ -203,13 +203,14 @@ class Lock:
         """Is anyone holding this lock right now?"""
         return self._backend.locked(self)
 
-    def submit(self, payload: str, *, wait: float | None = None, guards: Sequence[str] = ()) -> Hold | Served | Guarded:
+    def submit(self, payload: str, *, wait: float | None = None, guards: Sequence[str] = (),
+               take: int = 0) -> Hold | Served | Guarded:
         """Queue for the lock carrying a request (combining: see locks/combining.py, its API).
 
         The lock (a `Hold`: serve the requests queued behind you), or `Served` with the reply a
         holder sent for `payload`; `LockTimeout` if neither came within `wait`. Needs a backend
         that `supports_combining`. `guards`: `Guarded` instead if any of these keys exists.
-        """
+        `take`: the grant also takes up to that many requests queued behind us (`Hold.batch`)."""
         if not payload:
             raise ValueError("a combining request needs a non-empty payload")
         holder = current_holder()
@@ -220,10 +221,12 @@ class Lock:
         token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
         wait = self.wait if wait is None else wait
         got = self._backend.submit(self, token=token, owner=owner, payload=payload, deadline=started + wait,
-                                   guards=guards)
+                                   guards=guards, take=take)
         if isinstance(got, Served | Guarded):
             return got
-        return self._granted(got, holder, token, owner, started, blocking=True, wait=wait)
+        hold = self._granted(got, holder, token, owner, started, blocking=True, wait=wait)
+        hold.batch = got.batch if got is not None else None
+        return hold
 
     def __enter__(self) -> Hold:
         return self._acquire(current_holder(), blocking=True, wait=self.wait)

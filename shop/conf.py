@@ -29,14 +29,15 @@ DEFAULTS: dict[str, Any] = {
     # orders always are); the same writer either way. Env: SHOP_COMBINING=false.
     "COMBINING": True,
     "COMBINE_BATCH": 32,
-    # Lanes: 0 (the default), a buyer queues on its product's own lock, and a batch holds one
-    # product. N > 0: products share N queues (`checkout-lane:<product id mod N>`); the lane's
-    # holder takes the product locks of its batch without waiting (sorted) and commits orders for
-    # several products in one transaction. A catalog with many moderately busy products then gets
-    # batches as large as a hot product's. The product locks still cover every write; a product
-    # whose lock is busy (a cart holds it) is handed back to its buyers, who take it themselves.
+    # Lanes: products share N queues (`checkout-lane:<product id mod N>`); the lane's holder takes
+    # the product locks of its batch without waiting (sorted) and commits orders for several
+    # products in one transaction, so a catalog of moderately busy products gets batches as large
+    # as a hot product's. The product locks still cover every write; a product whose lock is busy
+    # (a cart holds it) is handed back to its buyers, who take it themselves. "auto" (the
+    # default): from this machine's CPUs (shop/lock_names.py, `lanes`); 0: a queue per product.
+    # Every app server must use the same N: set it where servers differ in size.
     # Env: SHOP_COMBINE_LANES.
-    "COMBINE_LANES": 0,
+    "COMBINE_LANES": "auto",
     # Overload (shop/gunicorn_worker.py, shop/admission.py, shop/deadlines.py). A request waits for
     # a thread of its worker at most QUEUE_INTERVAL s while the queue drains now and then, and
     # QUEUE_TARGET s once a standing queue formed (CoDel); more than QUEUE_MAX requests waiting

@@ -7,7 +7,15 @@ own, or with lanes (SHOP["COMBINE_LANES"]) the lane the product falls in.
 
 from __future__ import annotations
 
+import functools
+import os
+
 from shop.conf import shop_settings
+
+# "auto" lanes: this many per CPU the process may run on, within these bounds (docs/benchmarks.md,
+# "Checkout lanes by default": the lane count that served a catalog best on the measured machine).
+LANES_PER_CPU = 2
+MIN_LANES, MAX_LANES = 2, 32
 
 
 def product_lock(product_id: int) -> str:
@@ -23,8 +31,21 @@ def lane_lock(product_id: int, *, lanes: int) -> str:
     return product_lock(product_id) if lanes <= 0 else f"checkout-lane:{product_id % lanes}"
 
 
+def lanes() -> int:
+    """SHOP["COMBINE_LANES"] as a number ("auto": from this machine's CPUs)."""
+    chosen = shop_settings.COMBINE_LANES
+    return _machine_lanes() if chosen == "auto" else int(chosen)
+
+
+@functools.cache
+def _machine_lanes() -> int:
+    """The CPUs this process may run on (a container's cpuset, not the host's count)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(MIN_LANES, min(MAX_LANES, LANES_PER_CPU * cpus))
+
+
 def checkout_queue(product_id: int) -> str:
     """The lock a buyer of this one product waits on under the current settings."""
     if not shop_settings.COMBINING:
         return product_lock(product_id)
-    return lane_lock(product_id, lanes=int(shop_settings.COMBINE_LANES))
+    return lane_lock(product_id, lanes=lanes())

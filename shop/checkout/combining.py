@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 import locks
 from locks import combining
-from shop import errors
+from shop import errors, lock_names
 from shop.checkout import protocol, writer
 from shop.checkout.protocol import Placed, Refused, Request, Result
 from shop.conf import shop_settings
@@ -45,12 +45,13 @@ def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result |
     """One pass: queue `mine` on its product's lock; serve a batch if the lock comes to us.
     `protocol.AGAIN` when the lock was lost before our request was committed: queue again.
     `guards`: keys that stop the request before it queues (`Guarded`: the sold-out check)."""
-    lanes = int(shop_settings.COMBINE_LANES)
+    lanes = lock_names.lanes()
     lock = shop_lock(lane_lock(mine.lines[0][0], lanes=lanes))
     if wait <= 0:
         return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
     try:
-        got = combining.submit(lock, mine.payload(), wait=wait, guards=guards)
+        got = combining.submit(lock, mine.payload(), wait=wait, guards=guards,
+                               take=int(shop_settings.COMBINE_BATCH) - 1)
     except (locks.LockTimeout, locks.LockUnavailable) as exc:
         # Committed by a combiner whose reply we did not wait for, or never; or Redis failed us,
         # but a combiner may have taken our request: the request id in MySQL says.

@@ -196,9 +196,11 @@ def _zookeeper_auth(auth: str) -> str | None:
     return auth or None
 
 
-def _combine_lanes(raw: str) -> int:
+def _combine_lanes(raw: str) -> int | str:
+    if raw.lower() == "auto":
+        return "auto"
     if not raw.isdigit():
-        raise Invalid("a number (0: one queue per product).")
+        raise Invalid("'auto' or a number (0: one queue per product).")
     return int(raw)
 
 
@@ -317,7 +319,8 @@ VARIABLES: list[Variable] = [
     # shop_values: the shop's own (SHOP, shop/conf.py)
     Variable("SHOP_CURRENCY", "shown before every price (pages, mail, admin)", kind="raw", default="$"),
     Variable("SHOP_COMBINING", "combining checkout for single-product orders", kind="bool", default=True),
-    Variable("SHOP_COMBINE_LANES", "checkout lanes: products share this many queues (0: one per product)",
+    Variable("SHOP_COMBINE_LANES",
+             "checkout lanes: products share this many queues (auto: 2 per CPU, 2 to 32; 0: one per product)",
              optional=True, parse=_combine_lanes, shop_default="COMBINE_LANES"),
     Variable("SHOP_STALE_TRANSACTIONS", "auto, timeout, kill or off (checked by `manage.py check`, shop.E001)",
              optional=True, shop_default="STALE_TRANSACTIONS"),

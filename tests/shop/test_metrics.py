@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from locks import Lock
 from locks import metrics as lock_metrics
 from shop import errors, hooks
-from shop.lock_names import product_lock
+from shop.lock_names import checkout_queue, product_lock
 from shop.models import Product
 from shop.services import place_order
 from tests.helpers import make_users
@@ -158,9 +159,11 @@ def test_checkout_outcomes_are_counted_once_each_on_both_paths(combining, scrape
     assert delta(before, after, "locks_acquisitions_total", contended="false", **family) >= 3
     assert delta(before, after, "locks_hold_seconds_count", **family) >= 3
     assert delta(before, after, "locks_wait_seconds_count", **family) >= 3
-    # One batch per order that reached the lock on the combining path (none on the other).
-    assert delta(before, after, "locks_batch_size_count", **family) == (3 if combining else 0)
-    assert delta(before, after, "locks_batch_size_sum", **family) == (3 if combining else 0)
+    # One batch per order that reached the lock on the combining path (none on the other), counted
+    # under the lock the buyers queued on (their product's lane by default).
+    queue = {"family": Lock(checkout_queue(p.pk)).family}
+    assert delta(before, after, "locks_batch_size_count", **queue) == (3 if combining else 0)
+    assert delta(before, after, "locks_batch_size_sum", **queue) == (3 if combining else 0)
 
 
 def test_a_stale_fence_is_counted_once_and_the_retry_places_the_order(combining, scrape, user, make_product,

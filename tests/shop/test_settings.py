@@ -93,8 +93,9 @@ def test_a_bad_redis_url_is_refused_at_start_with_a_correct_example(setting, url
 
 
 def test_checkout_lanes_are_read_from_the_environment():
-    assert start("settings.SHOP.get('COMBINE_LANES')", DEBUG="true").stdout.split() == ["None"]  # conf: 0
+    assert start("settings.SHOP.get('COMBINE_LANES')", DEBUG="true").stdout.split() == ["None"]  # conf: auto
     assert start("settings.SHOP['COMBINE_LANES']", DEBUG="true", SHOP_COMBINE_LANES="4").stdout.split() == ["4"]
+    assert start("settings.SHOP['COMBINE_LANES']", DEBUG="true", SHOP_COMBINE_LANES="auto").stdout.split() == ["auto"]
 
 
 def test_atomic_requests_is_off_and_isolation_is_read_committed(settings):

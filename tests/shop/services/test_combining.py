@@ -18,7 +18,7 @@ from django.db import connections
 from locks import Lock, inspect, stats
 from shop import errors, hooks
 from shop.invariants import check_invariants
-from shop.lock_names import product_lock
+from shop.lock_names import checkout_queue
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, Product
 from shop.services import claim_coupon, place_order
 from tests.helpers import make_users, run_processes
@@ -27,9 +27,11 @@ from tests.locks.conftest import FORK, wait_until_queued
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("flavour")]
 
 
-@pytest.fixture(autouse=True)
-def _combining(settings):
-    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": True}
+@pytest.fixture(autouse=True, params=["lanes", "per-product"])
+def _combining(request, settings):
+    """Both ways a buyer queues: in its product's lane (the default) and on its product's own lock."""
+    lanes = "auto" if request.param == "lanes" else 0
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": True, "COMBINE_LANES": lanes}
 
 
 def assert_books(product_ids, initial, seen, coupon_ids=()):
@@ -56,7 +58,7 @@ def _buy(user_id: int, product_id: int, quantities: list[int], code: str | None 
 def test_stampede_32_processes_sell_exactly_100_in_batches(make_product):
     p = make_product(stock=100)
     users = make_users(32)
-    name = product_lock(p.pk)
+    name = checkout_queue(p.pk)
     stats.flush()
     before = inspect.acquisitions([name])[name]
     results = run_processes(_buy, [(u.pk, p.pk, [1] * 6) for u in users])
@@ -132,11 +134,12 @@ def _queued_buyer(user_id: int, product_id: int, quantity: int, wait: float, sta
 
 def _queue_behind_gate(product, *, quantities: list[int], stage: str | None = None, action: str | None = None,
                        wait: float = 5.0, combiner_wait: float = 10.0):
-    """The parent holds the product's lock while buyers queue in a known order, one per quantity
-    (the first, the future combiner, with `stage`/`action`); then it lets go: the first takes
-    the others into its batch. Returns (processes, acting event, queue of what each was told)."""
+    """The parent holds the product's queue (its lane's lock, or its own) while buyers queue in a
+    known order, one per quantity (the first, the future combiner, with `stage`/`action`); then
+    it lets go: the first takes the others into its batch. Returns (processes, acting event,
+    queue of what each was told)."""
     users = make_users(len(quantities))
-    name = product_lock(product.pk)
+    name = checkout_queue(product.pk)
     gate = Lock(name, ttl=30.0)
     gate.acquire()
     connections.close_all()
