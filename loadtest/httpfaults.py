@@ -425,7 +425,10 @@ def _drive(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.
     # The stall the fault caused: the longest gap in placed orders from the last one before the
     # fault until the stall bound after it healed (a dead holder's lease, an outage's length).
     stall_limit = float(shop_settings.LOCK_WAIT) + 1.0
-    before = max((t for t in placed if t <= done.injected), default=started)
+    # An order sent before the fault may be answered just after it (committed before it): it
+    # counts as before the fault, not as a sale during it.
+    before = max((r.end for r in requests if r.outcome == PLACED and r.start <= done.injected),
+                 default=started)
     window_end = min(done.healed + stall_limit, stop_at)
     points = [before, *(t for t in placed if before < t < window_end), window_end]
     fault_stall = max(b - a for a, b in itertools.pairwise(points))

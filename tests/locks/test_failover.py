@@ -59,6 +59,9 @@ def test_with_wait_replicas_a_lock_is_only_granted_once_a_replica_has_it(name, r
 
 
 def _queue_then_wait(name, ready, queue):
+    # A suite started in the background by a shell without job control (nohup ... &) runs with
+    # SIGINT ignored, and forked children inherit that: be the interactive program this test is about.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     lock = Lock(name, ttl=10.0, wait=30.0)
     ready.set()
     try:
