@@ -8,11 +8,11 @@ once, answers each (`Turn.reply`) and releases; the lock then goes by hand-off t
 in line, which serves the next batch. The lock is taken once per batch instead of once per
 request, and a batch is exactly what queued while the previous one was being served.
 
-    outcome = combining.submit(lock, payload, take=31)
+    outcome = combining.submit(lock, payload)
     if isinstance(outcome, combining.Served):
         return decode(outcome.reply)           # a combiner did our work
     with outcome as turn:                      # our turn: the lock is held
-        batch = turn.take(limit=31)            # the requests queued behind us (came with the grant)
+        batch = turn.take(limit=31)            # the requests queued behind us
         ...do our own request and the batch's, e.g. in one transaction...
         turn.reply({r.token: encode(result) for r, result in ...})
 
@@ -57,15 +57,10 @@ class Turn:
         self._recorded = False
 
     def take(self, limit: int) -> list[QueuedRequest]:
-        """Take up to `limit` requests queued behind us (FIFO; the first plain waiter stops it).
-        The batch the grant carried (`submit(..., take=limit)`) comes first, without a round trip."""
+        """Take up to `limit` requests queued behind us (FIFO; the first plain waiter stops it)."""
         if limit <= 0:
             return []
-        if self.hold.batch is not None:
-            batch, rest = list(self.hold.batch[:limit]), self.hold.batch[limit:]
-            self.hold.batch = rest or None
-        else:
-            batch = self.lock._backend.take(self.lock, token=self.hold.token, limit=int(limit))
+        batch = self.lock._backend.take(self.lock, token=self.hold.token, limit=int(limit))
         self.taken.extend(batch)
         return batch
 
@@ -100,19 +95,17 @@ class Turn:
 
 
 def submit(lock: Lock, payload: str, *, wait: float | None = None,
-           guards: Sequence[str] = (), take: int = 0) -> Turn | Served | Guarded:
+           guards: Sequence[str] = ()) -> Turn | Served | Guarded:
     """Queue `payload` on `lock`: a `Turn` if we got the lock (serve ourselves and the batch),
     or `Served` with the reply a combiner sent. `LockTimeout` if neither came within `wait`:
     the request may still have been worked on (see the module docstring). The lock's backend
-    must support combining (`lock.supports_combining`). `take`: the batch `Turn.take` will ask
-    for; the call that grants us the lock takes it for us (a hand-off carries it), which saves
-    the holder a round trip inside the lock.
+    must support combining (`lock.supports_combining`).
 
     `guards` (`lock.supports_guards`: plain Redis, not a cluster): keys of the lock's
     Redis that, if any exists, stop the request before it queues: `Guarded` with their values.
     A check the caller would make before queueing anyway (a sold-out marker), without its own
     round trip."""
-    got = lock.submit(payload, wait=wait, guards=guards, take=take)
+    got = lock.submit(payload, wait=wait, guards=guards)
     if isinstance(got, Served | Guarded):
         return got
     return Turn(lock, got)

@@ -180,9 +180,6 @@ class Hold:
     count: int = 1
     released: bool = False
     _lost: bool = field(default=False, repr=False)
-    # Combining: the requests queued behind us that the grant took for us (Lock.submit's `take`);
-    # None when it took none for us (locks.combining.Turn.take then asks the backend).
-    batch: tuple[Any, ...] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:

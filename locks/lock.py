@@ -203,14 +203,13 @@ class Lock:
         """Is anyone holding this lock right now?"""
         return self._backend.locked(self)
 
-    def submit(self, payload: str, *, wait: float | None = None, guards: Sequence[str] = (),
-               take: int = 0) -> Hold | Served | Guarded:
+    def submit(self, payload: str, *, wait: float | None = None, guards: Sequence[str] = ()) -> Hold | Served | Guarded:
         """Queue for the lock carrying a request (combining: see locks/combining.py, its API).
 
         The lock (a `Hold`: serve the requests queued behind you), or `Served` with the reply a
         holder sent for `payload`; `LockTimeout` if neither came within `wait`. Needs a backend
         that `supports_combining`. `guards`: `Guarded` instead if any of these keys exists.
-        `take`: the grant also takes up to that many requests queued behind us (`Hold.batch`)."""
+        """
         if not payload:
             raise ValueError("a combining request needs a non-empty payload")
         holder = current_holder()
@@ -221,12 +220,10 @@ class Lock:
         token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
         wait = self.wait if wait is None else wait
         got = self._backend.submit(self, token=token, owner=owner, payload=payload, deadline=started + wait,
-                                   guards=guards, take=take)
+                                   guards=guards)
         if isinstance(got, Served | Guarded):
             return got
-        hold = self._granted(got, holder, token, owner, started, blocking=True, wait=wait)
-        hold.batch = got.batch if got is not None else None
-        return hold
+        return self._granted(got, holder, token, owner, started, blocking=True, wait=wait)
 
     def __enter__(self) -> Hold:
         return self._acquire(current_holder(), blocking=True, wait=self.wait)

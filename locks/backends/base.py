@@ -42,7 +42,6 @@ class Grant:
     lease_start: float
     lease: float
     contended: bool = False
-    batch: tuple[QueuedRequest, ...] | None = None  # a combiner's batch, taken with the grant
 
 
 @dataclass
@@ -179,13 +178,10 @@ class LockBackend(ABC):
 
     # -- request combining (optional: supports_combining) ------------------------------------
     def submit(self, lock: LockLike, *, token: str, owner: str, payload: str, deadline: float,
-               cancel: CancelToken | None = None, guards: Sequence[str] = (),
-               take: int = 0) -> Grant | Served | Guarded | None:
+               cancel: CancelToken | None = None, guards: Sequence[str] = ()) -> Grant | Served | Guarded | None:
         """Queue for the lock carrying a request (`payload`): the lock (a `Grant`), or the reply
         a holder sent (`Served`), or None at `deadline`. With `guards` (`supports_guards`): if
-        any of those keys exists the request is not queued, and `Guarded` has their values.
-        `take` > 0: the grant may carry the batch of up to `take` requests queued behind us
-        (`Grant.batch`), taken in the same call that grants the lock."""
+        any of those keys exists the request is not queued, and `Guarded` has their values."""
         raise NotImplementedError(f"the {self.name} backend does not combine requests")
 
     def take(self, lock: LockLike, *, token: str, limit: int) -> list[QueuedRequest]:

@@ -158,33 +158,6 @@ def _wait_replicas() -> tuple[int, int] | None:
     return (n, int(locks_settings.WAIT_REPLICAS_TIMEOUT * 1000)) if n > 0 else None
 
 
-def _handed_over(message: str, *, sent: float, now_ms: int, contended: bool) -> Grant:
-    """The grant in a hand-off's message: "g|fence|granted_ms|lease_ms", and "|b|" with the
-    batch a combiner asked for. The lease began when the releaser granted it (Redis clock); map
-    that to our clock conservatively through the reply of our last acquire attempt."""
-    _, fence_s, granted_ms, lease_ms, *rest = message.split("|", 5)
-    lease_start = min(sent + (int(granted_ms) - now_ms) / 1000, time.monotonic())
-    batch = _batch(rest[1].encode(), at=lease_start, at_ms=int(granted_ms)) if rest[:1] == ["b"] else None
-    return Grant(int(fence_s), lease_start, int(lease_ms) / 1000, contended=contended, batch=batch)
-
-
-def _batch(raw: bytes, *, at: float, at_ms: int) -> tuple[QueuedRequest, ...]:
-    """A batch taken with a grant (common.lua's batch_text: token|deadline_ms|bytes|payload,
-    joined by "|"); `at` (monotonic) is the moment `at_ms` on the lock service's clock."""
-    out = []
-    i = 0
-    while i < len(raw):
-        token_end = raw.index(b"|", i)
-        deadline_end = raw.index(b"|", token_end + 1)
-        size_end = raw.index(b"|", deadline_end + 1)
-        deadline_ms = int(raw[token_end + 1 : deadline_end])
-        end = size_end + 1 + int(raw[deadline_end + 1 : size_end])
-        out.append(QueuedRequest(token=raw[i:token_end].decode(), payload=raw[size_end + 1 : end].decode(),
-                                 deadline=at + (deadline_ms - at_ms) / 1000, deadline_ms=deadline_ms))
-        i = end + 1
-    return tuple(out)
-
-
 def _lock_keys(keys: LockKeys) -> list[str]:
     """KEYS of acquire, release and force_release."""
     return [keys.lock, keys.fence, keys.queue, keys.waiters, keys.wake, keys.taken]
@@ -230,16 +203,15 @@ class RedisBackend(LockBackend):
         return not isinstance(self.client, RedisCluster)
 
     def submit(self, lock: LockLike, *, token: str, owner: str, payload: str, deadline: float,
-               cancel: CancelToken | None = None, guards: Sequence[str] = (),
-               take: int = 0) -> Grant | Served | Guarded | None:
+               cancel: CancelToken | None = None, guards: Sequence[str] = ()) -> Grant | Served | Guarded | None:
         if guards and not self.supports_guards:
             raise ValueError("guard keys need one Redis server: not on a cluster")
         return self._acquire(lock, token=token, owner=owner, blocking=True, deadline=deadline, cancel=cancel,
-                             payload=payload, guards=guards, take=take)
+                             payload=payload, guards=guards)
 
     def _acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
-                 cancel: CancelToken | None, payload: str = "", guards: Sequence[str] = (),
-                 take: int = 0) -> Grant | Served | Guarded | None:
+                 cancel: CancelToken | None, payload: str = "",
+                 guards: Sequence[str] = ()) -> Grant | Served | Guarded | None:
         started = time.monotonic()
         client = self.client
         keys = lock.keys
@@ -252,21 +224,14 @@ class RedisBackend(LockBackend):
                 sent = time.monotonic()
                 left_ms = int((deadline - sent) * 1000) if blocking else 0
                 args = _acquire_args(lock, token=token, owner=owner, wait_ms=left_ms)
-                acquired, value, now_ms, since_ms, *checked = self._run_acquire(lock, client, key_list, args,
-                                                                                 payload, take)
+                acquired, value, now_ms, since_ms, *checked = self._run_acquire(lock, client, key_list, args, payload)
                 if acquired == Acquire.GUARDED:
                     return Guarded(tuple(None if v is None else text(v) for v in checked[0]))
                 key_list = lock_keys
                 if acquired == Acquire.ACQUIRED:
                     signal.abort()
                     lease_start = sent + (int(since_ms) - int(now_ms)) / 1000
-                    message = checked[0] if checked else None
-                    if isinstance(message, str):
-                        message = message.encode()
-                    if message is not None and message.startswith(b"g|"):  # handed over just before
-                        return _handed_over(text(message), sent=sent, now_ms=int(now_ms), contended=queued)
-                    batch = None if message is None else _batch(message[2:], at=sent, at_ms=int(now_ms))
-                    return Grant(int(value), lease_start, lock.ttl, contended=queued, batch=batch)
+                    return Grant(int(value), lease_start, lock.ttl, contended=queued)
                 if not blocking or left_ms <= 0:
                     break
                 queued = True
@@ -275,7 +240,11 @@ class RedisBackend(LockBackend):
                 lease_end = sent + max(int(value), 0) / 1000 + 0.001
                 message = signal.wait(until=min(deadline, lease_end), server_deadline=deadline + 0.05)
                 if message is not None and message.startswith("g|"):
-                    return _handed_over(message, sent=sent, now_ms=int(now_ms), contended=True)
+                    _, fence_s, granted_ms, lease_ms = message.split("|")
+                    # The lease began when the releaser granted it (Redis clock). Map that to our
+                    # clock conservatively through the reply of our last acquire attempt.
+                    lease_start = min(sent + (int(granted_ms) - int(now_ms)) / 1000, time.monotonic())
+                    return Grant(int(fence_s), lease_start, int(lease_ms) / 1000, contended=True)
                 if message is not None and message.startswith("d|"):
                     return Served(message[2:], waited=time.monotonic() - started)
                 if time.monotonic() >= deadline:
@@ -311,8 +280,7 @@ class RedisBackend(LockBackend):
             raise
         return None
 
-    def _run_acquire(self, lock: LockLike, client: Redis, key_list: list[str], args: list, payload: str,
-                     take: int = 0) -> list:
+    def _run_acquire(self, lock: LockLike, client: Redis, key_list: list[str], args: list, payload: str) -> list:
         """The acquire script; with WAIT_REPLICAS, pipelined with WAIT on the same connection.
 
         It carries the Redis time after which we will have given up on it (our socket timeout):
@@ -324,7 +292,7 @@ class RedisBackend(LockBackend):
         """
         pool = pool_of(client, key_list[0])
         for _ in range(2):
-            reply = self._send_acquire(lock, client, key_list, [*args, give_up_ms(pool), payload, int(take)])
+            reply = self._send_acquire(lock, client, key_list, [*args, give_up_ms(pool), payload])
             learn_clock(pool, int(reply[2]))
             if reply[0] != Acquire.TOO_LATE:
                 return reply

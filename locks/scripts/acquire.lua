@@ -1,10 +1,7 @@
 -- KEYS: lock fence queue waiters wake taken [guard...]
 -- ARGV: token ttl_ms owner wait_ms sigprefix fence_ttl_ms(0: one-shot) handoff_ms give_up_ms
 --       payload ('' or absent: a plain acquire; else a request a holder may serve: combining)
---       take (with a payload: how many queued requests this combiner takes when granted)
--- -> {1, fence, now_ms, since_ms[, batch]} acquired (since_ms: when its lease began); a combiner
---    that asked to take gets its batch too: 'b|' and batch_text (common.lua), or the hand-off's
---    message if the lock was handed to it between its wait and this call
+-- -> {1, fence, now_ms, since_ms} acquired (since_ms: when its lease began)
 --  | {-1, 0, now_ms} arrived after give_up_ms: nothing done
 --  | {3, 0, now_ms, 0, {values}} a guard key exists: nothing done; the guards' values (combining)
 --  | {2, pttl_ms, now_ms} this request is in the holder's batch, or its reply is waiting: wait on
@@ -27,18 +24,12 @@ if #KEYS > 6 then
 end
 
 local held = redis.call('HMGET', lock, 'token', 'fence', 'since_us')
-local payload = ARGV[9] or ''
-local take = tonumber(ARGV[10] or '0')
 if held[1] == token then
-  -- Handed over to us while we were between a wait and this retry (its message has our batch).
-  local sig = sigprefix .. token
-  local granted = nil
-  for _, message in ipairs(redis.call('LRANGE', sig, 0, -1)) do
-    if string.sub(message, 1, 2) == 'g|' then granted = message end
-  end
-  redis.call('DEL', sig)
-  return {1, tonumber(held[2]), NOW_MS, math.floor(tonumber(held[3]) / 1000), granted}
+  -- Handed over to us while we were between a wait and this retry.
+  redis.call('DEL', sigprefix .. token)
+  return {1, tonumber(held[2]), NOW_MS, math.floor(tonumber(held[3]) / 1000)}
 end
+local payload = ARGV[9] or ''
 if payload ~= '' then
   local by = redis.call('HGET', taken, token)
   if (by and by == held[1]) or redis.call('LLEN', sigprefix .. token) > 0 then
@@ -60,24 +51,16 @@ if not held[1] then
       local _, _, enq = parse_waiter(redis.call('HGET', waiters, head))
       waited = NOW_US - enq
       redis.call('LPOP', queue)
-      redis.call('HDEL', waiters, head, 'p|' .. head, 'n|' .. head)
+      redis.call('HDEL', waiters, head, 'p|' .. head)
       if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
       redis.call('DEL', sigprefix .. token)
     end
     local f = grant(lock, fencek, fence_ttl, token, ttl, ttl, owner, waited)
-    -- A combiner that finds requests queued (their own holder expired) takes them now; an empty
-    -- queue is left for its own take, which also finds those that queue meanwhile.
     nudge(lock, waiters, wake)
-    local batch = nil
-    if payload ~= '' and take > 0 and redis.call('LLEN', queue) > 0 then
-      local got = take_for(token, take, queue, waiters, taken)
-      if #got > 0 then batch = 'b|' .. batch_text(got) end
-      if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
-    end
-    return {1, f, NOW_MS, NOW_MS, batch}
+    return {1, f, NOW_MS, NOW_MS}
   end
   -- Free, but others queued first (their holder expired or was forced out): serve them first.
-  hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff, taken)
+  hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff)
 end
 
 local pttl = redis.call('PTTL', lock)
@@ -91,10 +74,7 @@ if wait > 0 then
     redis.call('RPUSH', queue, token)
   end
   redis.call('HSET', waiters, token, num(NOW_MS + wait) .. '|' .. ttl .. '|' .. num(enq) .. '|' .. owner)
-  if payload ~= '' then
-    redis.call('HSET', waiters, 'p|' .. token, payload)
-    if take > 0 then redis.call('HSET', waiters, 'n|' .. token, take) end
-  end
+  if payload ~= '' then redis.call('HSET', waiters, 'p|' .. token, payload) end
   -- We look again by ourselves when this lease ends; nudge() needs the latest such time.
   local ends = NOW_MS + math.max(pttl, 0)
   if tonumber(redis.call('HGET', waiters, '~') or '0') < ends then redis.call('HSET', waiters, '~', num(ends)) end

@@ -5,8 +5,6 @@
 --   queue  = <p>lock:{name}:queue    FIFO list of waiting tokens
 --   wait   = <p>lock:{name}:waiters  hash: token -> "deadline_ms|ttl_ms|enqueued_us|owner",
 --            "p|<token>" -> the waiter's request, if it asks to be served (combining: take.lua),
---            "n|<token>" -> how many requests that waiter takes when it is granted the lock (its
---            batch then comes with the grant: take_for, hand_off),
 --            and "~" -> the latest lease end any waiter was told (it looks again by itself then)
 --   wake   = <p>lock:{name}:wake     list every waiter BLPOPs besides its own signal list
 --   signal = <p>lock:{name}:signal:<token>  per-waiter list the waiter BLPOPs
@@ -81,76 +79,23 @@ local function purge(queue, waiters)
     local deadline = info and parse_waiter(info) or 0
     if deadline > NOW_MS then return head end
     redis.call('LPOP', queue)
-    redis.call('HDEL', waiters, head, 'p|' .. head, 'n|' .. head)
+    redis.call('HDEL', waiters, head, 'p|' .. head)
     if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
   end
-end
-
--- Take up to `limit` requests queued at the head into `holder`'s batch (combining): FIFO,
--- stopping at the first plain waiter (it needs the lock itself and gets it next, by hand-off,
--- so FIFO order holds across batches). Each is recorded in `taken` as the holder's: a taken
--- waiter that looks again while that hold lives keeps waiting for its reply; once the hold is
--- gone without a reply it is woken (wake_orphans) and queues again.
--- -> a flat list {token, deadline_ms, payload, ...}
-local function take_for(holder, limit, queue, waiters, taken)
-  local out = {}
-  local n = 0
-  while n < limit do
-    local head = purge(queue, waiters)
-    if not head then break end
-    local payload = redis.call('HGET', waiters, 'p|' .. head)
-    if not payload then break end
-    local deadline = parse_waiter(redis.call('HGET', waiters, head))
-    redis.call('LPOP', queue)
-    redis.call('HDEL', waiters, head, 'p|' .. head, 'n|' .. head)
-    redis.call('HSET', taken, head, holder)
-    if redis.call('PTTL', taken) < deadline - NOW_MS + 10000 then
-      redis.call('PEXPIRE', taken, math.max(deadline - NOW_MS, 0) + 10000)
-    end
-    out[#out + 1] = head
-    out[#out + 1] = deadline
-    out[#out + 1] = payload
-    n = n + 1
-  end
-  return out
-end
-
--- A batch as one string, for a grant that carries it: token|deadline_ms|bytes|payload, joined by '|'.
-local function batch_text(batch)
-  local parts = {}
-  for i = 1, #batch, 3 do
-    parts[#parts + 1] = batch[i] .. '|' .. num(batch[i + 1]) .. '|' .. #batch[i + 2] .. '|' .. batch[i + 2]
-  end
-  return table.concat(parts, '|')
 end
 
 -- Pass a free lock straight to the head waiter and wake only that waiter. The waiter may have
 -- died while queued (SIGKILL, OOM): it is handed a short lease (`handoff_ms`), which a live
 -- waiter confirms to its full ttl if it holds that long; a dead one costs only that lease.
--- A combiner that asked for it ("n|<head>") gets its batch with the grant ("|b|" and the
--- batch_text): it need not take it in a round trip of its own. If it died meanwhile, the batch
--- is orphaned when its short lease is seen gone, like any batch of a dead holder.
-local function hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff_ms, taken)
+local function hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff_ms)
   local deadline, ttl, enq, owner = parse_waiter(redis.call('HGET', waiters, head))
-  local limit = tonumber(redis.call('HGET', waiters, 'n|' .. head) or '0')
   redis.call('LPOP', queue)
-  redis.call('HDEL', waiters, head, 'p|' .. head, 'n|' .. head)
+  redis.call('HDEL', waiters, head, 'p|' .. head)
   local waited = NOW_US - enq
   local lease = math.min(ttl, handoff_ms)
   local f = grant(lock, fencek, fence_ttl, head, lease, ttl, owner, waited)
-  local message = 'g|' .. num(f) .. '|' .. num(NOW_MS) .. '|' .. num(lease)
-  local batch = {}
-  if limit > 0 then
-    batch = take_for(head, limit, queue, waiters, taken)
-    message = message .. '|b|' .. batch_text(batch)
-  end
-  -- The grant first: Redis serves the lists in the order they were pushed, and the new holder
-  -- also waits on the wake list, so a nudge pushed before would wake it instead of a waiter.
-  signal(sigprefix, head, deadline, message)
-  -- A batch taken for the holder is still waiting too (for its reply), told of an earlier,
-  -- longer lease: the nudge has one of them learn this one, so a holder that dies does not strand it.
-  if redis.call('LLEN', queue) > 0 or #batch > 0 then nudge(lock, waiters, wake) end
-  if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
+  signal(sigprefix, head, deadline, 'g|' .. num(f) .. '|' .. num(NOW_MS) .. '|' .. num(lease))
+  if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) else nudge(lock, waiters, wake) end
   return f
 end
 

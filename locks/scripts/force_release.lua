@@ -13,7 +13,7 @@ redis.call('DEL', lock)
 wake_orphans(taken, sigprefix, nil)
 local head = purge(queue, waiters)
 if head then
-  hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff, taken)
+  hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff)
 elseif fence_ttl <= 0 then
   forget_one_shot(fencek, wake)
 end

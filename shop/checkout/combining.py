@@ -50,8 +50,7 @@ def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result |
     if wait <= 0:
         return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
     try:
-        got = combining.submit(lock, mine.payload(), wait=wait, guards=guards,
-                               take=int(shop_settings.COMBINE_BATCH) - 1)
+        got = combining.submit(lock, mine.payload(), wait=wait, guards=guards)
     except (locks.LockTimeout, locks.LockUnavailable) as exc:
         # Committed by a combiner whose reply we did not wait for, or never; or Redis failed us,
         # but a combiner may have taken our request: the request id in MySQL says.

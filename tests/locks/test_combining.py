@@ -20,11 +20,11 @@ from locks.keys import LockKeys
 from tests.locks.conftest import FORK, wait_until_queued
 
 
-def _submit_in_child(name: str, payload: str, wait: float, queue, take: int = 0) -> None:
+def _submit_in_child(name: str, payload: str, wait: float, queue) -> None:
     lock = Lock(name, ttl=1.0, wait=wait, renew=True)
     started = time.monotonic()
     try:
-        got = submit(lock, payload, take=take)
+        got = submit(lock, payload)
     except LockTimeout:
         queue.put((payload, "timeout", None, time.monotonic() - started))
         return
@@ -37,11 +37,11 @@ def _submit_in_child(name: str, payload: str, wait: float, queue, take: int = 0)
     queue.put((payload, "turn", [r.payload for r in batch], time.monotonic() - started))
 
 
-def start_submitter(name: str, payload: str, *, wait: float = 10.0, queued_before: int | None = 0, take: int = 0):
+def start_submitter(name: str, payload: str, *, wait: float = 10.0, queued_before: int | None = 0):
     """A child that submits `payload`; returned once it is queued (unless `queued_before` is None:
     a holder that takes requests as they come may dequeue it before we could see it)."""
     queue = FORK.Queue()
-    proc = FORK.Process(target=_submit_in_child, args=(name, payload, wait, queue, take))
+    proc = FORK.Process(target=_submit_in_child, args=(name, payload, wait, queue))
     proc.start()
     if queued_before is not None:
         wait_until_queued(name, queued_before + 1)
@@ -104,50 +104,6 @@ def test_a_plain_waiter_stops_the_batch_and_keeps_its_place(name):
     assert q_after.get(timeout=10)[:3] == ("after", "turn", [])
     for p in (first, plain_proc, after):
         p.join(5)
-
-
-def test_a_hand_off_carries_the_batch_its_combiner_asked_for(name):
-    """The release that hands the lock to a combiner takes its batch for it (recorded as its, in
-    the same script): the combiner, paused here, has not run a command since it queued."""
-    holder = Lock(name, ttl=5.0)
-    holder.acquire()
-    combiner, q_combiner = start_submitter(name, "b", take=10)
-    os.kill(combiner.pid, signal.SIGSTOP)
-    try:
-        waiters = [start_submitter(name, p, queued_before=i + 1) for i, p in enumerate(["c", "d"])]
-        holder.release()
-        keys = LockKeys.for_name(name)
-        client = _client()
-        owner = client.hget(keys.lock, "token")
-        assert client.llen(keys.queue) == 0
-        assert set(client.hvals(keys.taken)) == {owner}  # both taken, for the paused combiner
-        assert client.hlen(keys.taken) == 2
-    finally:
-        os.kill(combiner.pid, signal.SIGCONT)
-    assert q_combiner.get(timeout=10)[:3] == ("b", "turn", ["c", "d"])
-    assert sorted(q.get(timeout=10)[:3] for _, q in waiters) == [("c", "served", "echo:c"), ("d", "served", "echo:d")]
-    for proc in (combiner, *(p for p, _ in waiters)):
-        proc.join(5)
-    assert client.exists(keys.lock, keys.queue, keys.waiters, keys.taken) == 0
-
-
-def test_a_batch_taken_for_a_combiner_that_died_is_served_by_the_next(name):
-    """The hand-off took c and d for b, which was SIGKILLed while queued: b's short hand-off
-    lease runs out, c and d are orphans, woken, and served by a new combiner."""
-    holder = Lock(name, ttl=5.0)
-    holder.acquire()
-    combiner, _ = start_submitter(name, "b", take=10)
-    waiters = [start_submitter(name, p, queued_before=i + 1) for i, p in enumerate(["c", "d"])]
-    os.kill(combiner.pid, signal.SIGKILL)
-    combiner.join(5)
-    released = time.monotonic()
-    holder.release()
-    got = sorted(q.get(timeout=10)[:2] for _, q in waiters)
-    assert got in ([("c", "served"), ("d", "turn")], [("c", "turn"), ("d", "served")])
-    # Within the dead combiner's short lease (1 s) and a look again, not the 5 s they were told of.
-    assert time.monotonic() - released < 3.0
-    for proc, _ in waiters:
-        proc.join(5)
 
 
 def _hold_take_then_stop(name: str, ready, queue) -> None:
@@ -284,27 +240,26 @@ def test_guards_are_refused_where_one_script_cannot_read_them(name, settings):
     assert not Lock(name).supports_guards
 
 
-def _combine_then_die(name: str, queue, take: int = 0) -> None:
+def _combine_then_die(name: str, queue) -> None:
     """Queue for the lock with a short lease; when handed it, take the batch and die at once
     (no reply, no release, no confirmation of the hand-off lease)."""
-    turn = submit(Lock(name, ttl=0.5, wait=10.0), "combiner", take=take)
+    turn = submit(Lock(name, ttl=0.5, wait=10.0), "combiner")
     assert isinstance(turn, Turn)
     turn.take(limit=10)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-@pytest.mark.parametrize("take", [0, 10], ids=["take-later", "batch-with-grant"])
-def test_requests_told_of_a_long_lease_are_not_stranded_when_a_short_lease_combiner_dies(name, take):
+def test_requests_told_of_a_long_lease_are_not_stranded_when_a_short_lease_combiner_dies(name):
     # The requests queue while a long lease (30 s) holds the lock, so each one's own timer says
     # "look again in 30 s". The lock then passes to a combiner with a short lease that takes
     # them all and dies: nothing will ever reply or hand over to them, and their timers are far
     # off. They must learn at once that their batch is orphaned, queue again and be served.
     gate = Lock(name, ttl=30.0)
     gate.acquire()
-    combiner = FORK.Process(target=_combine_then_die, args=(name, FORK.Queue(), take))
+    combiner = FORK.Process(target=_combine_then_die, args=(name, FORK.Queue()))
     combiner.start()
     wait_until_queued(name, 1)
-    submitters = [start_submitter(name, f"r{i}", wait=10.0, queued_before=i + 1, take=take) for i in range(3)]
+    submitters = [start_submitter(name, f"r{i}", wait=10.0, queued_before=i + 1) for i in range(3)]
     released = time.monotonic()
     gate.release()
     combiner.join(5)
