@@ -141,7 +141,9 @@ def test_restart_redis_http_short_run_passes():
     outcome = httpfaults.run_scenario("restart-redis-http", SHORT)
     _check(outcome)
     assert outcome.refused_during_fault > 0  # nothing sells while the lock Redis is away: busy (503)
-    assert outcome.fault_stall >= SHORT.fault_length
+    # The stall spans the outage, less at most an in-flight order: one that held the lock before
+    # the kill commits and is answered a few ms after it (CI saw 0.993 and 0.998 s for 1 s).
+    assert outcome.fault_stall >= SHORT.fault_length - 0.05
 
 
 @pytest.mark.liveness
