@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest import openloop
+from loadtest import cpu, openloop
 from loadtest.runner import PhaseRun, Progress, Record, RunResult
 from loadtest.strategies import BUSY, ERROR, OUT_OF_STOCK, OUTCOMES, PLACED, REJECTED
 
@@ -48,6 +48,7 @@ class Summary:
     queries: int  # SQL statements the workers sent (counted client side)
     lock_acquisitions: int  # client-side count; for "ours", the lock service's own counter
     server: dict[str, int] = field(default_factory=dict)  # MySQL global status deltas (server-wide)
+    cpu_ms: dict[str, float] = field(default_factory=dict)  # per placed order: clients, mysqld, redis, total
 
     @property
     def attempted(self) -> int:
@@ -83,6 +84,7 @@ def summarize(strategy: str, phase_run: PhaseRun) -> Summary:
         queries=sum(r[3] for r in records),
         lock_acquisitions=client_locks + delta.get("lock_acquired", 0),
         server={k: v for k, v in delta.items() if k.startswith("mysql_")},
+        cpu_ms=cpu.per_order(client_cpu_s=phase_run.client_cpu, server=delta, placed=counts[PLACED]),
     )
 
 
@@ -245,6 +247,7 @@ class Aggregate:
     invariants: str  # "PASS" or "FAIL (n)" over all repeats
     batch_mean: float = 0.0  # orders per lock hold (median over repeats; 0: no fenced holds)
     batch_p99: float = 0.0
+    cpu_ms: dict[str, float] = field(default_factory=dict)  # per placed order (medians): clients, mysqld, ...
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -291,6 +294,8 @@ def aggregate(strategy: str, scenario: str, summaries: Sequence[Summary], failur
         invariants="PASS" if not failures else f"FAIL ({failures}/{len(summaries)})",
         batch_mean=med(b["mean"] for b in batches if b["holds"]),
         batch_p99=med(b["p99"] for b in batches if b["holds"]),
+        cpu_ms={k: med(s.cpu_ms[k] for s in summaries if k in s.cpu_ms)
+                for k in ("clients", "mysqld", "redis", "total") if any(k in s.cpu_ms for s in summaries)},
     )
 
 
@@ -305,11 +310,21 @@ def comparison_table(aggregates: Sequence[Aggregate]) -> str:
     rows = [[a.strategy, a.orders_per_s, _ratio(a.orders_per_s, base and base.orders_per_s),
              _ratio(a.orders_per_s, raw and raw.orders_per_s), _ratio(a.orders_per_s, peer and peer.orders_per_s),
              a.p50_ms, a.p99_ms, _ratio(a.p99_ms, base and base.p99_ms), _ratio(a.p99_ms, peer and peer.p99_ms),
-             a.max_ms, a.fairness, f"{a.batch_mean:.1f}" if a.batch_mean else "-", a.busy, a.invariants]
+             a.max_ms, a.fairness, f"{a.batch_mean:.1f}" if a.batch_mean else "-", _cpu_cell(a.cpu_ms), a.busy,
+             a.invariants]
             for a in aggregates]
     return table(("strategy", "orders/s", "vs guarded", "vs raw", "vs cache.lock", "p50 ms", "p99 ms",
-                  "p99 vs guarded", "p99 vs cache.lock", "max ms", "fairness", "per hold", "busy", "invariants"),
+                  "p99 vs guarded", "p99 vs cache.lock", "max ms", "fairness", "per hold",
+                  "CPU ms/order (clients+db+redis)", "busy", "invariants"),
                  rows)
+
+
+def _cpu_cell(cost: dict[str, float]) -> str:
+    """The CPU one placed order cost, and its clients' share: what bounds orders/s on a small machine."""
+    if "total" not in cost:
+        return "-"
+    parts = "+".join(f"{cost[k]:.2f}" for k in ("clients", "mysqld", "redis") if k in cost)
+    return f"{cost['total']:.2f} ({parts})"
 
 
 def sellout_table(aggregates: Sequence[Aggregate], placed_rate: dict[str, float]) -> str:

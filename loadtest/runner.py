@@ -25,7 +25,7 @@ from threading import BrokenBarrierError
 
 from django.db import OperationalError, connection, connections
 
-from loadtest import strategies
+from loadtest import cpu, strategies
 from loadtest.strategies import OUTCOMES, Options
 from locks import inspect as lock_inspect
 from locks import stats as lock_stats
@@ -69,6 +69,7 @@ class Plan:
     quantity: tuple[int, int] = (1, 1)
     lines_per_order: int = 1
     lock_names: list[str] = field(default_factory=list)  # the service's lock names, for its stats
+    cpu_profile: str | None = None  # a directory: each worker writes its cProfile (CPU clock) there
     users_in_order: bool = False  # request k is made by user k mod users (each user in turn), not at random
     seed: int = 0
 
@@ -88,11 +89,12 @@ class Progress:
 class PhaseRun:
     phase: Phase
     records: list[list[Record]]  # per worker
-    server_before: dict[str, int]
-    server_after: dict[str, int]
+    server_before: dict[str, float]
+    server_after: dict[str, float]
+    client_cpu: float = 0.0  # CPU seconds the workers used in this phase (all of them)
 
     @property
-    def server_delta(self) -> dict[str, int]:
+    def server_delta(self) -> dict[str, float]:
         return {k: self.server_after.get(k, 0) - v for k, v in self.server_before.items()}
 
 
@@ -112,14 +114,16 @@ class _WorkerResult:
     order_ids: list[int]
     errors: list[str]
     servers: dict[str, dict[str, int]] = field(default_factory=dict)
+    cpu: list[float] = field(default_factory=list)  # CPU seconds per phase
 
 
 # --- server-side counters -------------------------------------------------------------------
 MYSQL_STATUS = ("Questions", "Com_select", "Com_update", "Com_insert")
 
 
-def server_counters(lock_names: list[str]) -> dict[str, int]:
-    """MySQL global status (server-wide: includes other clients) and the service's lock counters.
+def server_counters(lock_names: list[str]) -> dict[str, float]:
+    """MySQL global status (server-wide: includes other clients), the service's lock counters,
+    and the CPU the local mysqld and Redis used so far (loadtest/cpu.py).
 
     Lock acquisitions are the names' counts among their families' busiest names (exact while a
     run locks at most LOCKS["STATS_TOP_N"] names of a family); workers flush their lock stats
@@ -129,7 +133,7 @@ def server_counters(lock_names: list[str]) -> dict[str, int]:
         cursor.execute("SHOW GLOBAL STATUS WHERE Variable_name IN (%s, %s, %s, %s)", list(MYSQL_STATUS))
         out = {f"mysql_{name.lower()}": int(value) for name, value in cursor.fetchall()}
     out["lock_acquired"] = sum(lock_inspect.acquisitions(lock_names).values())
-    return out
+    return {**out, **cpu.server_cpu_ms()}
 
 
 # --- the worker -----------------------------------------------------------------------------
@@ -152,11 +156,13 @@ def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) 
 
     out = _WorkerResult(index=index, phases=[], order_ids=[], errors=[])
     strategy = None
+    profiler = cpu.start_profile() if plan.cpu_profile else None
     try:
         strategy = strategies.get(plan.strategy)(dataclasses.replace(plan.options, worker=index))
         with connection.execute_wrapper(count_queries):
             for phase in plan.phases:
                 barrier.wait(timeout=STALL_TIMEOUT)
+                cpu_start = cpu.process_cpu()
                 records: list[Record] = []
                 deadline = time.monotonic() + (phase.duration if phase.duration is not None else phase.max_duration)
                 ticket = index
@@ -189,10 +195,13 @@ def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) 
                         break
                     ticket += plan.processes  # used when timed: tickets interleave across workers
                 out.phases.append(records)
+                out.cpu.append(cpu.process_cpu() - cpu_start)
                 lock_stats.flush()  # the parent reads the lock counters once every worker is done
                 with finished.get_lock():
                     finished.value += 1
         out.servers = getattr(strategy, "servers", {})
+        if profiler is not None:
+            cpu.save_profile(profiler, plan.cpu_profile, index)
         results.put(out)
     except BrokenBarrierError:
         pass  # the parent gave up on the run
@@ -275,7 +284,7 @@ def run(plan: Plan, progress: Callable[[Progress], None] | None = None, interval
     workers = _Workers(plan)
     workers.start()
     n = plan.processes
-    phase_runs: list[tuple[Phase, dict[str, int], dict[str, int]]] = []
+    phase_runs: list[tuple[Phase, dict[str, float], dict[str, float]]] = []
     try:
         for number, phase in enumerate(plan.phases):
             before = server_counters(plan.lock_names)
@@ -316,7 +325,8 @@ def run(plan: Plan, progress: Callable[[Progress], None] | None = None, interval
     reported = sorted(workers.reported, key=lambda r: r.index)
     return RunResult(
         plan=plan,
-        phases=[PhaseRun(phase=ph, records=[w.phases[i] for w in reported], server_before=b, server_after=a)
+        phases=[PhaseRun(phase=ph, records=[w.phases[i] for w in reported], server_before=b, server_after=a,
+                         client_cpu=sum(w.cpu[i] for w in reported))
                 for i, (ph, b, a) in enumerate(phase_runs)],
         order_ids=[oid for w in reported for oid in w.order_ids],
         errors=[e for w in reported for e in w.errors][:MAX_ERROR_MESSAGES],

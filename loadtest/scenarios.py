@@ -44,6 +44,7 @@ class LoadConfig:
     sellout: bool = False  # sell the stock out first, then measure a storm of `requests`/`duration`
     keep: bool = False
     seed: int = 0
+    cpu_profile: str | None = None  # a directory for the workers' cProfiles (loadtest/cpu.py)
 
     def phases(self) -> list[Phase]:
         main = Phase("storm" if self.sellout else "main", requests=None if self.duration else self.requests,
@@ -192,7 +193,7 @@ def run_once(config: LoadConfig, progress: Callable[[Progress], None] | None = N
         plan = Plan(strategy="http" if config.url else config.strategy, options=options,
                     processes=config.processes, product_ids=w.product_ids, user_ids=w.user_ids,
                     phases=config.phases(), quantity=config.quantity, lines_per_order=config.lines_per_order,
-                    lock_names=workload.lock_names(w), seed=config.seed)
+                    lock_names=workload.lock_names(w), seed=config.seed, cpu_profile=config.cpu_profile)
         result = runner.run(plan, progress)
         summaries = [report.summarize(plan.strategy, ph) for ph in result.phases]
         violations, books = check(w, result), workload.books(w)

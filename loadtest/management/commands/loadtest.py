@@ -18,7 +18,18 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from loadtest import appservers, fault_harness, faults, httpfaults, openloop, report, scenarios, strategies, workload
+from loadtest import (
+    appservers,
+    cpu,
+    fault_harness,
+    faults,
+    httpfaults,
+    openloop,
+    report,
+    scenarios,
+    strategies,
+    workload,
+)
 from loadtest.inprocess_harness import FaultConfig
 from loadtest.runner import RunError
 from loadtest.scenarios import Comparison, LoadConfig, Outcome
@@ -85,6 +96,8 @@ class Command(BaseCommand):
         parser.add_argument("--plot", metavar="FILE.png", help="plot throughput and latency over time")
         parser.add_argument("--keep", action="store_true", help="keep the run's users, products and orders")
         parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+        parser.add_argument("--cpu-profile", metavar="DIR",
+                            help="each worker's cProfile on the CPU clock written to DIR, merged and printed")
         flt = parser.add_argument_group("fault injection (--fault; docs/reliability.md)")
         flt.add_argument("--fault", metavar="SCENARIO",
                          help="run the hot-product load test while injecting this fault (or 'all'), then check "
@@ -286,7 +299,7 @@ class Command(BaseCommand):
             quantity=opts["quantity"], lines_per_order=opts["lines"], coupon_total=opts["coupon"],
             jitter=opts["jitter"] / 1000, lock_wait=opts["lock_wait"], lock_ttl=opts["lock_ttl"],
             lock=not opts["no_lock"], url=opts["url"][0] if opts["url"] else None, urls=opts["url"],
-            pay=opts["pay"], sellout=opts["sellout"], keep=opts["keep"],
+            pay=opts["pay"], sellout=opts["sellout"], keep=opts["keep"], cpu_profile=opts["cpu_profile"],
             seed=opts["seed"],
         )
 
@@ -306,10 +319,15 @@ class Command(BaseCommand):
             + (f"{config.duration:g} s" if config.duration else f"{config.requests:,} requests")
         )
         progress = self._progress(opts, name)
+        if config.cpu_profile:
+            cpu.prepare_profile_dir(config.cpu_profile)
         outcome = scenarios.run_once(config, progress)
         if progress:
             progress.done()
         self._print_outcome(outcome)
+        if config.cpu_profile:
+            self.stdout.write(f"\nthe workers' cProfile, merged (CPU clock; files in {config.cpu_profile}):")
+            self.stdout.write(cpu.merged_profile(config.cpu_profile))
         if opts["json"]:
             report.write_json(opts["json"], outcome.as_dict())
             self.stdout.write(f"JSON written to {opts['json']}")
@@ -340,6 +358,9 @@ class Command(BaseCommand):
                     f"statements and took {s.lock_acquisitions:,} locks; MySQL server-wide (all clients): "
                     + ", ".join(f"{k.removeprefix('mysql_')} +{v:,}" for k, v in s.server.items())
                 )
+        for s in outcome.summaries:
+            if s.cpu_ms and s.phase != "storm":
+                self.stdout.write(cpu.describe(s.cpu_ms) + (f" [{s.phase}]" if len(outcome.summaries) > 1 else ""))
         sold = sum(b.sold for b in outcome.books)
         drop = sum(b.initial - b.current for b in outcome.books)
         self.stdout.write(f"\nbooks: {sold:,} units in placed orders; stock fell by {drop:,}")
@@ -369,6 +390,8 @@ class Command(BaseCommand):
     def _compare(self, base: LoadConfig, opts: dict[str, Any]) -> None:
         if opts["url"]:
             raise CommandError("--compare calls the strategies directly; it does not take --url")
+        if opts["cpu_profile"]:
+            raise CommandError("--cpu-profile profiles one run: use it without --compare")
         names = name_list(opts["strategies"], list(strategies.STRATEGIES), "--strategies")
         chosen = name_list(opts["scenarios"], list(scenarios.SCENARIOS), "--scenarios")
         if base.duration is None:

@@ -104,11 +104,31 @@ def test_sellout_reports_what_the_storm_touched():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_run_reports_the_cpu_of_an_order_and_profiles_its_workers(tmp_path):
+    """Clients measure their own CPU; the local mysqld and Redis are read from /proc (issue 29)."""
+    out = run("--strategy", "ours", "--requests", "60", "--stock", "100", "--cpu-profile", str(tmp_path / "prof"),
+              "--json", str(tmp_path / "run.json"), *SMALL)
+    line = next(line for line in out.splitlines() if line.startswith("CPU per placed order"))
+    assert "clients" in line and "mysqld" in line and "redis" in line and "not local" not in line
+    cost = json.loads((tmp_path / "run.json").read_text())["phases"][0]["cpu_ms"]
+    assert cost["clients"] > 0 and cost["mysqld"] > 0 and cost["redis"] > 0
+    assert cost["total"] == pytest.approx(cost["clients"] + cost["mysqld"] + cost["redis"])
+    assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == ["worker-0.prof", "worker-1.prof"]
+    assert "place_order" in out  # the merged profile is printed
+
+
+@pytest.mark.django_db
+def test_cpu_profile_is_for_one_run():
+    with pytest.raises(CommandError, match="--cpu-profile profiles one run"):
+        run("--compare", "--cpu-profile", "/tmp/x", *SMALL)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_compare_prints_ratios_and_tolerates_the_expected_oversell(tmp_path):
     out = run("--compare", "--strategies", "guarded,naive,redis_py", "--scenarios", "hot,sellout", "--repeat", "1",
               "--duration", "0.5", "--sellout-stock", "5", "--jitter", "2", "--json", str(tmp_path / "c.json"),
               "--plot", str(tmp_path / "c.png"), *SMALL)
-    assert "vs guarded" in out and "vs cache.lock" in out
+    assert "vs guarded" in out and "vs cache.lock" in out and "CPU ms/order" in out
     hot_guarded = next(line.split() for line in out.splitlines() if line.split()[:1] == ["guarded"])
     assert hot_guarded[2] == "1.00x"  # the first table (hot) is relative to guarded itself
     assert "rejections/s" in out
