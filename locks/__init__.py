@@ -14,9 +14,10 @@ The house, floor by floor; a module imports only from the floors below it:
     6  combining, jobs, services, views, admin, management commands, apps
 """
 
+from locks.backends import capabilities
 from locks.exceptions import HolderChanged, LockError, LockLost, LockNotOwned, LockTimeout, LockUnavailable
 from locks.hold import Hold
 from locks.lock import Lock, release_all, try_acquire_all
 
 __all__ = ["Hold", "HolderChanged", "Lock", "LockError", "LockLost", "LockNotOwned", "LockTimeout", "LockUnavailable",
-           "release_all", "try_acquire_all"]
+           "capabilities", "release_all", "try_acquire_all"]

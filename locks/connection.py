@@ -83,10 +83,3 @@ def give_up_ms(pool: Any) -> int:
     if offset is None or not timeout:
         return 0
     return int(time.time() * 1000 + offset + float(timeout) * 1000 + GIVE_UP_SLACK_MS)
-
-
-def server_now_ms(client: Redis | RedisCluster, key: str) -> float:
-    """The time (ms) on the clock of the server that holds `key`, as far as we know it (our own
-    clock until an acquire's reply taught us the offset)."""
-    offset = _clock_offsets.get(id(pool_of(client, key)))
-    return time.time() * 1000 + (offset or 0)

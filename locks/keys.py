@@ -16,13 +16,24 @@ MAX_NAME_LENGTH = 200
 
 
 def validate_name(name: str) -> str:
+    if type(name) is str and name in _VALID_NAMES:  # a lock per order: its name was checked before
+        return name
+    _check_name(name)
+    if len(_VALID_NAMES) < 10_000:
+        _VALID_NAMES.add(name)
+    return name
+
+
+_VALID_NAMES: set[str] = set()
+
+
+def _check_name(name: str) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError("a lock name must be a non-empty string")
     if len(name) > MAX_NAME_LENGTH:
         raise ValueError(f"a lock name is at most {MAX_NAME_LENGTH} characters")
     if any(c in name for c in "{}*?[]\\") or any(c.isspace() for c in name):
         raise ValueError(f"lock name {name!r} may not contain braces, glob characters or spaces")
-    return name
 
 
 @dataclass(frozen=True)

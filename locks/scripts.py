@@ -32,7 +32,7 @@ class Cancel(IntEnum):
 
 
 NOT_OURS = -1  # take.lua's reply when the lock's token is not the caller's
-NAMES = ("acquire", "release", "extend", "cancel", "force_release", "check", "take")
+NAMES = ("acquire", "release", "extend", "cancel", "force_release", "check", "take", "reply")
 
 
 @cache

@@ -71,6 +71,13 @@ def get_backend(*, client: Redis | None = None) -> LockBackend:
     return backend
 
 
+def capabilities() -> tuple[bool, bool]:
+    """(supports_combining, supports_guards) of the configured backend: what `Lock(...)` would
+    report, without building a lock (a caller that asks per request, like the checkout)."""
+    backend = get_backend()
+    return backend.supports_combining, backend.supports_guards
+
+
 def reset() -> None:
     """Close and forget every backend of this process (tests)."""
     with _guard:

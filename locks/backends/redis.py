@@ -48,7 +48,6 @@ from locks.connection import (
     learn_clock,
     node_client,
     pool_of,
-    server_now_ms,
     text,
 )
 from locks.exceptions import HolderChanged, LockNotOwned, LockUnavailable
@@ -437,20 +436,14 @@ class RedisBackend(LockBackend):
         return batch
 
     def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int]) -> None:
-        """One round trip: each reply on its waiter's list, kept until its deadline (plus a
+        """One script call: each reply on its waiter's list, kept until its deadline (plus a
         grace), and the requests struck from the holder's `taken` (no longer orphans-to-be)."""
         keys = lock.keys
-        client = self.client
-        pipe = client.pipeline(transaction=False)
-        now_ms = server_now_ms(client, keys.lock)  # the lock's server (cluster: its master)
+        args: list = [keys.signal_prefix, REPLY_GRACE_MS]
         for token, reply in replies.items():
-            signal = keys.signal(token)
-            pipe.rpush(signal, "d|" + reply)
-            left = deadlines.get(token, now_ms) - now_ms
-            pipe.pexpire(signal, max(int(left), 0) + REPLY_GRACE_MS)
-        pipe.hdel(keys.taken, *replies)
+            args += [token, reply, deadlines.get(token, 0)]
         try:
-            pipe.execute()
+            script("reply")(keys=[keys.taken], args=args, client=self.client)
         except UNREACHABLE as exc:
             raise LockUnavailable(f"reply: Redis unreachable: {exc}", name=lock.name) from exc
 

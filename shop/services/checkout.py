@@ -19,6 +19,7 @@ import json
 import logging
 import time
 
+import locks
 from locks.combining import Guarded
 from shop import admission, deadlines, errors, metrics, redis_keys, selectors
 from shop.checkout import combining, protocol, writer
@@ -26,7 +27,7 @@ from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Resul
 from shop.conf import shop_settings
 from shop.lock_names import product_lock
 from shop.plumbing import soldout
-from shop.plumbing.locking import held, refuse_outer_transaction, shop_lock
+from shop.plumbing.locking import held, refuse_outer_transaction
 from shop.plumbing.transactions import backoff, connection_errors
 from shop.receipts import Receipt
 from shop.validation import validate_code, validate_idempotency_key, validate_lines
@@ -77,16 +78,16 @@ def place_order(
     product_ids = [pid for pid, _ in lines]
     record_key = redis_keys.idempotency_record(user.pk, key) if key is not None else None
     use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
-    lock = shop_lock(product_lock(product_ids[0]))  # what its lock service can do
+    can_combine, can_guard = locks.capabilities()  # what the lock service can do
     # One product: queue on its lock; whoever holds it commits everyone queued at once. (The
     # queue is a Redis one: on Redlock, ZooKeeper or MySQL every order takes the lock itself.)
-    combined = use_locks and shop_settings.COMBINING and len(lines) == 1 and lock.supports_combining
+    combined = use_locks and shop_settings.COMBINING and len(lines) == 1 and can_combine
     # Fast path: a product known to be sold out is refused without the lock or MySQL, unless this
     # key already placed an order (then it gets that order back). The markers and the record are
     # read by the queueing script itself where it can (guards: no round trip of their own), else
     # by one MGET first. Either way before any refusal for load: "sold out" is always answered.
     guards = (soldout.guard_keys(product_ids, record_key=record_key)
-              if combined and lock.supports_guards and soldout.shares_lock_redis() else [])
+              if combined and can_guard and soldout.shares_lock_redis() else [])
 
     def fast_path() -> Receipt | None:
         try:

@@ -111,6 +111,16 @@ def test_idempotency_key_replays_the_first_order_and_refuses_a_different_body(us
     assert p.stock == 4
 
 
+@pytest.mark.parametrize("key", ["it's", 'a"b', "back\\slash", "100%s", "--;DROP", "\\'"])
+def test_a_key_with_quotes_backslashes_and_percents_is_written_exactly_and_replays(user, make_product, key):
+    """The writer builds its INSERTs from the driver's escaped literals (writer._insert_sql)."""
+    p = make_product(stock=5)
+    first = order_of(place_order(user=user, lines=[(p.pk, 1)], idempotency_key=key))
+    assert Order.objects.get(pk=first.pk).idempotency_key == key
+    again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key=key)
+    assert again.order_id == first.pk and again.replayed
+
+
 def test_the_same_key_from_another_user_is_another_order(user, other_user, make_product):
     p = make_product(stock=5)
     a = order_of(place_order(user=user, lines=[(p.pk, 1)], idempotency_key="k"))

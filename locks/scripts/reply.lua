@@ -1,0 +1,19 @@
+-- The holder answers the requests it took (combining): each reply is pushed on its waiter's
+-- signal list, kept until the waiter's deadline plus a grace (a waiter that gave up never reads
+-- it), and struck from `taken` (no longer an orphan-to-be). One call for the whole batch: the
+-- client packs one command instead of two per reply.
+-- KEYS: taken
+-- ARGV: signal_prefix grace_ms token1 reply1 deadline_ms1 token2 reply2 deadline_ms2 ...
+--       (deadline_ms 0: unknown, kept for the grace only)
+-- -> the number of replies
+local taken, prefix, grace = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local n = 0
+for i = 3, #ARGV, 3 do
+  local token, deadline = ARGV[i], tonumber(ARGV[i + 2])
+  local signal = prefix .. token
+  redis.call('RPUSH', signal, 'd|' .. ARGV[i + 1])
+  redis.call('PEXPIRE', signal, math.max(deadline - NOW_MS, 0) + grace)
+  redis.call('HDEL', taken, token)
+  n = n + 1
+end
+return n
