@@ -76,12 +76,20 @@ def queue_password_reset(*, email: str, domain: str, site_name: str, protocol: s
 
 
 # --- rendering: one renderer per kind, at send time ----------------------------------------
-def _order_paid(row: OutboxMail) -> list[EmailMessage]:
-    order = Order.objects.select_related("user", "coupon").get(pk=row.order_id)
-    context = {"order": order, "lines": order.lines.select_related("product"),
-               "order_url": settings.SITE_URL + reverse("order", args=[order.pk])}
-    subject = render_to_string("shop/email/order_paid_subject.txt", context).strip()
-    return [EmailMessage(subject, render_to_string("shop/email/order_paid.txt", context), None, [row.recipient])]
+def _order_mail(name: str) -> Callable[[OutboxMail], list[EmailMessage]]:
+    """The renderer of a mail about an order: templates shop/email/<name>_subject.txt and
+    <name>.txt, given the order, its lines and the links to it and to the shop. Links start with
+    SITE_URL: the job that sends has no request to take the host from."""
+
+    def render(row: OutboxMail) -> list[EmailMessage]:
+        order = Order.objects.select_related("user", "coupon").get(pk=row.order_id)
+        context = {"order": order, "lines": order.lines.select_related("product"),
+                   "order_url": settings.SITE_URL + reverse("order", args=[order.pk]),
+                   "shop_url": settings.SITE_URL + reverse("catalog")}
+        subject = render_to_string(f"shop/email/{name}_subject.txt", context).strip()
+        return [EmailMessage(subject, render_to_string(f"shop/email/{name}.txt", context), None, [row.recipient])]
+
+    return render
 
 
 def _password_reset(row: OutboxMail) -> list[EmailMessage]:
@@ -100,7 +108,10 @@ def _password_reset(row: OutboxMail) -> list[EmailMessage]:
 
 
 RENDERERS: dict[str, Callable[[OutboxMail], list[EmailMessage]]] = {
-    OutboxMail.Kind.ORDER_PAID: _order_paid,
+    OutboxMail.Kind.ORDER_PAID: _order_mail("order_paid"),
+    OutboxMail.Kind.ORDER_REFUNDED: _order_mail("order_refunded"),
+    OutboxMail.Kind.ORDER_CANCELLED: _order_mail("order_cancelled"),
+    OutboxMail.Kind.ORDER_EXPIRED: _order_mail("order_expired"),
     OutboxMail.Kind.PASSWORD_RESET: _password_reset,
 }
 
