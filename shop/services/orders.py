@@ -3,7 +3,8 @@
 Cancelling, expiring and refunding give the stock and the coupon back exactly once, even when
 called twice at once or racing a payment: the status flip (a conditional UPDATE) inside the
 transaction that returns the stock is the guard, so exactly one of pay / cancel / expire wins an
-unpaid order, and one refund a paid one.
+unpaid order, and one refund a paid one. The winner's transaction also queues the buyer's mail
+about it (`shop.services.emails`), so each step is told once, and only once it is committed.
 
 A refund also pays money back, which no transaction can take back: the provider is called
 outside any transaction, once per `Refund` record, and the books follow in their

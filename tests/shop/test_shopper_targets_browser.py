@@ -92,10 +92,10 @@ def test_the_cart_link_and_each_order_card_are_tap_targets_of_44_px(live_server,
         page.mouse.click(total["x"] + total["width"] / 2, total["y"] + total["height"] / 2)
         page.wait_for_url(f"**/orders/{unpaid.pk}/")
         page.go_back()
-        row.locator("a.cancel").click()
+        row.locator("a.cancel").click(timeout=5000)  # not under the card's link
         page.wait_for_url(f"**/orders/{unpaid.pk}/cancel/")
         page.go_back()
-        row.locator("button.pay").click()
+        row.locator("button.pay").click(timeout=5000)
         page.wait_for_url(f"**/orders/{unpaid.pk}/")
         assert Order.objects.get(pk=unpaid.pk).status == Order.Status.PAID  # the Pay button paid, not just opened
         browser.close()
