@@ -6,8 +6,7 @@ change never mails and a committed one never loses its mail. The `shop.send_mail
 run_jobs, every few seconds) sends what is due: it claims a row (a conditional UPDATE, so two
 runners never send one mail), renders it (one renderer per kind, from the database as it is now),
 sends it and marks it sent. A failure is recorded on the row and retried with a growing delay, up
-to SHOP["MAIL_ATTEMPTS"] times. A
-mail server that is slow or down slows the job, never a payment or any other request.
+to SHOP["MAIL_ATTEMPTS"] times. A mail server that is slow or down slows the job, never a payment or any other request.
 
 Delivery is at least once: a runner that dies between the SMTP send and marking the row sent
 sends that mail again once its claim ends (CLAIM).
