@@ -213,6 +213,9 @@ case "${1:-}" in
     setup run
     SEED_DEMO=1 "$VENV/bin/python" manage.py seed_demo
     check_port "$port"
+    # Exported (over any PORT in .env), so the settings of the server and of run_jobs know the
+    # port served: the links in the mail the jobs send (SITE_URL, unless set) follow it.
+    export PORT=$port
     say "serving on http://127.0.0.1:$port (admin: /admin/, user admin / password admin);" \
       "run_jobs runs beside it (expires unpaid orders, sends mail, finishes refunds); Ctrl-C stops both"
     serve "$port"

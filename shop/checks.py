@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connection
@@ -49,3 +51,18 @@ def check_stale_transactions(app_configs=None, databases=None, **kwargs) -> list
                         f"paused holder as before.",
                         hint="Silence with SILENCED_SYSTEM_CHECKS once this holds.", id="shop.W002")]
     return []
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
+
+
+@register(Tags.security, deploy=True)
+def check_site_url(app_configs=None, **kwargs) -> list:
+    """The shop's mail (order paid, refunded, cancelled, expired) is sent by a job with no request
+    to take the host from: its links start with SITE_URL, which defaults to the dev server's."""
+    if settings.DEBUG or urlsplit(settings.SITE_URL).hostname not in LOOPBACK_HOSTS:
+        return []
+    return [Warning(f"SITE_URL is {settings.SITE_URL}: the links in the buyers' mail point at the buyer's own "
+                    f"machine, not at the shop.",
+                    hint="Set SITE_URL to the shop's public address, e.g. SITE_URL=https://shop.example.com.",
+                    id="shop.W003")]

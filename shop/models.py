@@ -255,11 +255,16 @@ class OutboxMail(models.Model):
     SHOP["MAIL_ATTEMPTS"] times, then the mail is marked failed. What it says is rendered when it
     is sent (`shop.services.emails`, one renderer per kind), so a row holds no secret (a password
     reset's token is made at send time). A mail about an order is queued once per kind (unique
-    kind + order); a mail with no order (a password reset) is not deduplicated.
+    kind + order); a mail with no order (a password reset) is not deduplicated. An order's buyer
+    hears of each step that changes what they paid or hold: paid, then refunded, cancelled or
+    expired (each queued with its status change, `shop.services.orders`).
     """
 
     class Kind(models.TextChoices):
         ORDER_PAID = "order_paid", "Order paid"
+        ORDER_REFUNDED = "order_refunded", "Order refunded"
+        ORDER_CANCELLED = "order_cancelled", "Order cancelled"
+        ORDER_EXPIRED = "order_expired", "Order not paid in time"
         PASSWORD_RESET = "password_reset", "Password reset"
 
     class Status(models.TextChoices):

@@ -11,7 +11,7 @@ from django_redis import get_redis_connection
 
 from shop import errors, redis_keys
 from shop.conf import shop_settings
-from shop.models import Coupon, CouponClaim, Order, OrderLine, Product
+from shop.models import ApiToken, Coupon, CouponClaim, Order, OrderLine, Product
 
 
 def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
@@ -49,6 +49,13 @@ def order_complete(*, user, order_id: int | None = None, idempotency_key: str | 
     found = _orders().filter(user=user)
     found = found.filter(pk=order_id) if order_id is not None else found.filter(idempotency_key=idempotency_key)
     return found.first()
+
+
+def shows_api_tokens(*, user) -> bool:
+    """Whether the menu links to the API tokens page (a developer's page, not a shopper's):
+    for staff and for users who already made a token. Anyone else finds it at the foot of their
+    orders page."""
+    return user.is_authenticated and (user.is_staff or ApiToken.objects.filter(user=user).exists())
 
 
 def coupon_list(*, active_only: bool = True) -> QuerySet[Coupon]:

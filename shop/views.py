@@ -315,7 +315,12 @@ class LoginView(SafeNextMixin, auth_views.LoginView):
 
 
 class LogoutView(SafeNextMixin, auth_views.LogoutView):
-    pass
+    def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        """Log out, and say so on the page it lands on (the session is gone: the message rides
+        in the new, empty one)."""
+        response = super().post(request, *args, **kwargs)
+        messages.info(request, "You are logged out.")
+        return response
 
 
 # Login is Django's view; every POST counts per client IP and per account tried.

@@ -1,12 +1,12 @@
 """Mail to buyers, through an outbox: nothing here is sent inside a request.
 
-A mail is an `OutboxMail` row written in the transaction of what it tells: an order's payment and
-its confirmation commit together, so a rolled-back payment never mails and a committed one never
-loses its mail. The `shop.send_mail` job (manage.py run_jobs, every few seconds) sends what is
-due: it claims a row (a conditional UPDATE, so two runners never send one mail), renders it
-(one renderer per kind, from the database as it is now), sends it and marks it sent. A failure
-is recorded on the row and retried with a growing delay, up to SHOP["MAIL_ATTEMPTS"] times. A
-mail server that is slow or down slows the job, never a payment or any other request.
+A mail is an `OutboxMail` row written in the transaction of what it tells: an order's payment (its
+refund, cancellation, expiry) and the buyer's mail about it commit together, so a rolled-back
+change never mails and a committed one never loses its mail. The `shop.send_mail` job (manage.py
+run_jobs, every few seconds) sends what is due: it claims a row (a conditional UPDATE, so two
+runners never send one mail), renders it (one renderer per kind, from the database as it is now),
+sends it and marks it sent. A failure is recorded on the row and retried with a growing delay, up
+to SHOP["MAIL_ATTEMPTS"] times. A mail server that is slow or down slows the job, never a payment or any other request.
 
 Delivery is at least once: a runner that dies between the SMTP send and marking the row sent
 sends that mail again once its claim ends (CLAIM).
@@ -76,12 +76,20 @@ def queue_password_reset(*, email: str, domain: str, site_name: str, protocol: s
 
 
 # --- rendering: one renderer per kind, at send time ----------------------------------------
-def _order_paid(row: OutboxMail) -> list[EmailMessage]:
-    order = Order.objects.select_related("user", "coupon").get(pk=row.order_id)
-    context = {"order": order, "lines": order.lines.select_related("product"),
-               "order_url": settings.SITE_URL + reverse("order", args=[order.pk])}
-    subject = render_to_string("shop/email/order_paid_subject.txt", context).strip()
-    return [EmailMessage(subject, render_to_string("shop/email/order_paid.txt", context), None, [row.recipient])]
+def _order_mail(name: str) -> Callable[[OutboxMail], list[EmailMessage]]:
+    """The renderer of a mail about an order: templates shop/email/<name>_subject.txt and
+    <name>.txt, given the order, its lines and the links to it and to the shop. Links start with
+    SITE_URL: the job that sends has no request to take the host from."""
+
+    def render(row: OutboxMail) -> list[EmailMessage]:
+        order = Order.objects.select_related("user", "coupon").get(pk=row.order_id)
+        context = {"order": order, "lines": order.lines.select_related("product"),
+                   "order_url": settings.SITE_URL + reverse("order", args=[order.pk]),
+                   "shop_url": settings.SITE_URL + reverse("catalog")}
+        subject = render_to_string(f"shop/email/{name}_subject.txt", context).strip()
+        return [EmailMessage(subject, render_to_string(f"shop/email/{name}.txt", context), None, [row.recipient])]
+
+    return render
 
 
 def _password_reset(row: OutboxMail) -> list[EmailMessage]:
@@ -100,7 +108,10 @@ def _password_reset(row: OutboxMail) -> list[EmailMessage]:
 
 
 RENDERERS: dict[str, Callable[[OutboxMail], list[EmailMessage]]] = {
-    OutboxMail.Kind.ORDER_PAID: _order_paid,
+    OutboxMail.Kind.ORDER_PAID: _order_mail("order_paid"),
+    OutboxMail.Kind.ORDER_REFUNDED: _order_mail("order_refunded"),
+    OutboxMail.Kind.ORDER_CANCELLED: _order_mail("order_cancelled"),
+    OutboxMail.Kind.ORDER_EXPIRED: _order_mail("order_expired"),
     OutboxMail.Kind.PASSWORD_RESET: _password_reset,
 }
 

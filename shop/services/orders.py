@@ -3,7 +3,8 @@
 Cancelling, expiring and refunding give the stock and the coupon back exactly once, even when
 called twice at once or racing a payment: the status flip (a conditional UPDATE) inside the
 transaction that returns the stock is the guard, so exactly one of pay / cancel / expire wins an
-unpaid order, and one refund a paid one.
+unpaid order, and one refund a paid one. The winner's transaction also queues the buyer's mail
+about it (`shop.services.emails`), so each step is told once, and only once it is committed.
 
 A refund also pays money back, which no transaction can take back: the provider is called
 outside any transaction, once per `Refund` record, and the books follow in their
@@ -50,7 +51,7 @@ def _refusal(order_pk: int, refusal: type[errors.ShopError]) -> errors.ShopError
     return refusal(message, details={"order_id": order_pk, "status": status})
 
 
-def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: str,
+def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: str, mail: str,
              due_before: datetime | None = None, stamp: str = "cancelled_at",
              refusal: type[errors.ShopError] = errors.OrderNotCancellable,
              after_flip: Callable[[], None] | None = None) -> None:
@@ -60,8 +61,10 @@ def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: 
     guard: a loser (a twin call, a payment that came first) raises `refusal` with nothing
     written. `due_before`: only if pay_by is before it (expiry). `stamp`: the time field the
     flip sets (cancelled_at for cancel and expiry, refunded_at for a refund). `after_flip`: runs
-    in the transaction once the flip won (a refund marks its record completed). Everything here
-    may run more than once (retries): nothing in it may reach outside the database.
+    in the transaction once the flip won (a refund marks its record completed). `mail`: the kind
+    of the buyer's mail queued with the flip (an outbox row: it commits with the flip or not at
+    all, and only the call whose flip won queues it, so the buyer hears of it exactly once).
+    Everything here may run more than once (retries): nothing in it may reach outside the database.
     """
     lines = list(
         OrderLine.objects.filter(order_id=order.pk).order_by("product_id").values_list("product_id", "quantity")
@@ -81,6 +84,7 @@ def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: 
                     raise _refusal(order.pk, refusal)
                 if after_flip is not None:
                     after_flip()
+                queue_order_mail(kind=mail, order_id=order.pk)
                 for pid, qty in lines:
                     return_stock(product_id=pid, quantity=qty, hold=holds[product_lock(pid)],
                                  reason=reason, order=order, actor=str(actor))
@@ -101,7 +105,7 @@ def cancel_order(*, order: Order, actor, unpaid_only: bool = False) -> Order:
     allowed = ((Order.Status.PENDING_PAYMENT,) if unpaid_only
                else (Order.Status.PENDING_PAYMENT, Order.Status.PLACED))
     _release(order=order, actor=actor, allowed=allowed, to=Order.Status.CANCELLED,
-             reason=StockLedger.Reason.CANCEL)
+             reason=StockLedger.Reason.CANCEL, mail=OutboxMail.Kind.ORDER_CANCELLED)
     order.refresh_from_db()
     return order
 
@@ -206,6 +210,7 @@ def _book_refund(refund: Refund) -> None:
         try:
             _release(order=Order(pk=refund.order_id), actor=refund.actor, allowed=(Order.Status.PAID,),
                      to=Order.Status.REFUNDED, reason=StockLedger.Reason.REFUND, stamp="refunded_at",
+                     mail=OutboxMail.Kind.ORDER_REFUNDED,
                      refusal=errors.OrderNotRefundable, after_flip=completed)
             return
         except errors.OrderNotRefundable:
@@ -343,7 +348,8 @@ def expire_unpaid(*, now: datetime | None = None, limit: int = 500, check=None) 
             check()
         try:
             _release(order=Order(pk=pk), actor="job:shop.expire_unpaid", allowed=(Order.Status.PENDING_PAYMENT,),
-                     to=Order.Status.EXPIRED, reason=StockLedger.Reason.EXPIRE, due_before=now)
+                     to=Order.Status.EXPIRED, reason=StockLedger.Reason.EXPIRE, due_before=now,
+                     mail=OutboxMail.Kind.ORDER_EXPIRED)
         except errors.OrderNotCancellable:
             continue  # paid or cancelled since we listed it
         expired += 1

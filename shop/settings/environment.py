@@ -265,6 +265,12 @@ def _proxy_header(header: list[str]) -> tuple[str, str] | None:
     return (header[0], header[1]) if header else None
 
 
+def _port(port: str) -> int:
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise Invalid("a port number (1-65535), e.g. PORT=8001.")
+    return int(port)
+
+
 def _none_if_empty(text: str) -> str | None:
     return text or None
 
@@ -357,8 +363,11 @@ VARIABLES: list[Variable] = [
     Variable("EMAIL_TIMEOUT", "seconds an SMTP call may take", kind="float", default=10.0),
     Variable("DEFAULT_FROM_EMAIL", "the sender of the shop's mail", default="Flash sale <noreply@localhost>"),
     Variable("SERVER_EMAIL", "the sender of Django's error mail to ADMINS", default=Same("DEFAULT_FROM_EMAIL")),
-    Variable("SITE_URL", "the site's address in mail sent outside a request", default="http://127.0.0.1:8000",
-             parse=lambda url: url.rstrip("/")),
+    Variable("PORT", "the dev server's port on 127.0.0.1 (`./dev.sh run`); SITE_URL's default follows it",
+             default="8000", parse=_port),
+    Variable("SITE_URL", "the site's address in mail sent outside a request; unset: http://127.0.0.1:$PORT "
+             "(the dev server's), on a server set it (`check --deploy` warns, shop.W003)",
+             default="http://127.0.0.1:8000", parse=lambda url: url.rstrip("/")),
     # security: HTTPS and cookies
     Variable("SECURE_SSL_REDIRECT", "redirect http to https", kind="bool", default=False),
     Variable("SECURE_HSTS_SECONDS", "HSTS max-age", kind="int", default=0),
@@ -372,7 +381,6 @@ VARIABLES: list[Variable] = [
     Variable("LOG_LEVEL", "the root logger's level", default="WARNING"),
     Variable("REQUEST_LOG_LEVEL", "Django's request logger's level (4xx refusals are not logged)", default="ERROR"),
     # read outside the settings
-    Variable("PORT", "the dev server's port on 127.0.0.1", default="8000", read_by=("dev.sh",)),
     Variable("WEB_WORKERS", "gunicorn workers (the image, compose)", default="4",
              read_by=("Dockerfile", "docker-compose.yml")),
     Variable("WEB_THREADS", "gunicorn threads per worker", default="16", read_by=("gunicorn.conf.py", "Dockerfile")),

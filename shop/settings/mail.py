@@ -26,5 +26,7 @@ else:
 EMAIL_TIMEOUT = value("EMAIL_TIMEOUT")
 DEFAULT_FROM_EMAIL = value("DEFAULT_FROM_EMAIL")
 SERVER_EMAIL = value("SERVER_EMAIL")  # DEFAULT_FROM_EMAIL unless set
-# Links in mail sent outside a request (the order confirmation) start with this.
-SITE_URL = value("SITE_URL")
+# Links in mail start with this: the jobs that send it have no request to take the host from.
+# Unset, it is the dev server's address, on the port it serves (PORT, which ./dev.sh run exports
+# to the server and the jobs runner alike); a server sets it (check --deploy: shop.W003).
+SITE_URL = value("SITE_URL", default=f"http://127.0.0.1:{value('PORT')}")

@@ -6,7 +6,10 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django import template
 from django.conf import settings
+from django.utils import dateformat, timezone
 from django.utils.formats import number_format
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 register = template.Library()
 
@@ -41,3 +44,36 @@ def return_to(context) -> str:
     if match.url_name in ACCOUNT_PAGES:
         return context.get("next") or ""
     return request.get_full_path()
+
+
+# The badge of an order's status: green once settled, amber while the buyer still has to pay
+# (not green like "Paid": nothing is settled yet), red once the order gave its stock back.
+STATUS_BADGES = {"paid": "ok", "placed": "ok", "pending_payment": "wait"}
+
+
+@register.filter
+def status_badge(status: str) -> str:
+    """The badge class of an order status (`.badge.ok`, `.badge.wait`, `.badge.out`)."""
+    return STATUS_BADGES.get(status, "out")
+
+
+@register.simple_tag
+def order_note(order, date_only: bool = False) -> SafeString:
+    """What became of an order that gave its stock back, with the amount and when: "Refunded
+    $247.00 on 26 Nov 2026, 14:05 UTC", "Cancelled on ...", "Not paid in time: released on ..."
+    ("" for an order that still holds it). The time is a <time class="local"> (the page's script
+    shows it in the buyer's zone; `date_only`: the day alone, for the orders list)."""
+    status = order.Status
+    if order.status == status.REFUNDED:
+        text, when = f"Refunded {money(order.total)} on ", order.refunded_at
+    elif order.status == status.CANCELLED:
+        text, when = "Cancelled on ", order.cancelled_at
+    elif order.status == status.EXPIRED:
+        text, when = "Not paid in time: released on ", order.cancelled_at
+    else:
+        return SafeString("")
+    if when is None:
+        return SafeString("")
+    shown = dateformat.format(timezone.localtime(when), "j M Y" if date_only else "j M Y, H:i T")
+    return format_html('{}<time class="{}" datetime="{}">{}</time>', text, "local date" if date_only else "local",
+                       when.isoformat(), shown)

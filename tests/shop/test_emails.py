@@ -319,3 +319,169 @@ def test_settled_mail_is_pruned_after_30_days_and_pending_mail_never(buyer, make
     assert prune_mail() == 0
     assert prune_mail(now=timezone.now() + timedelta(days=31)) == 3
     assert [m.status for m in outbox()] == ["pending"]
+
+
+# --- the buyer hears when an order gives its stock back: refunded, cancelled, not paid in time ----
+def _refunded(order: Order, *, again: bool = False) -> None:
+    from shop.services import refund_order
+
+    if not again:
+        pay_order(order=order, actor="test")
+    refund_order(order=order, actor="staff:test")
+
+
+def _cancelled(order: Order, *, again: bool = False) -> None:
+    from shop.services import cancel_order
+
+    cancel_order(order=order, actor="test", unpaid_only=True)
+
+
+def _expired(order: Order, *, again: bool = False) -> None:
+    from shop.services import expire_unpaid
+
+    if expire_unpaid(now=order.pay_by + timedelta(seconds=1)) != 1:
+        raise errors.OrderNotCancellable("nothing expired")
+
+
+@pytest.mark.parametrize(("end", "kind", "subject", "says"), [
+    (_refunded, "order_refunded", "Order #{pk} is refunded: $3,316.00",
+     r"we refunded \$3,316\.00 for order #{pk} on \d{1,2} \w{3} \d{4}, \d\d:\d\d UTC\."),
+    (_cancelled, "order_cancelled", "Order #{pk} is cancelled",
+     r"order #{pk} was cancelled on \d{1,2} \w{3} \d{4}, \d\d:\d\d UTC: its items went back on sale\.\n"
+     r"Nothing was charged\."),
+    (_expired, "order_expired", "Order #{pk} was not paid in time",
+     r"order #{pk} was not paid by \d{1,2} \w{3} \d{4}, \d\d:\d\d UTC, so it was released on "
+     r"\d{1,2} \w{3} \d{4}, \d\d:\d\d UTC:\nits items went back on sale and nothing was charged\."),
+])
+def test_a_refund_a_cancellation_and_an_expiry_each_mail_the_buyer_once(buyer, make_product, make_coupon, end,
+                                                                      kind, subject, says):
+    from shop.services import claim_coupon, expire_unpaid
+
+    p = make_product(stock=9, price="1663.00")
+    coupon = make_coupon(discount="10.00")
+    claim_coupon(user=buyer, code=coupon.code)
+    order = order_of(place_order(user=buyer, lines=[(p.pk, 2)], coupon_code=coupon.code))
+    end(order)
+    order.refresh_from_db()
+    mails = [m for m in outbox(order=order) if m.kind != "order_paid"]
+    assert [(m.kind, m.recipient, m.status) for m in mails] == [(kind, "ann@example.com", "pending")]
+
+    assert send_mail_job().startswith(f"sent {2 if kind == 'order_refunded' else 1}, failed 0")
+    sent = mail.outbox[-1]
+    assert sent.to == ["ann@example.com"] and sent.subject == subject.format(pk=order.pk)
+    assert re.search(says.replace("{pk}", str(order.pk)), sent.body), sent.body
+    assert "2 \u00d7 Product" in sent.body and f"Coupon {coupon.code} is yours again" in sent.body
+    assert f"http://127.0.0.1:8000/orders/{order.pk}/" in sent.body  # SITE_URL (PORT unset: 8000)
+
+    # Exactly once: a second try is refused (the expirer finds nothing due) and queues nothing.
+    with pytest.raises(errors.ShopError):
+        end(order, again=True)
+    assert expire_unpaid(now=timezone.now() + timedelta(days=1)) == 0
+    assert len([m for m in outbox(order=order) if m.kind == kind]) == 1
+    assert send_pending() == 0
+
+
+def test_a_paid_order_cancelled_before_refunds_existed_is_not_said_to_be_free(buyer, make_product):
+    """An order staff cancelled after it was paid, before refunds existed, keeps its payment on
+    record: its mail does not say that nothing was charged."""
+    from shop.models import OutboxMail
+    from shop.services.emails import queue_order_mail
+
+    order = order_of(place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]))
+    Order.objects.filter(pk=order.pk).update(status=Order.Status.CANCELLED, paid_at=timezone.now(),
+                                             cancelled_at=timezone.now())
+    queue_order_mail(kind=OutboxMail.Kind.ORDER_CANCELLED, order_id=order.pk)
+    assert send_pending() == 1
+    assert "was cancelled on" in mail.outbox[0].body and "Nothing was charged" not in mail.outbox[0].body
+
+
+def test_the_mail_commits_with_the_cancellation_or_not_at_all(buyer, make_product, monkeypatch):
+    """Queued inside the transaction that flips the order and returns its stock: a failure to
+    queue it leaves the order as it was, and no cancellation goes without its mail."""
+    from shop.models import OutboxMail, Product
+    from shop.services import cancel_order, emails
+
+    p = make_product(stock=3)
+    order = order_of(place_order(user=buyer, lines=[(p.pk, 2)]))
+    real = OutboxMail.objects.create
+
+    def refused(**kwargs):
+        raise RuntimeError("the outbox refused the row")
+
+    monkeypatch.setattr(emails.OutboxMail.objects, "create", refused)
+    with pytest.raises(RuntimeError):
+        cancel_order(order=order, actor="test", unpaid_only=True)
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PENDING_PAYMENT
+    assert Product.objects.get(pk=p.pk).stock == 1 and outbox() == []  # the stock did not come back either
+    monkeypatch.setattr(emails.OutboxMail.objects, "create", real)
+    cancel_order(order=order, actor="test", unpaid_only=True)
+    assert Product.objects.get(pk=p.pk).stock == 3 and [m.kind for m in outbox()] == ["order_cancelled"]
+
+
+def test_a_buyer_without_an_address_gets_no_mail_and_the_order_still_goes_back(user, make_product):
+    from shop.services import cancel_order
+
+    order = order_of(place_order(user=user, lines=[(make_product(stock=3).pk, 1)]))  # no e-mail address
+    assert cancel_order(order=order, actor="test").status == Order.Status.CANCELLED and outbox() == []
+
+
+# --- SITE_URL: the links of mail sent by a job follow the dev server's port --------------------
+SITE_URL = "settings.SITE_URL"
+
+
+def test_site_url_follows_the_dev_servers_port_unless_set():
+    assert start(SITE_URL, DEBUG="true").stdout.split() == ["http://127.0.0.1:8000"]
+    assert start(SITE_URL, DEBUG="true", PORT="8765").stdout.split() == ["http://127.0.0.1:8765"]
+    explicit = start(SITE_URL, DEBUG="true", PORT="8765", SITE_URL="https://shop.example.com/")
+    assert explicit.stdout.split() == ["https://shop.example.com"], explicit.stderr
+
+
+def test_a_port_that_is_not_one_is_refused_at_start_naming_it():
+    result = start(SITE_URL, DEBUG="true", PORT="80a")
+    assert result.returncode != 0
+    assert "ImproperlyConfigured: PORT='80a': a port number (1-65535)" in result.stderr, result.stderr
+
+
+def test_the_mail_job_of_a_server_on_another_port_links_to_that_port(buyer, make_product, _lock_key_prefix):
+    """What `PORT=8765 ./dev.sh run` starts beside the server: `manage.py run_jobs`, in its own
+    process with no request to learn the port from, PORT in its environment."""
+    import os
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    from tests.shop.test_settings import ROOT
+
+    order = order_of(place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]))
+    pay_order(order=order, actor="test")
+    db = connection.settings_dict
+    env = {**{k: v for k, v in os.environ.items() if k != "SITE_URL"},
+           "DJANGO_SETTINGS_MODULE": "tests.settings", "LOCKS_KEY_PREFIX": _lock_key_prefix, "PORT": "8765",
+           "DEBUG": "true", "EMAIL_URL": "consolemail://",
+           "DATABASE_URL": f"mysql://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 3306}/{db['NAME']}"}
+    result = subprocess.run([sys.executable, "manage.py", "run_jobs", "--once", "--job", "shop.send_mail"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"Your order: http://127.0.0.1:8765/orders/{order.pk}/" in result.stdout, result.stdout + result.stderr
+
+
+def test_check_deploy_warns_of_a_site_url_that_points_at_the_server_itself():
+    import subprocess
+    import sys
+
+    from tests.shop.test_settings import ROOT
+
+    def check(**env: str) -> str:
+        import os
+
+        clean = {k: v for k, v in os.environ.items() if k not in {"SITE_URL", "PORT", "DEBUG", "DEV_ENV_FILE"}}
+        result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--tag", "security"], cwd=ROOT,
+                                env={**clean, "DJANGO_SETTINGS_MODULE": "shop.settings", "SECRET_KEY": "k" * 50,
+                                     "DEV_ENV_FILE": "", **env},
+                                capture_output=True, text=True, timeout=120)
+        return result.stdout + result.stderr
+
+    assert "shop.W003" in check() and "SITE_URL is http://127.0.0.1:8000" in check()
+    assert "shop.W003" not in check(SITE_URL="https://shop.example.com")
+    assert "shop.W003" not in check(DEBUG="true")  # a developer's laptop

@@ -83,8 +83,8 @@ def test_the_settings_modules_read_the_environment_only_through_the_table():
 def test_value_knows_only_the_table_and_only_what_the_settings_read():
     with pytest.raises(KeyError):
         value("NO_SUCH_VARIABLE")
-    with pytest.raises(LookupError, match=r"read by dev\.sh"):
-        value("PORT")
+    with pytest.raises(LookupError, match=r"read by gunicorn\.conf\.py"):
+        value("WEB_WORKER_CONNECTIONS")
 
 
 def test_the_lock_backends_are_the_registrys(monkeypatch):

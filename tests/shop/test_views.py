@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote
 
 import pytest
@@ -143,6 +144,38 @@ def test_signup_login_logout(client):
     client.post("/logout/")
     assert "Log in" in client.get("/").content.decode()
     assert client.post("/login/", {"username": "newbie", "password": "a-long-pass-123"}).status_code == 302
+
+
+def test_logging_out_says_so_on_the_page_it_lands_on(client, user):
+    client.force_login(user)
+    landed = client.post("/logout/", follow=True)
+    assert landed.redirect_chain == [(reverse("catalog"), 302)]
+    page = landed.content.decode()
+    assert '<li class="info">You are logged out.</li>' in page and "Log in" in page
+    assert "You are logged out." not in client.get("/").content.decode()  # said once
+
+
+def _menu_links(client) -> list[str]:
+    """The header's account links (the wide header's; the phone menu repeats them)."""
+    page = client.get("/").content.decode()
+    header = page.split('<div class="user wide">', 1)[1].split("</div>", 1)[0]
+    return [text.strip() for text in re.findall(r"<a [^>]*>([^<]+)</a>", header)]
+
+
+def test_the_menu_shows_api_tokens_to_staff_and_to_users_who_have_one_only(client, user):
+    """A developer's page, not a shopper's: everyone else finds it at the foot of their orders."""
+    client.force_login(user)
+    assert "API tokens" not in _menu_links(client)
+    note = re.search(r'<p class="muted" id="api-tokens-note">(.*?)</p>', client.get("/orders/").content.decode())
+    assert note and f'<a href="{reverse("api_tokens")}">API tokens</a>' in note.group(1)
+    ApiToken.issue(user_id=user.pk, name="script")
+    assert "API tokens" in _menu_links(client)
+    assert 'id="api-tokens-note"' not in client.get("/orders/").content.decode()
+    staff = get_user_model().objects.create_user("ops", password="a-long-pass-123", is_staff=True)
+    client.force_login(staff)
+    assert "API tokens" in _menu_links(client)
+    client.logout()
+    assert "API tokens" not in client.get("/").content.decode()
 
 
 # --- `next` is followed only to a path of this site ---------------------------------------------
