@@ -244,6 +244,9 @@ def checkout_code(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"Coupon {claim.coupon.code} applied.")
             return redirect(f"{reverse('checkout')}?{urlencode({'coupon_code': claim.coupon.code})}")
     rows = _cart_rows(request)
+    if not rows or any(r.problem for r in rows):  # the page shows no box to say it beside
+        messages.error(request, " ".join(form.errors["code"]))
+        return redirect("checkout")
     codes, effects = _coupon_choices(request.user, cart.subtotal(rows))
     return _checkout_page(request, rows, CheckoutForm(codes=codes), effects, code_form=form)
 

@@ -217,6 +217,14 @@ def test_a_refused_code_is_said_beside_the_box_and_writes_nothing(
     assert coupon.remaining == remaining
 
 
+def test_a_refused_code_without_a_box_on_the_page_is_a_message(shopper, user):
+    """A stale page (the cart emptied in another tab): the checkout shows no box, so the
+    refusal comes as a message there."""
+    response = shopper.post("/checkout/code/", {"code": "NO-SUCH-CODE"}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["We don't know that coupon."]
+    assert response.redirect_chain == [("/checkout/", 302)] and not CouponClaim.objects.exists()
+
+
 def test_the_code_box_needs_a_login_and_a_post(client, shopper):
     from django.test import Client
 
