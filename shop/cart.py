@@ -99,7 +99,7 @@ def add(session: SessionBase, product_id: int, quantity: int, *, maximum: int) -
     return new
 
 
-def review(session: SessionBase, products: dict[int, Product], held: dict[int, int] | None = None) -> list[Line]:
+def review(session: SessionBase, products: dict[int, Product], *, held: dict[int, int] | None = None) -> list[Line]:
     """The cart's lines, each flagged if its product is gone, inactive, sold out, short, or past
     its per-buyer cap (counting the units the buyer `held` in orders, by product id).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal
 
 from django.contrib import messages
@@ -26,7 +27,7 @@ from shop.forms import (
     SignUpForm,
     TokenForm,
 )
-from shop.models import ApiToken
+from shop.models import ApiToken, Product
 from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
@@ -96,7 +97,7 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
     })
 
 
-def _held(request: HttpRequest, products) -> dict[int, int]:
+def _held(request: HttpRequest, products: Iterable[Product]) -> dict[int, int]:
     """Units the buyer holds in orders of those `products` that have a per-buyer cap (no query
     when none has one, or for a guest)."""
     return selectors.units_held(user=request.user, product_ids=[p.pk for p in products if p.max_per_user is not None])

@@ -88,7 +88,7 @@ def test_out_of_stock_in_plain_words(shopper, make_product, monkeypatch):
     real_review = cart.review
     monkeypatch.setattr(cart, "review", lambda s, products, held=None: [  # the page saw 5 in stock
         cart.Line(product_id=r.product_id, quantity=r.quantity, product=r.product)
-        for r in real_review(s, products, held)])
+        for r in real_review(s, products, held=held)])
     response = shopper.post("/checkout/", {"idempotency_key": key})
     assert response.status_code == 200
     assert f"{p.name}: Only 3 left" in response.content.decode()
