@@ -61,13 +61,31 @@ def quantity_of(session: SessionBase, product_id: int) -> int:
     return int(dict(session.get(KEY, {})).get(str(product_id), 0))
 
 
-def add_problem(session: SessionBase, product: Product, quantity: int) -> str:
-    """Why `quantity` more of `product` cannot go in the cart ("" when it can)."""
+def cap_left(product: Product, held: int) -> int | None:
+    """How many more units of `product` a buyer who holds `held` in orders may buy (None: no cap)."""
+    cap = product.max_per_user
+    return None if cap is None else max(cap - held, 0)
+
+
+def cap_problem(product: Product, *, held: int, in_cart: int = 0) -> str:
+    """The per-buyer cap in the shopper's words, with what they already hold."""
+    have = [f"{held} in your orders"] if held else []
+    have += [f"{in_cart} in your cart"] if in_cart else []
+    already = f"; you already have {' and '.join(have)}" if have else ""
+    return f"Limit {product.max_per_user} per customer{already}."
+
+
+def add_problem(session: SessionBase, product: Product, quantity: int, *, held: int = 0) -> str:
+    """Why `quantity` more of `product` cannot go in the cart ("" when it can). `held`: units the
+    buyer already holds in orders, which count against a per-buyer cap."""
     if not product.on_sale:
         return errors.InactiveProduct.default_message
     have = quantity_of(session, product.pk)
     if product.stock == 0:
         return "Sold out."
+    left = cap_left(product, held)
+    if left is not None and have + quantity > left:
+        return cap_problem(product, held=held, in_cart=have)
     if have + quantity > product.stock:
         already = f" (you already have {have} in your cart)" if have else ""
         return f"Only {product.stock} left{already}."
@@ -81,20 +99,26 @@ def add(session: SessionBase, product_id: int, quantity: int, *, maximum: int) -
     return new
 
 
-def review(session: SessionBase, products: dict[int, Product]) -> list[Line]:
-    """The cart's lines, each flagged if its product is gone, inactive, sold out or short.
+def review(session: SessionBase, products: dict[int, Product], *, held: dict[int, int] | None = None) -> list[Line]:
+    """The cart's lines, each flagged if its product is gone, inactive, sold out, short, or past
+    its per-buyer cap (counting the units the buyer `held` in orders, by product id).
 
     `products` holds what the shopper may see: a hidden product left out reads as gone."""
+    held = held or {}
     rows = []
     for pid, qty in lines(session):
         product = products.get(pid)
         row = Line(product_id=pid, quantity=qty, product=product)
+        left = None if product is None else cap_left(product, held.get(pid, 0))
         if product is None:
             row.problem, row.fix_quantity = "This product no longer exists.", 0
         elif not product.on_sale:
             row.problem, row.fix_quantity = f"{product.name}: {errors.InactiveProduct.default_message}", 0
         elif product.stock == 0:
             row.problem, row.fix_quantity = f"{product.name}: Sold out.", 0
+        elif left is not None and left < qty and left <= product.stock:
+            row.problem = f"{product.name}: {cap_problem(product, held=held.get(pid, 0))}"
+            row.fix_quantity = left
         elif product.stock < qty:
             row.problem, row.fix_quantity = f"{product.name}: Only {product.stock} left.", product.stock
         rows.append(row)

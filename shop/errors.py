@@ -123,6 +123,14 @@ class CouponAlreadyClaimed(ShopError):
     default_message = "You already have this coupon."
 
 
+class CouponAlreadyUsed(ShopError):
+    """details = {"coupon_code"}: the buyer's claim of it went on an earlier order (a claim is used once)."""
+
+    code = "coupon_already_used"
+    status = 409
+    default_message = "You already used this coupon on an earlier order."
+
+
 class CouponNotClaimed(ShopError):
     code = "coupon_not_claimed"
     status = 409

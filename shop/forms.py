@@ -47,6 +47,13 @@ class CheckoutForm(forms.Form):
             self.initial["idempotency_key"] = uuid.uuid4().hex
 
 
+class CouponCodeForm(forms.Form):
+    """The checkout's "Have a code?" box (claimed and picked in one step: views.checkout_code)."""
+
+    code = forms.CharField(label="Have a code?", max_length=200,
+                           error_messages={"required": "Type your coupon's code."})
+
+
 class SignUpForm(UserCreationForm):
     """Username and password; an e-mail address is optional (order confirmations, password resets)."""
 

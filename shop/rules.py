@@ -30,6 +30,12 @@ def discount(subtotal: Decimal, coupon_discount: Decimal | None) -> Decimal:
     return Decimal("0.00") if coupon_discount is None else min(coupon_discount, subtotal)
 
 
+def unused_discount(subtotal: Decimal, coupon_discount: Decimal | None) -> Decimal:
+    """What a coupon worth more than the order leaves unused: lost, since a claim is used once
+    (the buyer is told before placing the order, and on the order)."""
+    return Decimal("0.00") if coupon_discount is None else coupon_discount - discount(subtotal, coupon_discount)
+
+
 def pay_by_from(now: datetime | None = None) -> datetime:
     """The payment deadline of an order placed now (SHOP["PAYMENT_WINDOW"] seconds)."""
     return (now or timezone.now()) + timedelta(seconds=float(shop_settings.PAYMENT_WINDOW))

@@ -11,7 +11,7 @@ from django_redis import get_redis_connection
 
 from shop import errors, redis_keys
 from shop.conf import shop_settings
-from shop.models import ApiToken, Coupon, CouponClaim, Order, OrderLine, Product
+from shop.models import RESERVING_STATUSES, ApiToken, Coupon, CouponClaim, Order, OrderLine, Product
 
 
 def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
@@ -69,6 +69,18 @@ def claims_for_user(*, user) -> QuerySet[CouponClaim]:
 
 def usable_claims_for_user(*, user) -> QuerySet[CouponClaim]:
     return claims_for_user(user=user).filter(used_at__isnull=True)
+
+
+def units_held(*, user, product_ids: Iterable[int]) -> dict[int, int]:
+    """Units of each product the user holds in orders that reserve stock (unpaid ones too): what
+    counts against a per-buyer cap (`Product.max_per_user`), as the checkout writer counts it
+    under its locks. One query; for the cart and the product page, off the checkout's path."""
+    ids = list(product_ids)
+    if not ids or not getattr(user, "is_authenticated", False):
+        return {}
+    rows = (OrderLine.objects.filter(product_id__in=ids, order__user=user, order__status__in=RESERVING_STATUSES)
+            .order_by().values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n"))
+    return {pid: n for pid, n in rows if n}
 
 
 def products_by_id(ids: list[int], *, include_inactive: bool = False) -> dict[int, Product]:

@@ -27,6 +27,7 @@ urlpatterns = [
     path("products/<int:product_id>/", views.product_detail, name="product"),
     path("cart/", views.cart_view, name="cart"),
     path("checkout/", views.checkout, name="checkout"),
+    path("checkout/code/", views.checkout_code, name="checkout_code"),
     path("orders/", views.my_orders, name="orders"),
     path("orders/<int:order_id>/", views.order_detail, name="order"),
     path("orders/<int:order_id>/pay/", views.order_pay, name="order_pay"),

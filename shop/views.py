@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal
 
 from django.contrib import messages
@@ -11,15 +12,23 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from shop import cart, deadlines, errors, ratelimits, selectors, validation
+from shop import cart, deadlines, errors, ratelimits, rules, selectors, validation
 from shop.conf import shop_settings
-from shop.forms import AddToCartForm, CheckoutForm, QuantityForm, QueuedPasswordResetForm, SignUpForm, TokenForm
-from shop.models import ApiToken
-from shop.services import cancel_order, claim_coupon, pay_order, place_order
+from shop.forms import (
+    AddToCartForm,
+    CheckoutForm,
+    CouponCodeForm,
+    QuantityForm,
+    QueuedPasswordResetForm,
+    SignUpForm,
+    TokenForm,
+)
+from shop.models import ApiToken, Product
+from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 
@@ -44,6 +53,7 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
                                 "Place order again: if the order went through you'll see it, never twice.",
         "conflict": "Busy right now, please retry.",
         "coupon_already_claimed": "You already have this coupon.",
+        "coupon_already_used": "You already used this coupon on an earlier order (a coupon is used once).",
         "coupon_sold_out": "This coupon has run out.",
         "coupon_expired": "This coupon is not valid right now.",
         "coupon_unknown": "We don't know that coupon.",
@@ -66,9 +76,11 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
         product = selectors.product_detail(id=product_id)
     except errors.UnknownProduct:
         raise Http404("No such product") from None
+    held = _held(request, [product])
     form = AddToCartForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        problem = cart.add_problem(request.session, product, form.cleaned_data["quantity"])
+        problem = cart.add_problem(request.session, product, form.cleaned_data["quantity"],
+                                   held=held.get(product.pk, 0))
         if not problem:
             try:
                 qty = cart.add(request.session, product.pk, form.cleaned_data["quantity"],
@@ -79,13 +91,23 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
                 messages.success(request, f"{product.name}: {qty} in your cart.")
                 return redirect("cart")
         form.add_error("quantity", problem)  # re-rendered with the message
-    return render(request, "shop/product.html", {"product": product, "form": form})
+    return render(request, "shop/product.html", {
+        "product": product, "form": form, "held": held.get(product.pk, 0),
+        "cap_left": cart.cap_left(product, held.get(product.pk, 0)),
+    })
+
+
+def _held(request: HttpRequest, products: Iterable[Product]) -> dict[int, int]:
+    """Units the buyer holds in orders of those `products` that have a per-buyer cap (no query
+    when none has one, or for a guest)."""
+    return selectors.units_held(user=request.user, product_ids=[p.pk for p in products if p.max_per_user is not None])
 
 
 def _cart_rows(request: HttpRequest) -> list[cart.Line]:
     """The cart's lines, flagged (never silently dropped) when they can no longer be bought."""
     ids = [pid for pid, _ in cart.lines(request.session)]
-    return cart.review(request.session, selectors.products_by_id(ids, include_inactive=request.user.is_staff))
+    products = selectors.products_by_id(ids, include_inactive=request.user.is_staff)
+    return cart.review(request.session, products, held=_held(request, products.values()))
 
 
 def _posted_id(request: HttpRequest, field: str) -> int:
@@ -121,26 +143,34 @@ def cart_view(request: HttpRequest) -> HttpResponse:
 
 
 def _coupon_choices(user, subtotal: Decimal) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
-    """The select's choices (each label says what the coupon does to this cart) and the same as data."""
+    """The choices (each label says what the coupon does to this cart) and the same as data. A
+    coupon worth more than the cart says so: the rest of it is lost (`rules.unused_discount`)."""
     choices, effects = [], {}
     for claim in selectors.usable_claims_for_user(user=user):
-        code = claim.coupon.code
-        off, total = cart.with_coupon(subtotal, claim.coupon.discount)
-        effects[code] = {"discount": money(off), "total": money(total)}
-        choices.append((code, f"{code}: {money(claim.coupon.discount)} off, total {money(total)}"))
+        code, worth = claim.coupon.code, claim.coupon.discount
+        off, total = cart.with_coupon(subtotal, worth)
+        unused = rules.unused_discount(subtotal, worth)
+        note = (f"This coupon is worth {money(worth)}; only {money(off)} of it applies to this order and the "
+                f"other {money(unused)} is lost (a coupon is used once)." if unused else "")
+        effects[code] = {"discount": money(off), "total": money(total), "unused": note}
+        label = f"{money(off)} off (of its {money(worth)})" if unused else f"{money(off)} off"
+        choices.append((code, f"{code}: {label}, total {money(total)}"))
     return choices, effects
 
 
 def _checkout_page(request: HttpRequest, rows: list[cart.Line], form: CheckoutForm,
-                   effects: dict[str, dict[str, str]], status: int = 200, retry: dict | None = None) -> HttpResponse:
+                   effects: dict[str, dict[str, str]], status: int = 200, retry: dict | None = None,
+                   code_form: CouponCodeForm | None = None) -> HttpResponse:
     """`retry`: the order could not be placed now (busy, a timeout): the page says so and sends
-    the same form again by itself in retry["in"] seconds (the same key: never two orders)."""
+    the same form again by itself in retry["in"] seconds (the same key: never two orders).
+    `code_form`: the "Have a code?" box, bound when its code was refused."""
     subtotal = cart.subtotal(rows)
     code = form["coupon_code"].value() or ""
-    chosen = effects.get(code, {"discount": money(0), "total": money(subtotal)})
+    chosen = effects.get(code, {"discount": money(0), "total": money(subtotal), "unused": ""})
     return render(request, "shop/checkout.html", {
         "rows": rows, "total": subtotal, "form": form, "problems": any(r.problem for r in rows),
         "coupon_effects": effects, "chosen": chosen, "coupon_chosen": code in effects, "retry": retry,
+        "code_form": code_form or CouponCodeForm(),
     }, status=status)
 
 
@@ -198,12 +228,38 @@ def checkout(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@require_POST
+@ratelimits.limit_posts("coupon_claim")
+def checkout_code(request: HttpRequest) -> HttpResponse:
+    """The checkout's "Have a code?" box: claim the coupon and pick it in one step. A refused
+    code is said beside the box (what was typed stays) and nothing is written."""
+    form = CouponCodeForm(request.POST)
+    if form.is_valid():
+        try:
+            claim = claim_for_checkout(user=request.user, code=form.cleaned_data["code"])
+        except errors.InvalidInput:  # a code no coupon can have (too long, control characters)
+            form.add_error("code", plain_words(errors.CouponUnknown()))
+        except errors.ShopError as exc:
+            form.add_error("code", plain_words(exc))
+        else:
+            messages.success(request, f"Coupon {claim.coupon.code} applied.")
+            return redirect(f"{reverse('checkout')}?{urlencode({'coupon_code': claim.coupon.code})}")
+    rows = _cart_rows(request)
+    if not rows or any(r.problem for r in rows):  # the page shows no box to say it beside
+        messages.error(request, " ".join(form.errors["code"]))
+        return redirect("checkout")
+    codes, effects = _coupon_choices(request.user, cart.subtotal(rows))
+    return _checkout_page(request, rows, CheckoutForm(codes=codes), effects, code_form=form)
+
+
+@login_required
 def order_detail(request: HttpRequest, order_id: int) -> HttpResponse:
     try:
         order = selectors.order_for_user(user=request.user, order_id=order_id)
     except errors.OrderNotFound:
         raise Http404("No such order") from None
-    return render(request, "shop/order.html", {"order": order})
+    unused = rules.unused_discount(order.subtotal, order.coupon.discount) if order.coupon else Decimal("0.00")
+    return render(request, "shop/order.html", {"order": order, "coupon_unused": unused})
 
 
 def _own_order(request: HttpRequest, order_id: int):

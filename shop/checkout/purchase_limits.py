@@ -25,10 +25,18 @@ def bought(*, product_id: int, user_ids: set[int] | list[int]) -> dict[int, int]
     return {user_id: n or 0 for user_id, n in rows}
 
 
-def exceeded(*, product_id: int, limit: int, bought: int, requested: int) -> errors.PurchaseLimitExceeded:
+def exceeded(*, product_id: int, name: str, limit: int, bought: int,
+             requested: int) -> errors.PurchaseLimitExceeded:
+    """The refusal in the shopper's words (the product by its name, the row the writer holds)."""
     left = max(limit - bought, 0)
+    if bought == 0:
+        where = f"you asked for {requested}"
+    elif left == 0:
+        where = f"you already have {bought}"
+    else:
+        where = f"you already have {bought}, so you can add {left} more"
     return errors.PurchaseLimitExceeded(
-        f"Product {product_id}: at most {limit} per buyer; you can buy {left} more.",
+        f"{name}: limit {limit} per customer; {where}.",
         details={"product_id": product_id, "limit": limit, "bought": bought, "requested": requested})
 
 

@@ -259,8 +259,9 @@ def _allocate(live: list[Request], results: dict[str, Result], rows: dict[int, d
                      and have[pid].get(r.user_id, 0) + qty > rows[pid]["max_per_user"]), None)
         if over is not None:
             pid, qty = over
-            results[r.id] = Refused.of(purchase_limits.exceeded(product_id=pid, limit=rows[pid]["max_per_user"],
-                                                       bought=have[pid].get(r.user_id, 0), requested=qty))
+            results[r.id] = Refused.of(purchase_limits.exceeded(product_id=pid, name=rows[pid]["name"],
+                                                                limit=rows[pid]["max_per_user"],
+                                                                bought=have[pid].get(r.user_id, 0), requested=qty))
             continue
         short = [{"product_id": pid, "requested": qty, "available": left[pid]} for pid, qty in r.lines
                  if qty > left[pid]]

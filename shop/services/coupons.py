@@ -62,3 +62,20 @@ def claim_coupon(*, user, code: str) -> CouponClaim:
             return claim
 
     return with_retries(attempt, what="claim_coupon")
+
+
+@connection_errors()
+def claim_for_checkout(*, user, code: str) -> CouponClaim:
+    """The checkout's "Have a code?" box: the buyer's unused claim of `code`, claimed now
+    (claim_coupon) when they have none, so a code typed at checkout needs no visit to the coupon
+    center. A claim of theirs already used is CouponAlreadyUsed; unknown, expired and sold-out
+    codes are claim_coupon's errors. Nothing is written when it raises."""
+    code = validate_code(code)
+    mine = CouponClaim.objects.filter(user=user, coupon__code=code).select_related("coupon").first()
+    if mine is None:
+        return claim_coupon(user=user, code=code)
+    if mine.used_at is not None:
+        raise errors.CouponAlreadyUsed(details={"coupon_code": code})
+    if (error := coupon_error(mine.coupon, code)) is not None:  # ended since it was claimed
+        raise error
+    return mine

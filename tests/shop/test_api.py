@@ -286,13 +286,14 @@ def test_coupon_codes_with_odd_characters_can_be_claimed_not_crash(client, token
 
 def test_an_order_past_the_purchase_cap_is_409_purchase_limit(client, token, make_product):
     p = make_product(stock=10)
-    p.max_per_user = 2
-    p.save(update_fields=["max_per_user"])
+    p.max_per_user, p.name = 2, "Sneaker X"
+    p.save(update_fields=["max_per_user", "name"])
     body = {"lines": [{"product_id": p.pk, "quantity": 2}]}
     assert post(client, "/api/orders/", body, token).status_code == 201
     refused = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token)
     assert refused.status_code == 409 and error_code(refused) == "purchase_limit"
     assert refused.json()["error"]["details"] == {"product_id": p.pk, "limit": 2, "bought": 2, "requested": 1}
+    assert refused.json()["error"]["message"] == "Sneaker X: limit 2 per customer; you already have 2."
     assert Order.objects.count() == 1
 
 

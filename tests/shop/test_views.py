@@ -87,8 +87,9 @@ def test_out_of_stock_in_plain_words(shopper, make_product, monkeypatch):
     key = shopper.get("/checkout/").context["form"].initial["idempotency_key"]
     Product.objects.filter(pk=p.pk).update(stock=3)
     real_review = cart.review
-    monkeypatch.setattr(cart, "review", lambda s, products: [  # the page saw 5 in stock
-        cart.Line(product_id=r.product_id, quantity=r.quantity, product=r.product) for r in real_review(s, products)])
+    monkeypatch.setattr(cart, "review", lambda s, products, held=None: [  # the page saw 5 in stock
+        cart.Line(product_id=r.product_id, quantity=r.quantity, product=r.product)
+        for r in real_review(s, products, held=held)])
     response = shopper.post("/checkout/", {"idempotency_key": key})
     assert response.status_code == 200
     assert f"{p.name}: Only 3 left" in response.content.decode()
@@ -423,10 +424,13 @@ def test_a_claimed_coupon_shows_its_effect_before_placing(shopper, user, make_pr
     p = make_product(stock=5, price="10.00")
     shopper.post(f"/products/{p.pk}/", {"quantity": 2})
     page = shopper.get("/checkout/")
-    assert page.context["coupon_effects"] == {small.code: {"discount": "$3.00", "total": "$17.00"},
-                                              big.code: {"discount": "$20.00", "total": "$0.00"}}  # min(disc, subtotal)
+    lost = "This coupon is worth $50.00; only $20.00 of it applies to this order and the other $30.00 is lost"
+    assert page.context["coupon_effects"] == {  # min(disc, subtotal), and the rest said
+        small.code: {"discount": "$3.00", "total": "$17.00", "unused": ""},
+        big.code: {"discount": "$20.00", "total": "$0.00", "unused": f"{lost} (a coupon is used once)."}}
     html = page.content.decode()
     assert f"{small.code}: $3.00 off, total $17.00" in html and 'id="checkout-total">$20.00<' in html
+    assert f"{big.code}: $20.00 off (of its $50.00), total $0.00" in html
     chosen = shopper.get(f"/checkout/?coupon_code={small.code}").content.decode()
     assert 'id="checkout-discount">\u2212$3.00<' in chosen and 'id="checkout-total">$17.00<' in chosen
     _checkout(shopper, coupon_code=small.code)

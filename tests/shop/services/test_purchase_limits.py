@@ -21,9 +21,9 @@ def combining(request, settings):
     return request.param
 
 
-def capped(make_product, *, stock: int, cap: int) -> Product:
+def capped(make_product, *, stock: int, cap: int, name: str = "") -> Product:
     p = make_product(stock=stock)
-    Product.objects.filter(pk=p.pk).update(max_per_user=cap)
+    Product.objects.filter(pk=p.pk).update(max_per_user=cap, **({"name": name} if name else {}))
     return p
 
 
@@ -41,6 +41,23 @@ def test_a_buyer_cannot_buy_past_the_cap_and_a_cancel_gives_it_back(combining, u
     place_order(user=user, lines=[(p.pk, 2)])
     p.refresh_from_db()
     assert p.stock == 20 - 1 - 3 - 2
+
+
+def test_the_refusal_names_the_product_and_what_the_buyer_may_still_buy(combining, user, make_product):
+    """The shopper's words, on the web and in the API's message: the product by its name (never
+    its database id), the cap, and what is left; the details stay machine-readable."""
+    p = capped(make_product, stock=20, cap=2, name="Sneaker X")
+    for lines, words in (([(p.pk, 3)], "Sneaker X: limit 2 per customer; you asked for 3."),
+                         ([(p.pk, 1)], None),
+                         ([(p.pk, 2)], "Sneaker X: limit 2 per customer; you already have 1, so you can add 1 more."),
+                         ([(p.pk, 1)], None),
+                         ([(p.pk, 1)], "Sneaker X: limit 2 per customer; you already have 2.")):
+        if words is None:
+            place_order(user=user, lines=lines)
+            continue
+        with pytest.raises(errors.PurchaseLimitExceeded) as refused:
+            place_order(user=user, lines=lines)
+        assert refused.value.message == words and refused.value.details["product_id"] == p.pk
 
 
 def test_a_refused_multi_line_order_writes_nothing(user, make_product):
