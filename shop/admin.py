@@ -2,10 +2,10 @@
 
 The change forms keep `stock`, `remaining` and `fence` read-only, and saves write only the
 fields that changed (`update_fields`), so an operator renaming a product can never write back a
-stock value read minutes ago. Restock and cancel are custom admin views (not actions or change
-forms, which Django wraps in a transaction) that call the services under the same locks; hiding
-a product (clearing Active) drops its sold-out marker under its lock once the save commits. A
-paid order offers Refund, never Cancel.
+stock value read minutes ago. Restock, adjust stock and cancel are custom admin views (not actions
+or change forms, which Django wraps in a transaction) that call the services under the same locks;
+hiding a product (clearing Active) drops its sold-out marker under its lock once the save commits.
+A paid order offers Refund, never Cancel.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from shop.models import (
     Refund,
     StockLedger,
 )
-from shop.selectors import STOCK_LEVELS, by_stock_level, orders_in_chunks, product_sales
+from shop.selectors import STOCK_LEVELS, by_stock_level, orders_in_chunks, product_sales, reserved_units
 from shop.services import cancel_order, inventory, refund_order, restock
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
@@ -92,9 +92,25 @@ class RestockForm(forms.Form):
     quantity = forms.IntegerField(min_value=1, max_value=1_000_000)
 
 
+def _reason_choices() -> list[tuple[str, str]]:
+    """Each reason with the way it goes: "Damaged: removes"."""
+    way = {1: "adds", -1: "removes", 0: "adds or removes"}
+    return [(r, f"{StockLedger.Reason(r).label}: {way[rules.ADJUSTMENT_REASONS[r]]}")
+            for r in rules.adjustment_reasons()]
+
+
+class AdjustStockForm(forms.Form):
+    """The fields of an adjustment; `shop.rules.check_adjustment` (through the service) is the rule."""
+
+    delta = forms.IntegerField(label="Units", help_text="Positive adds units, negative removes them (e.g. -2).")
+    reason = forms.ChoiceField(choices=_reason_choices)
+    note = forms.CharField(required=False, max_length=rules.MAX_NOTE_LENGTH,
+                           help_text="For the ledger, e.g. “box crushed in transit”.")
+
+
 @admin.register(Product)
 class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
-    list_display = ("name", "sku", "price_money", "stock", "max_per_user", "active", "lock", "restock_link")
+    list_display = ("name", "sku", "price_money", "stock", "max_per_user", "active", "lock", "stock_links")
     list_filter = ("active",)
     search_fields = ("name", "sku")
     readonly_fields = ("stock", "fence", "created_at", "updated_at")
@@ -125,28 +141,68 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
         return lock_state(obj.lock_name)
 
     @admin.display(description="")
-    def restock_link(self, obj: Product) -> str:
-        return format_html('<a href="{}">Restock…</a>', reverse("admin:shop_product_restock", args=[obj.pk]))
+    def stock_links(self, obj: Product) -> str:
+        return format_html('<a href="{}">Restock…</a> <a href="{}" class="nowrap">Adjust…</a>',
+                           reverse("admin:shop_product_restock", args=[obj.pk]),
+                           reverse("admin:shop_product_adjust", args=[obj.pk]))
 
     def get_list_display(self, request):
-        """No restock column for staff who may only view products."""
+        """No restock / adjust column for staff who may only view products."""
         shown = super().get_list_display(request)
-        return shown if self.has_change_permission(request) else [f for f in shown if f != "restock_link"]
+        return shown if self.has_change_permission(request) else [f for f in shown if f != "stock_links"]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        """The change page offers Restock among its object tools (staff who may change products)."""
+        """The change page offers Restock and Adjust stock among its object tools (staff who may
+        change products)."""
         product = self.get_object(request, unquote(object_id))
         extra = dict(extra_context or {})
         if product is not None and self.has_change_permission(request, product):
             extra["restock_url"] = reverse("admin:shop_product_restock", args=[product.pk])
+            extra["adjust_url"] = reverse("admin:shop_product_adjust", args=[product.pk])
         return super().change_view(request, object_id, form_url, extra)
 
     def get_urls(self):
         return [
             path("<int:product_id>/restock/", self.admin_site.admin_view(self.restock_view),
                  name="shop_product_restock"),
+            path("<int:product_id>/adjust/",
+                 self.admin_site.admin_view(require_http_methods(["GET", "POST"])(self.adjust_view)),
+                 name="shop_product_adjust"),
             *super().get_urls(),
         ]
+
+    def adjust_view(self, request, product_id: int):
+        """Adjust stock…: the form (units signed, reason, note); POSTed, a confirmation page with the
+        stock before and after; confirmed, the service (`adjust_stock`, under the product's lock),
+        once. A refusal (typed, nothing written) shows its message over the form."""
+        product = get_object_or_404(Product, pk=product_id)
+        if not self.has_change_permission(request, product):
+            raise PermissionDenied
+        form = AdjustStockForm(request.POST or None)
+        confirm = False
+        if request.method == "POST" and form.is_valid():
+            delta, reason, note = (form.cleaned_data[f] for f in ("delta", "reason", "note"))
+            try:
+                if "confirm" not in request.POST:
+                    rules.check_adjustment(delta=delta, reason=reason, note=note)  # refused before asking
+                    confirm = True
+                else:
+                    done = inventory.adjust_stock(product=product, delta=delta, reason=reason, note=note,
+                                                  actor=f"admin:{request.user.get_username()}")
+                    label = StockLedger.Reason(done.reason).label
+                    messages.success(request, f"{product.name}: {done.delta:+d} ({label}), stock {done.before} → "
+                                              f"{done.after}.")
+                    return redirect("admin:shop_product_changelist")
+            except errors.ShopError as exc:
+                messages.error(request, exc.message)
+        product.refresh_from_db()
+        return TemplateResponse(request, "admin/shop/adjust_stock.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "product": product, "form": form,
+            "title": f"Adjust the stock of {product.name}", "lock": lock_state(product.lock_name),
+            "reserved": reserved_units(product_id=product.pk), "confirm": confirm,
+            "after": product.stock + form.cleaned_data["delta"] if confirm else None,
+            "reason_label": StockLedger.Reason(form.cleaned_data["reason"]).label if confirm else "",
+        })
 
     def restock_view(self, request, product_id: int):
         product = get_object_or_404(Product, pk=product_id)

@@ -86,6 +86,13 @@ def _lines_total(expression, statuses: tuple[str, ...], output_field=None):
     return Coalesce(Subquery(lines, output_field=output_field), zero, output_field=output_field)
 
 
+def reserved_units(*, product_id: int) -> int:
+    """Units of `product_id` that orders awaiting payment hold: out of the stock (an order takes its
+    units at checkout), back in it if they are not paid (`units_reserved` of `product_sales`)."""
+    return (OrderLine.objects.filter(product_id=product_id, order__status=Order.Status.PENDING_PAYMENT)
+            .aggregate(n=Sum("quantity"))["n"] or 0)
+
+
 def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:
     """Sold out (0 left), low (1 to SHOP["LOW_STOCK"] left) or in stock (more); None: all."""
     low = int(shop_settings.LOW_STOCK)

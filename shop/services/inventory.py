@@ -13,17 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db.models import F, Sum
+from django.db.models import F
 from django.utils import timezone
 
 import locks
 from shop import errors, rules
 from shop.conf import shop_settings
 from shop.lock_names import product_lock
-from shop.models import Order, OrderLine, Product, StockLedger
+from shop.models import Product, StockLedger
 from shop.plumbing import soldout
 from shop.plumbing.locking import StaleFence, check_before_commit, held, refuse_outer_transaction
 from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
+from shop.selectors import reserved_units
 from shop.validation import validate_quantity
 
 
@@ -54,8 +55,7 @@ def move_stock(*, product_id: int, delta: int, hold, reason: str, order=None, no
             raise errors.UnknownProduct(details={"product_ids": [product_id]})
         if fence is not None and row.fence >= fence:
             raise StaleFence(product_lock(product_id))
-        reserved = (OrderLine.objects.filter(product_id=product_id, order__status=Order.Status.PENDING_PAYMENT)
-                    .aggregate(n=Sum("quantity"))["n"] or 0)
+        reserved = reserved_units(product_id=product_id)
         raise errors.AdjustmentExceedsStock(
             f"Only {row.stock} left to sell: remove at most {row.stock}."
             + (f" {reserved} more are reserved by unpaid orders: they come back to the stock if not paid, "

@@ -94,6 +94,52 @@ def test_staff_without_permissions_cannot_restock(make_product):
     assert Client().get(f"/admin/shop/product/{p.pk}/restock/").status_code == 302  # to the login
 
 
+def test_adjust_stock_asks_with_before_and_after_then_goes_through_the_service(admin_client, make_product, user):
+    p = make_product(stock=10)
+    place_order(user=user, lines=[(p.pk, 3)])  # 7 left to sell, 3 reserved
+    url = f"/admin/shop/product/{p.pk}/adjust/"
+    form = admin_client.get(url).content.decode()
+    assert "<strong>7</strong> left to sell; 3 more reserved by orders awaiting payment" in form
+    assert '<option value="damaged">Damaged: removes</option>' in form
+    asked = admin_client.post(url, {"delta": -2, "reason": "damaged", "note": "crushed box"})
+    assert asked.status_code == 200
+    page = asked.content.decode()
+    assert "Stock <strong>7 → 5</strong>" in page and "-2 (Damaged), “crushed box”" in page
+    assert 'name="confirm"' in page and "Yes, adjust the stock" in page
+    assert not StockLedger.objects.filter(product=p, order=None).exists()  # nothing written before confirming
+
+    done = admin_client.post(url, {"delta": -2, "reason": "damaged", "note": "crushed box", "confirm": "1"},
+                             follow=True)
+    assert "Product" in done.content.decode() and "-2 (Damaged), stock 7 → 5." in done.content.decode()
+    p.refresh_from_db()
+    assert p.stock == 5 and p.fence > 0
+    entry = StockLedger.objects.get(product=p, order=None)
+    assert (entry.quantity, entry.reason, entry.note, entry.actor) == (-2, "damaged", "crushed box", "admin:root")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"delta": 3, "reason": "damaged"}, "&#x27;Damaged&#x27; cannot add units: give one of restock, correction."),
+    ({"delta": 0, "reason": "correction"}, "An adjustment must add or remove at least one unit."),
+    ({"delta": -6, "reason": "lost", "confirm": "1"}, "Only 5 left to sell: remove at most 5."),
+    ({"delta": 2_000_000, "reason": "restock", "confirm": "1"}, "from -1000000 to 1000000"),
+])
+def test_a_refused_adjustment_says_why_and_writes_nothing(admin_client, make_product, data, message):
+    p = make_product(stock=5)
+    page = admin_client.post(f"/admin/shop/product/{p.pk}/adjust/", data)
+    assert page.status_code == 200 and message in page.content.decode()
+    assert "Yes, adjust the stock" not in page.content.decode()
+    p.refresh_from_db()
+    assert (p.stock, p.fence) == (5, 0) and not StockLedger.objects.exists()
+
+
+def test_the_product_list_and_page_offer_adjust_stock(admin_client, make_product):
+    p = make_product(stock=1)
+    page = admin_client.get(f"/admin/shop/product/{p.pk}/change/").content.decode()
+    assert f'href="/admin/shop/product/{p.pk}/adjust/"' in page and "Adjust stock…" in page
+    listed = admin_client.get("/admin/shop/product/").content.decode()
+    assert f'href="/admin/shop/product/{p.pk}/adjust/"' in listed and f'/admin/shop/product/{p.pk}/restock/' in listed
+
+
 # --- every admin action declares the permission it needs ----------------------------------------
 def _staff_with(*codenames: str):
     from django.contrib.auth.models import Permission
@@ -199,10 +245,14 @@ def test_view_only_staff_see_no_restock_or_cancel_and_cannot_trigger_them(make_p
     for url in (f"/admin/shop/product/{p.pk}/change/", "/admin/shop/product/"):
         page = viewer.get(url)
         assert page.status_code == 200 and "/restock/" not in page.content.decode(), url
+        assert "/adjust/" not in page.content.decode(), url
     for url in (f"/admin/shop/order/{order.pk}/change/", "/admin/shop/order/"):
         page = viewer.get(url)
         assert page.status_code == 200 and "/cancel/" not in page.content.decode(), url
     assert viewer.post(f"/admin/shop/product/{p.pk}/restock/", {"quantity": 5}).status_code == 403
+    assert viewer.get(f"/admin/shop/product/{p.pk}/adjust/").status_code == 403
+    assert viewer.post(f"/admin/shop/product/{p.pk}/adjust/", {"delta": -1, "reason": "lost",
+                                                               "confirm": "1"}).status_code == 403
     assert viewer.post(f"/admin/shop/order/{order.pk}/cancel/").status_code == 403
     p.refresh_from_db()
     order.refresh_from_db()

@@ -1,6 +1,10 @@
 """`manage.py shop`: the command-line twin of the admin's operator actions.
 
     manage.py shop restock PRODUCT QUANTITY   add stock (PRODUCT: its id or SKU): the admin's "Restock…"
+    manage.py shop adjust PRODUCT DELTA --reason REASON [--note TEXT]
+                                              add (DELTA > 0) or remove (< 0) units with a reason
+                                              (restock, correction, damaged, lost, promotion): the
+                                              admin's "Adjust stock…"; never below 0
     manage.py shop cancel ORDER               cancel an unpaid order after confirmation (--yes to skip
                                               it): "Cancel…"; stock and coupon return
     manage.py shop refund ORDER               refund a paid order after confirmation (--yes to skip it):
@@ -9,7 +13,7 @@
                                               reserved (awaiting payment), refunded, stock left: the
                                               admin's Sales view (--product P ..., --stock low)
 
-Each calls what the admin calls (shop.services restock / cancel_order / refund_order, under the
+Each calls what the admin calls (shop.services restock / adjust_stock / cancel_order / refund_order, under the
 same locks; shop.selectors.product_sales) and leaves the same audit: its actor on the stock ledger
 rows and on the refund, "cli:<user>@<host>" here (`--actor NAME`: "cli:NAME") where the admin
 writes "admin:<username>". A refusal of the service (a paid order cancelled, a quantity out of
@@ -32,7 +36,7 @@ from locks.services import cli_actor_name
 from shop import errors, rules
 from shop.models import Order, Product, StockLedger
 from shop.selectors import STOCK_LEVELS, product_sales
-from shop.services import cancel_order, refund_order, restock
+from shop.services import adjust_stock, cancel_order, refund_order, restock
 from shop.templatetags.shop_tags import money
 
 ACTOR_LENGTH = StockLedger._meta.get_field("actor").max_length
@@ -55,10 +59,10 @@ def _order_dict(order: Order) -> dict[str, Any]:
 
 
 class Command(BaseCommand):
-    help = "The admin's operator actions from the command line: restock, cancel, refund, sales."
+    help = "The admin's operator actions from the command line: restock, adjust, cancel, refund, sales."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, metavar="{restock,cancel,refund,sales}")
+        sub = parser.add_subparsers(dest="action", required=True, metavar="{restock,adjust,cancel,refund,sales}")
 
         def action(name: str, help_: str, *, writes: bool = True, asks: bool = False) -> CommandParser:
             p = sub.add_parser(name, help=help_, description=help_)
@@ -73,6 +77,13 @@ class Command(BaseCommand):
         p = action("restock", "add QUANTITY units to PRODUCT's stock (the admin's Restock…)")
         p.add_argument("product", help="the product's id or SKU")
         p.add_argument("quantity", type=int, help="units to add")
+        p = action("adjust", "add or remove units of PRODUCT's stock, with a reason (the admin's Adjust stock…)")
+        p.add_argument("product", help="the product's id or SKU")
+        p.add_argument("delta", type=int, help="units to add (5) or remove (-5); never below 0")
+        p.add_argument("--reason", required=True,
+                       help="why: " + ", ".join(f"{r} ({'adds' if way > 0 else 'removes' if way < 0 else 'either'})"
+                                                for r, way in rules.ADJUSTMENT_REASONS.items()))
+        p.add_argument("--note", default="", help=f"a few words for the ledger (at most {rules.MAX_NOTE_LENGTH})")
         for name, what in (("cancel", "cancel an unpaid order: its stock and coupon return (the admin's Cancel…)"),
                            ("refund", "refund a paid order: the payment goes back, its stock and coupon return "
                                       "(the admin's Refund…)")):
@@ -93,6 +104,8 @@ class Command(BaseCommand):
             actor = self._actor(opts)
             if action == "restock":
                 self._restock(opts, actor)
+            elif action == "adjust":
+                self._adjust(opts, actor)
             else:
                 self._operate(opts, actor)
         except errors.ShopError as exc:
@@ -124,6 +137,19 @@ class Command(BaseCommand):
             return
         self.stdout.write(self.style.SUCCESS(f"{product.name} ({product.sku}): +{opts['quantity']}, "
                                              f"stock now {product.stock}."))
+
+    def _adjust(self, opts: dict[str, Any], actor: str) -> None:
+        done = adjust_stock(product=self._product(opts["product"]), delta=opts["delta"], reason=opts["reason"],
+                            note=opts["note"], actor=actor)
+        product = done.product
+        if opts["json"]:
+            self.stdout.write(json.dumps({"product": _product_dict(product), "delta": done.delta, "reason": done.reason,
+                                          "note": done.note, "before": done.before, "after": done.after,
+                                          "actor": actor}, indent=2))
+            return
+        label = StockLedger.Reason(done.reason).label
+        self.stdout.write(self.style.SUCCESS(f"{product.name} ({product.sku}): {done.delta:+d} ({label}), "
+                                             f"stock {done.before} -> {done.after}."))
 
     def _operate(self, opts: dict[str, Any], actor: str) -> None:
         """Cancel or refund: say the order's state, ask (unless --yes), then the service, once."""

@@ -80,6 +80,39 @@ def test_restock_json(make_product):
                     "actor": ME}
 
 
+# --- adjust ------------------------------------------------------------------------------------
+def test_adjust_removes_and_adds_with_a_reason_and_note_as_the_admin_does(make_product, user):
+    p = make_product(stock=10)
+    place_order(user=user, lines=[(p.pk, 4)])  # 6 left to sell, 4 reserved
+    out = shop("adjust", p.sku, "-2", "--reason", "damaged", "--note", "wet cartons")
+    assert f"{p.name} ({p.sku}): -2 (Damaged), stock 6 -> 4." in out
+    entry = StockLedger.objects.get(product=p, order=None)
+    assert (entry.quantity, entry.reason, entry.note, entry.actor) == (-2, "damaged", "wet cartons", ME)
+
+    data = json.loads(shop("adjust", str(p.pk), "3", "--reason", "correction", "--json", "--actor", "counter"))
+    assert data == {"product": {"id": p.pk, "sku": p.sku, "name": p.name, "active": True, "stock": 7}, "delta": 3,
+                    "reason": "correction", "note": "", "before": 4, "after": 7, "actor": "cli:counter"}
+
+
+def test_adjust_refuses_what_the_service_refuses_with_its_code(make_product, user):
+    p = make_product(stock=5)
+    place_order(user=user, lines=[(p.pk, 2)])
+    with pytest.raises(CommandError, match=r"Only 3 left to sell: remove at most 3\. 2 more are reserved"):
+        shop("adjust", p.sku, "-4", "--reason", "lost")
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("shop", "adjust", p.sku, "5", "--reason", "damaged", "--json", stdout=out)
+    assert json.loads(out.getvalue())["error"] == {
+        "code": "invalid_adjustment_reason", "message": "'Damaged' cannot add units: give one of restock, correction.",
+        "details": {"reason": "damaged", "allowed": ["restock", "correction"]}}
+    with pytest.raises(CommandError, match="An adjustment must add or remove at least one unit"):
+        shop("adjust", p.sku, "0", "--reason", "correction")
+    with pytest.raises(CommandError, match="the following arguments are required: --reason"):
+        shop("adjust", p.sku, "-1")
+    p.refresh_from_db()
+    assert p.stock == 3 and not StockLedger.objects.filter(product=p, order=None).exists()
+
+
 # --- cancel and refund -------------------------------------------------------------------------
 def test_cancel_asks_then_returns_the_stock_with_the_actor(make_product, user, monkeypatch):
     p = make_product(stock=5, price="129.00")
@@ -199,3 +232,7 @@ def test_exit_status_from_the_command_line(make_product, _lock_key_prefix):
     refused = run("restock", p.sku, "0")
     assert refused.returncode == 1
     assert "CommandError: Quantity must be a whole number from 1 to" in refused.stderr, refused.stderr
+    removed = run("adjust", p.sku, "-5", "--reason", "lost", "--note", "shelf 4 empty")  # a negative argument
+    assert removed.returncode == 0 and "stock 5 -> 0" in removed.stdout, removed.stderr
+    too_many = run("adjust", p.sku, "-1", "--reason", "damaged")
+    assert too_many.returncode == 1 and "CommandError: Only 0 left to sell" in too_many.stderr, too_many.stderr
