@@ -44,10 +44,22 @@ from shop.models import (
     Refund,
     StockLedger,
 )
-from shop.selectors import STOCK_LEVELS, by_stock_level, orders_in_chunks, product_sales, reserved_units
+from shop.selectors import (
+    RATE_WINDOW,
+    STOCK_LEVELS,
+    by_stock_level,
+    orders_in_chunks,
+    product_sales,
+    reserved_units,
+    sales_totals,
+    units_per_minute,
+)
 from shop.services import cancel_order, inventory, refund_order, restock
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
+
+# The Sales view refreshes its figures this often (seconds) while it is open and not paused.
+SALES_REFRESH = 5
 
 # Staff changing their own password read that it revoked their API tokens (shop.tokens).
 admin.site.password_change_done_template = "admin/shop/password_change_done.html"
@@ -473,24 +485,48 @@ def _sales_column(field: str, description: str, render=None):
 
 @admin.register(ProductSales)
 class ProductSalesAdmin(ReadOnlyAdmin):
-    """Shop > Sales by product: per product, units sold and revenue (paid orders), units reserved
-    by orders awaiting payment, units refunded, stock left; filter sold out / low stock.
-    Read-only, its own view permission (`view_productsales`); the reading is
-    `shop.selectors.product_sales`."""
+    """Shop > Sales by product, to watch a sale: per product, units sold and net revenue (what buyers
+    paid), units per minute (orders of the last 5 minutes), units reserved by orders awaiting
+    payment, units refunded, stock left; a totals row over every product the filters select; the
+    figures refresh every SALES_REFRESH seconds (a small script: "updated at", Pause, Refresh now).
+    Filter sold out / low stock. Read-only, its own view permission (`view_productsales`); the
+    reading is `shop.selectors.product_sales` and `sales_totals`."""
 
     list_display = ("name", "sku", _sales_column("price", "Price", money), "stock",
-                    _sales_column("units_sold", "Sold"), _sales_column("revenue", "Revenue", money),
+                    _sales_column("units_sold", "Sold"), _sales_column("revenue", "Net revenue", money),
+                    _sales_column("units_recent", "Units / min", units_per_minute),
                     _sales_column("units_reserved", "Reserved"), _sales_column("units_refunded", "Refunded"))
     list_display_links = None
     list_filter = (StockLevelFilter, "active")
     search_fields = ("name", "sku")
     list_per_page = 50
 
+    class Media:
+        css = {"all": ["shop/admin-sales.css"]}
+        js = ["shop/admin-sales.js"]
+
     def get_queryset(self, request):
         return product_sales(products=super().get_queryset(request))
 
     def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"title": "Sales by product", **(extra_context or {})})
+        response = super().changelist_view(request, {
+            "title": "Sales by product", "refresh_every": SALES_REFRESH,
+            "rate_minutes": int(RATE_WINDOW.total_seconds() // 60), **(extra_context or {})})
+        cl = getattr(response, "context_data", None) and response.context_data.get("cl")
+        if cl is not None:  # the results template shows it under the rows (it sees `cl`, not this context)
+            cl.totals_row = self.totals_row(cl)
+        return response
+
+    def totals_row(self, cl) -> list[str]:
+        """One cell per column shown: the sums of `sales_totals` over every product the list's
+        filters and search select (not only this page)."""
+        totals = sales_totals(products=cl.queryset)
+        count = totals["products"]
+        cells = {"name": f"Total ({count} product{'s' if count != 1 else ''})", "stock": totals["stock"],
+                 "units_sold": totals["units_sold"], "revenue": money(totals["revenue"]),
+                 "units_recent": units_per_minute(totals["units_recent"]),
+                 "units_reserved": totals["units_reserved"], "units_refunded": totals["units_refunded"]}
+        return [str(cells.get(getattr(column, "__name__", column), "")) for column in cl.list_display]
 
 
 @admin.register(CouponClaim)

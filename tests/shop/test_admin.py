@@ -396,9 +396,10 @@ def test_the_sales_selector_counts_sold_paid_revenue_and_reserved_units(make_pro
     rows = {p.pk: p for p in product_sales()}
     assert (rows[a.pk].units_sold, rows[a.pk].revenue, rows[a.pk].units_reserved, rows[a.pk].units_refunded) == (
         2, Decimal("2500.00"), 1, 1)
+    # B and C in one order: $24 of lines, paid $22 with the coupon: B $15 x 22/24 = $13.75, C the rest.
     assert (rows[b.pk].units_sold, rows[b.pk].revenue, rows[b.pk].units_reserved, rows[b.pk].units_refunded) == (
-        3, Decimal("15.00"), 0, 0)  # list prices: the coupon's discount is the order's, not a line's
-    assert (rows[c.pk].units_sold, rows[c.pk].stock) == (1, 0)
+        3, Decimal("13.75"), 0, 0)  # what the buyer paid, not the list price ($15.00)
+    assert (rows[c.pk].units_sold, rows[c.pk].revenue, rows[c.pk].stock) == (1, Decimal("8.25"), 0)
     assert [Product.objects.get(pk=p.pk).stock for p in (a, b, c)] == [17, 3, 0]
     settings.SHOP = {**settings.SHOP, "LOW_STOCK": 3}  # low: 1 to 3 left
     assert [p.pk for p in product_sales(stock="sold_out")] == [c.pk]
@@ -414,7 +415,8 @@ def test_the_sales_page_lists_products_with_their_sales_and_filters_by_stock(adm
     page = admin_client.get("/admin/shop/productsales/")
     assert page.status_code == 200
     text = page.content.decode()
-    for column in ("Sold", "Revenue", "Reserved", "Refunded", "Stock", "units in paid orders", "awaiting payment"):
+    for column in ("Sold", "Net revenue", "Units / min", "Reserved", "Refunded", "Stock", "units in paid orders",
+                   "awaiting payment", "last 5 minutes"):
         assert column in text, column
     assert "2,500.00" in text or "2500.00" in text
     sold_out = admin_client.get("/admin/shop/productsales/?stock=sold_out").content.decode()
@@ -424,6 +426,27 @@ def test_the_sales_page_lists_products_with_their_sales_and_filters_by_stock(adm
     assert admin_client.get("/admin/shop/productsales/?o=-4").status_code == 200  # sortable by its columns
     assert admin_client.get("/admin/shop/productsales/add/").status_code == 403
     assert "/admin/shop/productsales/" in admin_client.get("/admin/").content.decode()
+
+
+def test_the_sales_page_has_a_totals_row_over_every_selected_product_and_refreshes(admin_client, make_product,
+                                                                                 make_coupon, user, other_user,
+                                                                                 monkeypatch):
+    import re
+
+    from shop.admin import ProductSalesAdmin
+
+    _sales_fixture(make_product, make_coupon, user, other_user)
+    monkeypatch.setattr(ProductSalesAdmin, "list_per_page", 2)  # 3 products: 2 on this page
+    page = admin_client.get("/admin/shop/productsales/").content.decode()
+    assert re.search(r"Updated <time>\d\d:\d\d:\d\d</time>", page) and 'data-every="5"' in page
+    assert 'data-action="pause"' in page and 'data-action="refresh"' in page and "shop/admin-sales.js" in page
+    footer = page[page.index('<tfoot id="sales-totals">'):page.index("</tfoot>")]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", footer)
+    # name, sku, price, stock, sold, net revenue, units/min, reserved, refunded: every product the filters
+    # select, on every page. 7 units in orders of the last 5 minutes that hold their stock: 1.4 a minute.
+    assert cells == ["Total (3 products)", "", "", "20", "6", "$2,522.00", "1.4", "1", "1"], cells
+    low = admin_client.get("/admin/shop/productsales/?stock=low").content.decode()
+    assert "Total (1 product)" in low and "$13.75" in low
 
 
 def test_the_sales_page_needs_its_own_view_permission(make_product, user):

@@ -190,21 +190,31 @@ def test_sales_shows_the_figures_of_the_admins_sales_view(make_product, make_cou
     data = json.loads(shop("sales", "--json", "--product", str(a.pk), b.sku, str(c.pk)))
     rows = {row["id"]: row for row in data["products"]}
     # What the orders say: A 2 paid (1 awaiting payment, 1 refunded), B 3 paid (1 cancelled), C 1 paid.
-    assert [(rows[p.pk]["units_sold"], rows[p.pk]["revenue"], rows[p.pk]["units_reserved"],
-             rows[p.pk]["units_refunded"], rows[p.pk]["stock"]) for p in (a, b, c)] == [
-        (2, "2500.00", 1, 1, 17), (3, "15.00", 0, 0, 3), (1, "9.00", 0, 0, 0)]
-    assert data["totals"] == {"units_sold": 6, "revenue": "2524.00", "units_reserved": 1, "units_refunded": 1}
+    # B and C were bought in one order with a $2 coupon ($24 of lines, paid $22): net revenue $13.75 and $8.25.
+    assert [(rows[p.pk]["units_sold"], rows[p.pk]["revenue"], rows[p.pk]["units_per_minute"],
+             rows[p.pk]["units_reserved"], rows[p.pk]["units_refunded"], rows[p.pk]["stock"]) for p in (a, b, c)] == [
+        (2, "2500.00", "0.6", 1, 1, 17), (3, "13.75", "0.6", 0, 0, 3), (1, "8.25", "0.2", 0, 0, 0)]
+    assert data["totals"] == {"products": 3, "stock": 20, "units_sold": 6, "revenue": "2522.00", "units_recent": 7,
+                              "units_per_minute": "1.4", "units_reserved": 1, "units_refunded": 1}
+    assert data["rate_window_minutes"] == 5
     # ...and what the admin's selector says, row for row.
     for p in product_sales(products=Product.objects.filter(pk__in=[a.pk, b.pk, c.pk])):
-        assert (rows[p.pk]["units_sold"], Decimal(rows[p.pk]["revenue"]), rows[p.pk]["units_reserved"],
-                rows[p.pk]["units_refunded"]) == (p.units_sold, p.revenue, p.units_reserved, p.units_refunded)
+        assert (rows[p.pk]["units_sold"], Decimal(rows[p.pk]["revenue"]), rows[p.pk]["units_recent"],
+                rows[p.pk]["units_reserved"], rows[p.pk]["units_refunded"]) == (
+            p.units_sold, p.revenue, p.units_recent, p.units_reserved, p.units_refunded)
 
     mine = ["--product", str(a.pk), str(b.pk), str(c.pk)]
     assert [r["id"] for r in json.loads(shop("sales", "--json", "--stock", "sold_out", *mine))["products"]] == [c.pk]
     assert [r["id"] for r in json.loads(shop("sales", "--json", "--stock", "low", *mine))["products"]] == [b.pk]
     table = shop("sales", *mine)
-    assert "Sales by product (3)" in table and "$2,500.00" in table and "$2,524.00" in table
+    assert "Sales by product (3)" in table and "$2,500.00" in table and "$13.75" in table
+    total = next(line for line in table.splitlines() if line.lstrip().startswith("total"))
+    assert total.split() == ["total", "20", "6", "$2,522.00", "1.4", "1", "1"], total
+    assert "last 5 minutes" in table
     assert a.name in table and c.sku in table
+    one = shop("sales", "--product", str(c.pk))  # a totals row for one product too
+    assert [line.split() for line in one.splitlines() if line.lstrip().startswith("total")] == [
+        ["total", "0", "1", "$8.25", "0.2", "0", "0"]]
     assert "none" in shop("sales", "--stock", "in_stock", "--product", str(c.pk))
     with pytest.raises(CommandError, match="No product 'NOPE'"):
         shop("sales", "--product", str(a.pk), "NOPE")
