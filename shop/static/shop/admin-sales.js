@@ -1,6 +1,7 @@
 /* The Sales view refreshes its figures while a sale runs: every few seconds (data-every) it fetches
-   the same page and swaps in the new results, totals and "Updated" time, unless paused. Pause is
-   kept for the tab (sessionStorage); "Refresh now" works without this script too (a plain link). */
+   the same page and swaps in the new results, totals and "Updated" time, unless paused or in a
+   background tab. Pause is kept for the tab (sessionStorage); "Refresh now" works without this
+   script too (a plain link). */
 function startSalesRefresh() {
   "use strict";
   const box = document.getElementById("sales-refresh");
@@ -38,7 +39,11 @@ function startSalesRefresh() {
 
   function schedule() {
     clearTimeout(timer);
-    if (!paused) timer = setTimeout(async () => { await refresh(); schedule(); }, every);
+    if (paused) return;
+    timer = setTimeout(async () => {
+      if (!document.hidden) await refresh();  // a tab in the background costs the database nothing
+      schedule();
+    }, every);
   }
 
   pause.hidden = false;
