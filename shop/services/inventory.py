@@ -34,13 +34,12 @@ def return_stock(*, product_id: int, quantity: int, hold, reason: str, order=Non
 
 
 def move_stock(*, product_id: int, delta: int, hold, reason: str, order=None, note: str = "",
-               actor: str = "") -> Product:
+               actor: str = "") -> None:
     """Inside a transaction, under the product's lock: stock + `delta` and a ledger row.
 
     One UPDATE, guarded and fenced in SQL: `stock = stock + delta, fence = :fence WHERE id = :id
     AND fence < :fence`, plus `AND stock >= -delta` when it removes units, so the stock never goes
-    below 0 whatever was read before (Python never writes back a stock it read). Returns the row
-    as it now is (stock, active), read under our row lock: exact until COMMIT.
+    below 0 whatever was read before (Python never writes back a stock it read).
     """
     fence = hold.fence if hold is not None else None
     rows = Product.objects.filter(pk=product_id)
@@ -63,7 +62,6 @@ def move_stock(*, product_id: int, delta: int, hold, reason: str, order=None, no
             details={"product_id": product_id, "stock": row.stock, "delta": delta, "reserved": reserved})
     StockLedger.objects.create(product_id=product_id, quantity=delta, reason=reason, order=order,
                                fence=fence, actor=actor, note=note)
-    return rows.only("stock", "active").get()
 
 
 def unmark_sold_out(product_ids: list[int], holds: dict) -> None:
@@ -174,8 +172,9 @@ def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", a
             if delta > 0:
                 unmark_sold_out([product.pk], holds)
             with durable_transaction():
-                row = move_stock(product_id=product.pk, delta=delta, hold=holds[name], reason=reason, note=note,
-                                 actor=str(actor))
+                move_stock(product_id=product.pk, delta=delta, hold=holds[name], reason=reason, note=note,
+                           actor=str(actor))
+                row = Product.objects.only("stock", "active").get(pk=product.pk)  # ours, row-locked: exact
                 check_before_commit(holds)
             if row.stock == 0 and row.on_sale:
                 mark_sold_out(product.pk, holds[name])
