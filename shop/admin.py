@@ -538,9 +538,9 @@ class CouponClaimAdmin(ReadOnlyAdmin):
 
 @admin.register(StockLedger)
 class StockLedgerAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "product", "quantity", "reason", "order", "fence", "actor")
+    list_display = ("created_at", "product", "quantity", "reason", "note", "order", "fence", "actor")
     list_filter = ("reason",)
-    search_fields = ("product__sku", "actor")
+    search_fields = ("product__sku", "actor", "note")
 
 
 @admin.register(Refund)

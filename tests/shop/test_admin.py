@@ -115,6 +115,8 @@ def test_adjust_stock_asks_with_before_and_after_then_goes_through_the_service(a
     assert p.stock == 5 and p.fence > 0
     entry = StockLedger.objects.get(product=p, order=None)
     assert (entry.quantity, entry.reason, entry.note, entry.actor) == (-2, "damaged", "crushed box", "admin:root")
+    ledger = admin_client.get("/admin/shop/stockledger/?q=crushed").content.decode()
+    assert "crushed box" in ledger and "Damaged" in ledger  # the ledger list shows (and finds) the note
 
 
 @pytest.mark.parametrize(("data", "message"), [
