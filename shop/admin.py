@@ -2,10 +2,10 @@
 
 The change forms keep `stock`, `remaining` and `fence` read-only, and saves write only the
 fields that changed (`update_fields`), so an operator renaming a product can never write back a
-stock value read minutes ago. Restock and cancel are custom admin views (not actions or change
-forms, which Django wraps in a transaction) that call the services under the same locks; hiding
-a product (clearing Active) drops its sold-out marker under its lock once the save commits. A
-paid order offers Refund, never Cancel.
+stock value read minutes ago. Restock, adjust stock and cancel are custom admin views (not actions
+or change forms, which Django wraps in a transaction) that call the services under the same locks;
+hiding a product (clearing Active) drops its sold-out marker under its lock once the save commits.
+A paid order offers Refund, never Cancel.
 """
 
 from __future__ import annotations
@@ -44,10 +44,22 @@ from shop.models import (
     Refund,
     StockLedger,
 )
-from shop.selectors import STOCK_LEVELS, by_stock_level, orders_in_chunks, product_sales
+from shop.selectors import (
+    RATE_WINDOW,
+    STOCK_LEVELS,
+    by_stock_level,
+    orders_in_chunks,
+    product_sales,
+    reserved_units,
+    sales_totals,
+    units_per_minute,
+)
 from shop.services import cancel_order, inventory, refund_order, restock
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
+
+# The Sales view refreshes its figures this often (seconds) while it is open and not paused.
+SALES_REFRESH = 5
 
 # Staff changing their own password read that it revoked their API tokens (shop.tokens).
 admin.site.password_change_done_template = "admin/shop/password_change_done.html"
@@ -92,9 +104,25 @@ class RestockForm(forms.Form):
     quantity = forms.IntegerField(min_value=1, max_value=1_000_000)
 
 
+def _reason_choices() -> list[tuple[str, str]]:
+    """Each reason with the way it goes: "Damaged: removes"."""
+    way = {1: "adds", -1: "removes", 0: "adds or removes"}
+    return [(r, f"{StockLedger.Reason(r).label}: {way[rules.ADJUSTMENT_REASONS[r]]}")
+            for r in rules.adjustment_reasons()]
+
+
+class AdjustStockForm(forms.Form):
+    """The fields of an adjustment; `shop.rules.check_adjustment` (through the service) is the rule."""
+
+    delta = forms.IntegerField(label="Units", help_text="Positive adds units, negative removes them (e.g. -2).")
+    reason = forms.ChoiceField(choices=_reason_choices)
+    note = forms.CharField(required=False, max_length=rules.MAX_NOTE_LENGTH,
+                           help_text="For the ledger, e.g. “box crushed in transit”.")
+
+
 @admin.register(Product)
 class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
-    list_display = ("name", "sku", "price_money", "stock", "max_per_user", "active", "lock", "restock_link")
+    list_display = ("name", "sku", "price_money", "stock", "max_per_user", "active", "lock", "stock_links")
     list_filter = ("active",)
     search_fields = ("name", "sku")
     readonly_fields = ("stock", "fence", "created_at", "updated_at")
@@ -125,28 +153,68 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
         return lock_state(obj.lock_name)
 
     @admin.display(description="")
-    def restock_link(self, obj: Product) -> str:
-        return format_html('<a href="{}">Restock…</a>', reverse("admin:shop_product_restock", args=[obj.pk]))
+    def stock_links(self, obj: Product) -> str:
+        return format_html('<a href="{}">Restock…</a> <a href="{}" class="nowrap">Adjust…</a>',
+                           reverse("admin:shop_product_restock", args=[obj.pk]),
+                           reverse("admin:shop_product_adjust", args=[obj.pk]))
 
     def get_list_display(self, request):
-        """No restock column for staff who may only view products."""
+        """No restock / adjust column for staff who may only view products."""
         shown = super().get_list_display(request)
-        return shown if self.has_change_permission(request) else [f for f in shown if f != "restock_link"]
+        return shown if self.has_change_permission(request) else [f for f in shown if f != "stock_links"]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        """The change page offers Restock among its object tools (staff who may change products)."""
+        """The change page offers Restock and Adjust stock among its object tools (staff who may
+        change products)."""
         product = self.get_object(request, unquote(object_id))
         extra = dict(extra_context or {})
         if product is not None and self.has_change_permission(request, product):
             extra["restock_url"] = reverse("admin:shop_product_restock", args=[product.pk])
+            extra["adjust_url"] = reverse("admin:shop_product_adjust", args=[product.pk])
         return super().change_view(request, object_id, form_url, extra)
 
     def get_urls(self):
         return [
             path("<int:product_id>/restock/", self.admin_site.admin_view(self.restock_view),
                  name="shop_product_restock"),
+            path("<int:product_id>/adjust/",
+                 self.admin_site.admin_view(require_http_methods(["GET", "POST"])(self.adjust_view)),
+                 name="shop_product_adjust"),
             *super().get_urls(),
         ]
+
+    def adjust_view(self, request, product_id: int):
+        """Adjust stock…: the form (units signed, reason, note); POSTed, a confirmation page with the
+        stock before and after; confirmed, the service (`adjust_stock`, under the product's lock),
+        once. A refusal (typed, nothing written) shows its message over the form."""
+        product = get_object_or_404(Product, pk=product_id)
+        if not self.has_change_permission(request, product):
+            raise PermissionDenied
+        form = AdjustStockForm(request.POST or None)
+        confirm = False
+        if request.method == "POST" and form.is_valid():
+            delta, reason, note = (form.cleaned_data[f] for f in ("delta", "reason", "note"))
+            try:
+                if "confirm" not in request.POST:
+                    rules.check_adjustment(delta=delta, reason=reason, note=note)  # refused before asking
+                    confirm = True
+                else:
+                    done = inventory.adjust_stock(product=product, delta=delta, reason=reason, note=note,
+                                                  actor=f"admin:{request.user.get_username()}")
+                    label = StockLedger.Reason(done.reason).label
+                    messages.success(request, f"{product.name}: {done.delta:+d} ({label}), stock {done.before} → "
+                                              f"{done.after}.")
+                    return redirect("admin:shop_product_changelist")
+            except errors.ShopError as exc:
+                messages.error(request, exc.message)
+        product.refresh_from_db()
+        return TemplateResponse(request, "admin/shop/adjust_stock.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "product": product, "form": form,
+            "title": f"Adjust the stock of {product.name}", "lock": lock_state(product.lock_name),
+            "reserved": reserved_units(product_id=product.pk), "confirm": confirm,
+            "after": product.stock + form.cleaned_data["delta"] if confirm else None,
+            "reason_label": StockLedger.Reason(form.cleaned_data["reason"]).label if confirm else "",
+        })
 
     def restock_view(self, request, product_id: int):
         product = get_object_or_404(Product, pk=product_id)
@@ -417,24 +485,48 @@ def _sales_column(field: str, description: str, render=None):
 
 @admin.register(ProductSales)
 class ProductSalesAdmin(ReadOnlyAdmin):
-    """Shop > Sales by product: per product, units sold and revenue (paid orders), units reserved
-    by orders awaiting payment, units refunded, stock left; filter sold out / low stock.
-    Read-only, its own view permission (`view_productsales`); the reading is
-    `shop.selectors.product_sales`."""
+    """Shop > Sales by product, to watch a sale: per product, units sold and net revenue (what buyers
+    paid), units per minute (orders of the last 5 minutes), units reserved by orders awaiting
+    payment, units refunded, stock left; a totals row over every product the filters select; the
+    figures refresh every SALES_REFRESH seconds (a small script: "updated at", Pause, Refresh now).
+    Filter sold out / low stock. Read-only, its own view permission (`view_productsales`); the
+    reading is `shop.selectors.product_sales` and `sales_totals`."""
 
     list_display = ("name", "sku", _sales_column("price", "Price", money), "stock",
-                    _sales_column("units_sold", "Sold"), _sales_column("revenue", "Revenue", money),
+                    _sales_column("units_sold", "Sold"), _sales_column("revenue", "Net revenue", money),
+                    _sales_column("units_recent", "Units / min", units_per_minute),
                     _sales_column("units_reserved", "Reserved"), _sales_column("units_refunded", "Refunded"))
     list_display_links = None
     list_filter = (StockLevelFilter, "active")
     search_fields = ("name", "sku")
     list_per_page = 50
 
+    class Media:
+        css = {"all": ["shop/admin-sales.css"]}
+        js = ["shop/admin-sales.js"]
+
     def get_queryset(self, request):
         return product_sales(products=super().get_queryset(request))
 
     def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"title": "Sales by product", **(extra_context or {})})
+        response = super().changelist_view(request, {
+            "title": "Sales by product", "refresh_every": SALES_REFRESH,
+            "rate_minutes": int(RATE_WINDOW.total_seconds() // 60), **(extra_context or {})})
+        cl = getattr(response, "context_data", None) and response.context_data.get("cl")
+        if cl is not None:  # the results template shows it under the rows (it sees `cl`, not this context)
+            cl.totals_row = self.totals_row(cl)
+        return response
+
+    def totals_row(self, cl) -> list[str]:
+        """One cell per column shown: the sums of `sales_totals` over every product the list's
+        filters and search select (not only this page)."""
+        totals = sales_totals(products=cl.queryset)
+        count = totals["products"]
+        cells = {"name": f"Total ({count} product{'s' if count != 1 else ''})", "stock": totals["stock"],
+                 "units_sold": totals["units_sold"], "revenue": money(totals["revenue"]),
+                 "units_recent": units_per_minute(totals["units_recent"]),
+                 "units_reserved": totals["units_reserved"], "units_refunded": totals["units_refunded"]}
+        return [str(cells.get(getattr(column, "__name__", column), "")) for column in cl.list_display]
 
 
 @admin.register(CouponClaim)
@@ -446,9 +538,9 @@ class CouponClaimAdmin(ReadOnlyAdmin):
 
 @admin.register(StockLedger)
 class StockLedgerAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "product", "quantity", "reason", "order", "fence", "actor")
+    list_display = ("created_at", "product", "quantity", "reason", "note", "order", "fence", "actor")
     list_filter = ("reason",)
-    search_fields = ("product__sku", "actor")
+    search_fields = ("product__sku", "actor", "note")
 
 
 @admin.register(Refund)

@@ -98,6 +98,40 @@ class UnpaidOrdersLimit(ShopError):
     default_message = "You have too many unpaid orders: pay or cancel one first."
 
 
+# --- stock adjustments (an operator's; shop.services.inventory.adjust_stock) -----------------
+class ZeroAdjustment(InvalidInput):
+    """An adjustment of 0 units: nothing to write (the ledger holds no zero rows)."""
+
+    code = "zero_adjustment"
+    default_message = "An adjustment must add or remove at least one unit."
+
+
+class AdjustmentOutOfRange(InvalidInput):
+    """details = {"delta", "maximum"}: not a whole number, or more than SHOP["MAX_RESTOCK"] units
+    either way at once."""
+
+    code = "adjustment_out_of_range"
+    default_message = "An adjustment must be a whole number of units within the allowed range."
+
+
+class InvalidAdjustmentReason(InvalidInput):
+    """details = {"reason", "allowed"}: an unknown reason, or one that goes the other way (units
+    are not added as "damaged", nor removed as "restock"). `allowed`: the reasons for this sign."""
+
+    code = "invalid_adjustment_reason"
+    default_message = "That is not a reason for this adjustment."
+
+
+class AdjustmentExceedsStock(ShopError):
+    """details = {"product_id", "stock", "delta", "reserved"}: removing these units would take the
+    stock below 0, that is, take units that unpaid orders reserved (`reserved` of them: they are no
+    longer in the stock, and come back to it if their orders are not paid)."""
+
+    code = "adjustment_exceeds_stock"
+    status = 409
+    default_message = "Not that many units are left to sell."
+
+
 # --- coupons ---------------------------------------------------------------------------------
 class CouponUnknown(ShopError):
     code = "coupon_unknown"

@@ -22,8 +22,9 @@ def check_invariants(
     seen_order_ids: Iterable[int] | None = None,
     check_locks: bool = True,
 ) -> list[str]:
-    """I1-I6 for these products/coupons. `initial_stock`: stock before the run, plus any restocks
-    are read from the ledger. `seen_order_ids`: the orders the clients were told succeeded (I5).
+    """I1-I6 for these products/coupons. `initial_stock`: stock before the run; what operators
+    moved since (restocks and adjustments, signed) is read from the ledger. `seen_order_ids`: the
+    orders the clients were told succeeded (I5).
     """
     product_ids = list(product_ids)
     violations: list[str] = []
@@ -37,8 +38,7 @@ def check_invariants(
         .values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n")
     )
     refills = dict(
-        StockLedger.objects.filter(product_id__in=product_ids, reason__in=[StockLedger.Reason.RESTOCK,
-                                                                           StockLedger.Reason.ADMIN])
+        StockLedger.objects.filter(product_id__in=product_ids, reason__in=StockLedger.OPERATOR_REASONS)
         .values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n")
     )
     for pid in product_ids:

@@ -356,15 +356,25 @@ class CouponClaim(models.Model):
 
 
 class StockLedger(models.Model):
-    """Append-only record of every stock movement; its sum per product explains the stock."""
+    """Append-only record of every stock movement; its sum per product explains the stock.
+
+    Orders move stock with the reasons order / cancel / expire / refund (each row names its
+    order); an operator moves it with `shop.services.inventory.adjust_stock`, for one of
+    OPERATOR_REASONS (no order), with a note and the operator as actor.
+    """
 
     class Reason(models.TextChoices):
         ORDER = "order", "Order"
         CANCEL = "cancel", "Cancel"
         EXPIRE = "expire", "Expired unpaid"
         REFUND = "refund", "Refund"
-        RESTOCK = "restock", "Restock"
-        ADMIN = "admin", "Admin"
+        RESTOCK = "restock", "Restock (received)"
+        # The operator's adjustments (`shop.rules.ADJUSTMENT_REASONS` says which way each goes).
+        CORRECTION = "correction", "Correction (count)"
+        DAMAGED = "damaged", "Damaged"
+        LOST = "lost", "Lost or stolen"
+        PROMOTION = "promotion", "Promotion or donation"
+        ADMIN = "admin", "Admin"  # rows from before adjustments had reasons; no longer written
 
     product = models.ForeignKey(Product, on_delete=models.PROTECT, related_name="ledger")
     quantity = models.IntegerField(help_text="Signed: negative leaves stock, positive returns it")
@@ -372,7 +382,14 @@ class StockLedger(models.Model):
     order = models.ForeignKey(Order, null=True, blank=True, on_delete=models.PROTECT, related_name="ledger")
     fence = models.BigIntegerField(null=True, blank=True)
     actor = models.CharField(max_length=150, blank=True)
+    # A default in the database too: the checkout writer's INSERT names its columns and has no note.
+    note = models.CharField(max_length=200, blank=True, default="", db_default="",
+                            help_text="The operator's words on an adjustment")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    # Stock moved by an operator rather than by an order: what I2 counts as refills (signed).
+    OPERATOR_REASONS = (Reason.RESTOCK, Reason.CORRECTION, Reason.DAMAGED, Reason.LOST, Reason.PROMOTION,
+                        Reason.ADMIN)
 
     class Meta:
         ordering = ["-id"]

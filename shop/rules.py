@@ -1,5 +1,6 @@
-"""The shop's small rules that the checkout writer and the services share: whether a coupon may be
-used now, how much it takes off, when an order placed now must be paid."""
+"""The shop's small rules that the checkout writer, the services and the reads share: whether a
+coupon may be used now, how much it takes off, when an order placed now must be paid, which way
+an operator's stock adjustment may go, and how an order's payment splits over its lines."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
-from shop.models import Coupon, Order
+from shop.models import Coupon, Order, StockLedger
 
 
 def coupon_error(coupon: Coupon | None, code: str) -> errors.ShopError | None:
@@ -47,3 +48,73 @@ def operator_action(status: str) -> str | None:
     and `manage.py shop` ask the same question."""
     return {Order.Status.PENDING_PAYMENT: "cancel", Order.Status.PLACED: "cancel",
             Order.Status.PAID: "refund"}.get(status)
+
+
+# --- stock adjustments ---------------------------------------------------------------------------
+# The reasons an operator gives for moving stock (Shopify's and Saleor's kinds, a few), and which
+# way each may move it: +1 only adds (units received), -1 only removes, 0 either way (a count that
+# found more or fewer units than the stock says).
+ADJUSTMENT_REASONS: dict[str, int] = {
+    StockLedger.Reason.RESTOCK: +1,
+    StockLedger.Reason.CORRECTION: 0,
+    StockLedger.Reason.DAMAGED: -1,
+    StockLedger.Reason.LOST: -1,
+    StockLedger.Reason.PROMOTION: -1,
+}
+MAX_NOTE_LENGTH = StockLedger._meta.get_field("note").max_length
+
+
+def adjustment_reasons(delta: int | None = None) -> list[str]:
+    """The reasons that may move stock by `delta` (by its sign; None: every reason), in the order offered."""
+    return [str(reason) for reason, way in ADJUSTMENT_REASONS.items()
+            if delta is None or way == 0 or (way > 0) == (delta > 0)]
+
+
+def check_adjustment(*, delta: object, reason: object, note: object) -> tuple[int, str, str]:
+    """An operator's adjustment, checked before any lock or query: a whole number of units, not 0,
+    at most SHOP["MAX_RESTOCK"] either way; a reason that goes that way; a note of at most
+    MAX_NOTE_LENGTH characters. Returns (delta, reason, note stripped)."""
+    maximum = int(shop_settings.MAX_RESTOCK)
+    if not isinstance(delta, int) or isinstance(delta, bool) or abs(delta) > maximum:
+        raise errors.AdjustmentOutOfRange(
+            f"An adjustment is a whole number of units from -{maximum} to {maximum} (not 0).",
+            details={"delta": str(delta), "maximum": maximum})
+    if delta == 0:
+        raise errors.ZeroAdjustment(details={"delta": 0})
+    allowed = adjustment_reasons(delta)
+    if reason not in allowed:
+        known = reason in ADJUSTMENT_REASONS
+        why = (f"{StockLedger.Reason(reason).label!r} cannot {'add' if delta > 0 else 'remove'} units"
+               if known else f"Unknown reason {str(reason)[:40]!r}")
+        raise errors.InvalidAdjustmentReason(f"{why}: give one of {', '.join(allowed)}.",
+                                             details={"reason": str(reason)[:40], "allowed": allowed})
+    if not isinstance(note, str) or len(note.strip()) > MAX_NOTE_LENGTH:
+        raise errors.InvalidInput(f"A note is at most {MAX_NOTE_LENGTH} characters.",
+                                  details={"note": f"at most {MAX_NOTE_LENGTH} characters"})
+    return delta, str(reason), note.strip()
+
+
+# --- what buyers paid, line by line --------------------------------------------------------------
+def line_shares(*, total_cents: int, amounts_cents: list[int]) -> list[int]:
+    """What each line of an order paid, in cents, when the order paid `total_cents` for lines of
+    these list amounts (quantity x unit price, in the order's line order: by product id).
+
+    The order's discount is spread over its lines in proportion to their amounts, in whole cents,
+    rounding the running total rather than each line ("cumulative rounding"): line i gets
+    round(A_i x T / S) - round(A_(i-1) x T / S), where A_i is the sum of the amounts of lines 1..i,
+    S the sum of them all (the order's subtotal) and round() rounds half up. So each line is
+    within a cent of its exact share, and the lines add up to exactly what the order paid.
+    `shop.selectors.product_sales` computes the same in SQL (the Sales view's net revenue).
+    """
+    subtotal = sum(amounts_cents)
+    if subtotal == 0:
+        return [0] * len(amounts_cents)
+
+    def rounded(running: int) -> int:  # round half up of running x total / subtotal, in integers
+        return (2 * running * total_cents + subtotal) // (2 * subtotal)
+
+    shares, running = [], 0
+    for amount in amounts_cents:
+        shares.append(rounded(running + amount) - rounded(running))
+        running += amount
+    return shares

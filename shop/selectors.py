@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, DecimalField, F, OuterRef, Prefetch, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models import (
+    Case,
+    Count,
+    DecimalField,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Prefetch,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Coalesce, Mod
+from django.utils import timezone
 from django_redis import get_redis_connection
 
 from shop import errors, redis_keys
@@ -94,15 +109,64 @@ def products_by_id(ids: list[int], *, include_inactive: bool = False) -> dict[in
 # Sold: paid orders, and the legacy "placed" ones (settled before the payment step existed).
 SOLD_STATUSES = (Order.Status.PAID, Order.Status.PLACED)
 STOCK_LEVELS = {"sold_out": "Sold out", "low": "Low stock", "in_stock": "In stock"}
+# The units-per-minute rate counts the orders placed within this window (the Sales view's "last 5 min").
+RATE_WINDOW = timedelta(minutes=5)
+SALES_FIGURES = ("units_sold", "revenue", "units_recent", "units_reserved", "units_refunded")
 _MONEY = DecimalField(max_digits=14, decimal_places=2)
+_CENTS = DecimalField(max_digits=40, decimal_places=0)
 
 
-def _lines_total(expression, statuses: tuple[str, ...], output_field=None):
+def _lines_total(expression, statuses: tuple[str, ...], output_field=None, **line_filter):
     """Per product (a correlated subquery: evaluated for the rows shown, not the whole catalog)."""
-    lines = (OrderLine.objects.filter(product=OuterRef("pk"), order__status__in=statuses)
+    lines = (OrderLine.objects.filter(product=OuterRef("pk"), order__status__in=statuses, **line_filter)
              .order_by().values("product").annotate(n=Sum(expression, output_field=output_field)).values("n"))
     zero = Value(Decimal("0.00"), output_field=_MONEY) if output_field is not None else Value(0)
     return Coalesce(Subquery(lines, output_field=output_field), zero, output_field=output_field)
+
+
+def _cents(expression) -> ExpressionWrapper:
+    return ExpressionWrapper(expression * 100, output_field=_CENTS)
+
+
+def _net_revenue():
+    """Per product: what buyers paid for its lines in sold orders, the order's discount spread over
+    its lines as `shop.rules.line_shares` does (in proportion to their list amounts, whole cents,
+    rounding the running total in product-id order, so an order's lines add up to its total).
+
+    In SQL, per line: share = R(A + a) - R(A), where a is the line's list amount, A the amounts of
+    the order's lines of lower product ids (a correlated sum; not needed when the line is the whole
+    order), R(x) = floor((2xT + S) / 2S), T the order's total and S its subtotal, all in cents.
+    The floor is taken exactly, as (n - MOD(n, d)) / d: a decimal division would round first.
+    """
+    amount = _cents(F("quantity") * F("unit_price"))
+    earlier = (OrderLine.objects.filter(order=OuterRef("order_id"), product_id__lt=OuterRef("product_id"))
+               .order_by().values("order").annotate(s=Sum(F("quantity") * F("unit_price"), output_field=_MONEY))
+               .values("s"))
+    before = _cents(Coalesce(Subquery(earlier, output_field=_MONEY), Value(Decimal("0.00"), output_field=_MONEY)))
+    total, subtotal = _cents(F("order__total")), _cents(F("order__subtotal"))
+
+    def rounded(running) -> ExpressionWrapper:
+        n = ExpressionWrapper(2 * running * total + subtotal, output_field=_CENTS)
+        d = ExpressionWrapper(2 * subtotal, output_field=_CENTS)
+        return ExpressionWrapper((n - Mod(n, d)) / d, output_field=_CENTS)
+
+    share = Case(
+        When(order__subtotal=0, then=Value(0)),
+        When(order__subtotal=F("quantity") * F("unit_price"), then=total),  # the whole order: all it paid
+        default=ExpressionWrapper(rounded(before + amount) - rounded(before), output_field=_CENTS),
+        output_field=_CENTS,
+    )
+    lines = (OrderLine.objects.filter(product=OuterRef("pk"), order__status__in=SOLD_STATUSES)
+             .order_by().values("product").annotate(n=Sum(share, output_field=_CENTS)).values("n"))
+    cents = Coalesce(Subquery(lines, output_field=_CENTS), Value(0), output_field=_CENTS)
+    return Cast(ExpressionWrapper(cents / 100, output_field=_MONEY), output_field=_MONEY)
+
+
+def reserved_units(*, product_id: int) -> int:
+    """Units of `product_id` that orders awaiting payment hold: out of the stock (an order takes its
+    units at checkout), back in it if they are not paid (`units_reserved` of `product_sales`)."""
+    return (OrderLine.objects.filter(product_id=product_id, order__status=Order.Status.PENDING_PAYMENT)
+            .aggregate(n=Sum("quantity"))["n"] or 0)
 
 
 def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:
@@ -117,19 +181,44 @@ def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySe
     return products
 
 
-def product_sales(*, stock: str | None = None, products: QuerySet[Product] | None = None) -> QuerySet[Product]:
-    """Products annotated with what an operator asks during a sale: `units_sold` and `revenue`
-    (paid orders, at the lines' list prices: a coupon's discount belongs to its order, not to a
-    line), `units_reserved` (awaiting payment: they return if unpaid) and `units_refunded`.
-    `stock`: a key of STOCK_LEVELS, or None for all."""
+def product_sales(*, stock: str | None = None, products: QuerySet[Product] | None = None,
+                  now: datetime | None = None) -> QuerySet[Product]:
+    """Products annotated with what an operator watches during a sale:
+
+    - `units_sold` and `revenue`: units in sold orders (paid, and legacy placed) and what their
+      buyers paid for them: net of the order's coupon, spread over its lines (`_net_revenue`);
+    - `units_recent`: units of the orders placed in the last RATE_WINDOW (5 minutes) that still
+      hold their stock (awaiting payment or sold): the rate is `units_recent / 5` per minute;
+    - `units_reserved` (awaiting payment: they return if unpaid) and `units_refunded`;
+    - `stock`, the model's own: what is left to sell.
+
+    `stock`: a key of STOCK_LEVELS, or None for all. Totals: `sales_totals`.
+    """
+    since = (now or timezone.now()) - RATE_WINDOW
     products = Product.objects.all() if products is None else products
     products = products.annotate(
         units_sold=_lines_total("quantity", SOLD_STATUSES),
-        revenue=_lines_total(F("quantity") * F("unit_price"), SOLD_STATUSES, _MONEY),
+        revenue=_net_revenue(),
+        units_recent=_lines_total("quantity", RESERVING_STATUSES, order__created_at__gte=since),
         units_reserved=_lines_total("quantity", (Order.Status.PENDING_PAYMENT,)),
         units_refunded=_lines_total("quantity", (Order.Status.REFUNDED,)),
     )
     return by_stock_level(products, level=stock).order_by("id")
+
+
+def units_per_minute(units_recent: int) -> Decimal:
+    """The rate of a product (or of the totals) from its `units_recent`, one decimal."""
+    return (Decimal(units_recent) * 60 / Decimal(RATE_WINDOW.total_seconds())).quantize(Decimal("0.1"))
+
+
+def sales_totals(*, products: QuerySet[Product]) -> dict[str, int | Decimal]:
+    """The totals row of `product_sales(...)` (every product it lists, on every page): the sums of
+    its figures and of the stock, and the count of products. One query."""
+    sums = products.order_by().aggregate(total_products=Count("pk"), total_stock=Sum("stock"),
+                                         **{f"total_{f}": Sum(f) for f in SALES_FIGURES})
+    totals = {k.removeprefix("total_"): v for k, v in sums.items()}
+    money = Decimal("0.00")
+    return {k: (v if v is not None else (money if k == "revenue" else 0)) for k, v in totals.items()}
 
 
 def orders_in_chunks(*, orders: QuerySet[Order], chunk_size: int = 1000) -> Iterator[Order]:

@@ -1,41 +1,67 @@
-"""Stock refills: restock (operators) and the stock half of cancel_order; hiding a product.
+"""Stock moved by hand: an operator's adjustment up or down with a reason (`adjust_stock`;
+`restock` is one, up); the stock half of cancel_order; hiding a product.
 
-A refill takes the product lock, removes the sold-out marker and raises the product's refill
+Every movement takes the product lock and writes one fenced, guarded UPDATE plus a ledger row in
+one transaction. A refill (stock up) removes the sold-out marker and raises the product's refill
 floor to its fence *before* its COMMIT (so no order can re-mark the product: see
-shop/plumbing/soldout.py), and writes a fenced UPDATE plus a ledger row.
+shop/plumbing/soldout.py); an adjustment that leaves 0 marks the product sold out after its
+COMMIT, still under the lock, as an order that sells the last unit does.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db.models import F
 from django.utils import timezone
 
-from shop import errors
+import locks
+from shop import errors, rules
 from shop.conf import shop_settings
 from shop.lock_names import product_lock
 from shop.models import Product, StockLedger
 from shop.plumbing import soldout
 from shop.plumbing.locking import StaleFence, check_before_commit, held, refuse_outer_transaction
 from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
+from shop.selectors import reserved_units
 from shop.validation import validate_quantity
 
 
 def return_stock(*, product_id: int, quantity: int, hold, reason: str, order=None, actor: str = "") -> None:
     """Inside a transaction, under the product's lock: put `quantity` back, fenced, with a ledger row."""
+    move_stock(product_id=product_id, delta=quantity, hold=hold, reason=reason, order=order, actor=actor)
+
+
+def move_stock(*, product_id: int, delta: int, hold, reason: str, order=None, note: str = "",
+               actor: str = "") -> None:
+    """Inside a transaction, under the product's lock: stock + `delta` and a ledger row.
+
+    One UPDATE, guarded and fenced in SQL: `stock = stock + delta, fence = :fence WHERE id = :id
+    AND fence < :fence`, plus `AND stock >= -delta` when it removes units, so the stock never goes
+    below 0 whatever was read before (Python never writes back a stock it read).
+    """
     fence = hold.fence if hold is not None else None
     rows = Product.objects.filter(pk=product_id)
+    guarded = rows.filter(stock__gte=-delta) if delta < 0 else rows
     if fence is not None:
-        updated = rows.filter(fence__lt=fence).update(stock=F("stock") + quantity, fence=fence)
+        updated = guarded.filter(fence__lt=fence).update(stock=F("stock") + delta, fence=fence)
     else:
-        updated = rows.update(stock=F("stock") + quantity)
+        updated = guarded.update(stock=F("stock") + delta)
     if not updated:
-        if not Product.objects.filter(pk=product_id).exists():
+        row = rows.only("stock", "fence").first()
+        if row is None:
             raise errors.UnknownProduct(details={"product_ids": [product_id]})
-        raise StaleFence(product_lock(product_id))
-    StockLedger.objects.create(product_id=product_id, quantity=quantity, reason=reason, order=order,
-                               fence=fence, actor=actor)
+        if fence is not None and row.fence >= fence:
+            raise StaleFence(product_lock(product_id))
+        reserved = reserved_units(product_id=product_id)
+        raise errors.AdjustmentExceedsStock(
+            f"Only {row.stock} left to sell: remove at most {row.stock}."
+            + (f" {reserved} more are reserved by unpaid orders: they come back to the stock if not paid, "
+               "and can be removed then." if reserved else ""),
+            details={"product_id": product_id, "stock": row.stock, "delta": delta, "reserved": reserved})
+    StockLedger.objects.create(product_id=product_id, quantity=delta, reason=reason, order=order,
+                               fence=fence, actor=actor, note=note)
 
 
 def unmark_sold_out(product_ids: list[int], holds: dict) -> None:
@@ -87,22 +113,81 @@ def clear_hidden_markers(*, check=None) -> tuple[int, int]:
     return cleared, left
 
 
+def mark_sold_out(product_id: int, hold: locks.Hold | None) -> None:
+    """After a COMMIT that left the product at 0, still under its lock: mark it sold out with the
+    hold's fence as proof (shop/plumbing/soldout.py), as the checkout writer does. Without locks
+    (hold None) markers are not used; a hold already lost proves nothing (the next buyer marks)."""
+    if hold is None:
+        return
+    try:
+        hold.check(verify=True)
+    except (locks.LockLost, locks.LockUnavailable):
+        return
+    soldout.mark(product_id, fence=hold.fence)
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """What an adjustment did: the stock just before and just after it, read under the lock."""
+
+    product: Product
+    delta: int
+    reason: str
+    note: str
+    before: int
+    after: int
+
+
 @connection_errors()
-def restock(*, product: Product, quantity: int, actor) -> Product:
-    refuse_outer_transaction("restock")
-    quantity = validate_quantity(quantity, maximum=int(shop_settings.MAX_RESTOCK))
+def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", actor: str) -> Adjustment:
+    """Add (`delta` > 0) or remove (< 0) units of `product`'s stock, for `reason` (one of
+    `shop.rules.ADJUSTMENT_REASONS` that goes that way: "damaged" only removes, "restock" only
+    adds, "correction" either), with an optional note; the ledger row names `actor`.
+
+    Never below what unpaid orders reserved. `stock` is what is left to sell: an order takes its
+    units out of it at checkout, and they stay out while it awaits payment (`units_reserved` of
+    `shop.selectors.product_sales`) and after it is paid; they come back only if it is cancelled,
+    expires or is refunded. The units on hand are therefore stock + reserved (+ sold, not yet
+    shipped), and "not below the reserved units" is "stock never below 0": removing units takes
+    at most `stock` of them, never one a buyer reserved. The UPDATE guards it in SQL
+    (`stock >= n`, see `move_stock`), under the same product lock as checkouts and restocks, so
+    an adjustment racing orders can neither oversell nor go negative: whichever commits first
+    wins, and the other is refused on what is really left (AdjustmentExceedsStock, saying how
+    many units unpaid orders hold, which come back if they are not paid).
+
+    Sold-out markers stay right: adding units clears the marker before the COMMIT (`restock`'s
+    refill rule); leaving 0 marks the product sold out after it (hidden products excepted: they
+    answer as missing). Refusals (typed, nothing written): ZeroAdjustment, AdjustmentOutOfRange,
+    InvalidAdjustmentReason, InvalidInput (note too long), UnknownProduct, AdjustmentExceedsStock,
+    LockTimeout / LockUnavailable / Conflict / DatabaseUnavailable.
+    """
+    refuse_outer_transaction("adjust_stock")
+    delta, reason, note = rules.check_adjustment(delta=delta, reason=reason, note=note)
     if not Product.objects.filter(pk=product.pk).exists():
         raise errors.UnknownProduct(details={"product_ids": [product.pk]})
+    name = product_lock(product.pk)
 
-    def attempt() -> None:
-        name = product_lock(product.pk)
+    def attempt() -> int:
         with held([name]) as holds:
-            unmark_sold_out([product.pk], holds)
+            if delta > 0:
+                unmark_sold_out([product.pk], holds)
             with durable_transaction():
-                return_stock(product_id=product.pk, quantity=quantity, hold=holds[name],
-                             reason=StockLedger.Reason.RESTOCK, actor=str(actor))
+                move_stock(product_id=product.pk, delta=delta, hold=holds[name], reason=reason, note=note,
+                           actor=str(actor))
+                row = Product.objects.only("stock", "active").get(pk=product.pk)  # ours, row-locked: exact
                 check_before_commit(holds)
+            if row.stock == 0 and row.on_sale:
+                mark_sold_out(product.pk, holds[name])
+            return row.stock
 
-    with_retries(attempt, what="restock")
+    after = with_retries(attempt, what="adjust_stock")
     product.refresh_from_db()
-    return product
+    return Adjustment(product=product, delta=delta, reason=reason, note=note, before=after - delta, after=after)
+
+
+@connection_errors()
+def restock(*, product: Product, quantity: int, actor) -> Product:
+    """Add `quantity` units received (1 to SHOP["MAX_RESTOCK"]): an adjustment up, reason restock."""
+    refuse_outer_transaction("restock")
+    quantity = validate_quantity(quantity, maximum=int(shop_settings.MAX_RESTOCK))
+    return adjust_stock(product=product, delta=quantity, reason=StockLedger.Reason.RESTOCK, actor=str(actor)).product

@@ -94,6 +94,54 @@ def test_staff_without_permissions_cannot_restock(make_product):
     assert Client().get(f"/admin/shop/product/{p.pk}/restock/").status_code == 302  # to the login
 
 
+def test_adjust_stock_asks_with_before_and_after_then_goes_through_the_service(admin_client, make_product, user):
+    p = make_product(stock=10)
+    place_order(user=user, lines=[(p.pk, 3)])  # 7 left to sell, 3 reserved
+    url = f"/admin/shop/product/{p.pk}/adjust/"
+    form = admin_client.get(url).content.decode()
+    assert "<strong>7</strong> left to sell; 3 more reserved by orders awaiting payment" in form
+    assert '<option value="damaged">Damaged: removes</option>' in form
+    asked = admin_client.post(url, {"delta": -2, "reason": "damaged", "note": "crushed box"})
+    assert asked.status_code == 200
+    page = asked.content.decode()
+    assert "Stock <strong>7 → 5</strong>" in page and "-2 (Damaged), “crushed box”" in page
+    assert 'name="confirm"' in page and "Yes, adjust the stock" in page
+    assert not StockLedger.objects.filter(product=p, order=None).exists()  # nothing written before confirming
+
+    done = admin_client.post(url, {"delta": -2, "reason": "damaged", "note": "crushed box", "confirm": "1"},
+                             follow=True)
+    assert "Product" in done.content.decode() and "-2 (Damaged), stock 7 → 5." in done.content.decode()
+    p.refresh_from_db()
+    assert p.stock == 5 and p.fence > 0
+    entry = StockLedger.objects.get(product=p, order=None)
+    assert (entry.quantity, entry.reason, entry.note, entry.actor) == (-2, "damaged", "crushed box", "admin:root")
+    ledger = admin_client.get("/admin/shop/stockledger/?q=crushed").content.decode()
+    assert "crushed box" in ledger and "Damaged" in ledger  # the ledger list shows (and finds) the note
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"delta": 3, "reason": "damaged"}, "&#x27;Damaged&#x27; cannot add units: give one of restock, correction."),
+    ({"delta": 0, "reason": "correction"}, "An adjustment must add or remove at least one unit."),
+    ({"delta": -6, "reason": "lost", "confirm": "1"}, "Only 5 left to sell: remove at most 5."),
+    ({"delta": 2_000_000, "reason": "restock", "confirm": "1"}, "from -1000000 to 1000000"),
+])
+def test_a_refused_adjustment_says_why_and_writes_nothing(admin_client, make_product, data, message):
+    p = make_product(stock=5)
+    page = admin_client.post(f"/admin/shop/product/{p.pk}/adjust/", data)
+    assert page.status_code == 200 and message in page.content.decode()
+    assert "Yes, adjust the stock" not in page.content.decode()
+    p.refresh_from_db()
+    assert (p.stock, p.fence) == (5, 0) and not StockLedger.objects.exists()
+
+
+def test_the_product_list_and_page_offer_adjust_stock(admin_client, make_product):
+    p = make_product(stock=1)
+    page = admin_client.get(f"/admin/shop/product/{p.pk}/change/").content.decode()
+    assert f'href="/admin/shop/product/{p.pk}/adjust/"' in page and "Adjust stock…" in page
+    listed = admin_client.get("/admin/shop/product/").content.decode()
+    assert f'href="/admin/shop/product/{p.pk}/adjust/"' in listed and f'/admin/shop/product/{p.pk}/restock/' in listed
+
+
 # --- every admin action declares the permission it needs ----------------------------------------
 def _staff_with(*codenames: str):
     from django.contrib.auth.models import Permission
@@ -199,10 +247,14 @@ def test_view_only_staff_see_no_restock_or_cancel_and_cannot_trigger_them(make_p
     for url in (f"/admin/shop/product/{p.pk}/change/", "/admin/shop/product/"):
         page = viewer.get(url)
         assert page.status_code == 200 and "/restock/" not in page.content.decode(), url
+        assert "/adjust/" not in page.content.decode(), url
     for url in (f"/admin/shop/order/{order.pk}/change/", "/admin/shop/order/"):
         page = viewer.get(url)
         assert page.status_code == 200 and "/cancel/" not in page.content.decode(), url
     assert viewer.post(f"/admin/shop/product/{p.pk}/restock/", {"quantity": 5}).status_code == 403
+    assert viewer.get(f"/admin/shop/product/{p.pk}/adjust/").status_code == 403
+    assert viewer.post(f"/admin/shop/product/{p.pk}/adjust/", {"delta": -1, "reason": "lost",
+                                                               "confirm": "1"}).status_code == 403
     assert viewer.post(f"/admin/shop/order/{order.pk}/cancel/").status_code == 403
     p.refresh_from_db()
     order.refresh_from_db()
@@ -346,9 +398,10 @@ def test_the_sales_selector_counts_sold_paid_revenue_and_reserved_units(make_pro
     rows = {p.pk: p for p in product_sales()}
     assert (rows[a.pk].units_sold, rows[a.pk].revenue, rows[a.pk].units_reserved, rows[a.pk].units_refunded) == (
         2, Decimal("2500.00"), 1, 1)
+    # B and C in one order: $24 of lines, paid $22 with the coupon: B $15 x 22/24 = $13.75, C the rest.
     assert (rows[b.pk].units_sold, rows[b.pk].revenue, rows[b.pk].units_reserved, rows[b.pk].units_refunded) == (
-        3, Decimal("15.00"), 0, 0)  # list prices: the coupon's discount is the order's, not a line's
-    assert (rows[c.pk].units_sold, rows[c.pk].stock) == (1, 0)
+        3, Decimal("13.75"), 0, 0)  # what the buyer paid, not the list price ($15.00)
+    assert (rows[c.pk].units_sold, rows[c.pk].revenue, rows[c.pk].stock) == (1, Decimal("8.25"), 0)
     assert [Product.objects.get(pk=p.pk).stock for p in (a, b, c)] == [17, 3, 0]
     settings.SHOP = {**settings.SHOP, "LOW_STOCK": 3}  # low: 1 to 3 left
     assert [p.pk for p in product_sales(stock="sold_out")] == [c.pk]
@@ -364,7 +417,8 @@ def test_the_sales_page_lists_products_with_their_sales_and_filters_by_stock(adm
     page = admin_client.get("/admin/shop/productsales/")
     assert page.status_code == 200
     text = page.content.decode()
-    for column in ("Sold", "Revenue", "Reserved", "Refunded", "Stock", "units in paid orders", "awaiting payment"):
+    for column in ("Sold", "Net revenue", "Units / min", "Reserved", "Refunded", "Stock", "units in paid orders",
+                   "awaiting payment", "last 5 minutes"):
         assert column in text, column
     assert "2,500.00" in text or "2500.00" in text
     sold_out = admin_client.get("/admin/shop/productsales/?stock=sold_out").content.decode()
@@ -374,6 +428,27 @@ def test_the_sales_page_lists_products_with_their_sales_and_filters_by_stock(adm
     assert admin_client.get("/admin/shop/productsales/?o=-4").status_code == 200  # sortable by its columns
     assert admin_client.get("/admin/shop/productsales/add/").status_code == 403
     assert "/admin/shop/productsales/" in admin_client.get("/admin/").content.decode()
+
+
+def test_the_sales_page_has_a_totals_row_over_every_selected_product_and_refreshes(admin_client, make_product,
+                                                                                 make_coupon, user, other_user,
+                                                                                 monkeypatch):
+    import re
+
+    from shop.admin import ProductSalesAdmin
+
+    _sales_fixture(make_product, make_coupon, user, other_user)
+    monkeypatch.setattr(ProductSalesAdmin, "list_per_page", 2)  # 3 products: 2 on this page
+    page = admin_client.get("/admin/shop/productsales/").content.decode()
+    assert re.search(r"Updated <time>\d\d:\d\d:\d\d</time>", page) and 'data-every="5"' in page
+    assert 'data-action="pause"' in page and 'data-action="refresh"' in page and "shop/admin-sales.js" in page
+    footer = page[page.index('<tfoot id="sales-totals">'):page.index("</tfoot>")]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", footer)
+    # name, sku, price, stock, sold, net revenue, units/min, reserved, refunded: every product the filters
+    # select, on every page. 7 units in orders of the last 5 minutes that hold their stock: 1.4 a minute.
+    assert cells == ["Total (3 products)", "", "", "20", "6", "$2,522.00", "1.4", "1", "1"], cells
+    low = admin_client.get("/admin/shop/productsales/?stock=low").content.decode()
+    assert "Total (1 product)" in low and "$13.75" in low
 
 
 def test_the_sales_page_needs_its_own_view_permission(make_product, user):

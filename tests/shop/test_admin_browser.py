@@ -105,3 +105,58 @@ def test_the_lock_dashboard_fits_a_375_px_phone(live_server, settings, make_prod
     assert overflow["page"] == 0, overflow
     assert boxes and all(b["box"] <= 375 and b["scrolls"] in ("auto", "scroll") for b in boxes), boxes
     assert f"product:{product.pk}" in held
+
+
+def _sold_cell(page, product) -> str:
+    """The Sold cell of `product`'s row in the Sales view."""
+    return page.evaluate("""(sku) => {
+        const row = [...document.querySelectorAll('#result_list tbody tr')].find(r => r.innerText.includes(sku));
+        return row ? row.querySelector('td.field-units_sold').innerText : null;
+    }""", product.sku)
+
+
+def test_the_sales_view_refreshes_itself_and_can_be_paused(live_server, make_product, user, monkeypatch):
+    """While a sale runs the figures come in without a reload, with the time they were read; Pause
+    stops that, "Refresh now" reads them at once."""
+    monkeypatch.setattr("shop.admin.SALES_REFRESH", 1)
+    product = make_product(stock=50)
+    with _operator_page(live_server.url, "/admin/shop/productsales/", width=1280, height=800) as page:
+        assert _sold_cell(page, product) == "0" and page.inner_text(".sales-state") == "refreshed every 1 s"
+        first = page.inner_text("#sales-updated time")
+        pay_order(order=order_of(place_order(user=user, lines=[(product.pk, 3)])), actor="test")
+        page.wait_for_function("(sku) => [...document.querySelectorAll('#result_list tbody tr')]"
+                               ".some(r => r.innerText.includes(sku) && r.querySelector('.field-units_sold')"
+                               ".innerText === '3')", arg=product.sku, timeout=10_000)
+        assert page.inner_text("#sales-totals").split("\t")[4] == "3"  # the totals row came with it
+        page.wait_for_function("(t) => document.querySelector('#sales-updated time').innerText !== t", arg=first,
+                               timeout=5_000)
+
+        page.click("[data-action=pause]")
+        assert page.inner_text(".sales-state") == "paused" and page.inner_text("[data-action=pause]") == "Resume"
+        pay_order(order=order_of(place_order(user=user, lines=[(product.pk, 2)])), actor="test")
+        page.wait_for_timeout(2500)  # two refresh periods: nothing comes in while paused
+        assert _sold_cell(page, product) == "3"
+        page.click("[data-action=refresh]")
+        page.wait_for_function("(sku) => [...document.querySelectorAll('#result_list tbody tr')]"
+                               ".some(r => r.innerText.includes(sku) && r.querySelector('.field-units_sold')"
+                               ".innerText === '5')", arg=product.sku, timeout=5_000)
+        assert page.url.endswith("/admin/shop/productsales/")  # fetched in place, no navigation
+        page.click("[data-action=pause]")  # resumed
+        assert page.inner_text(".sales-state") == "refreshed every 1 s"
+
+
+@pytest.mark.parametrize("width", [320, 375, 1280])
+def test_the_sales_views_refresh_bar_and_totals_fit_every_width(live_server, make_product, make_coupon, width):
+    _orders(make_product, make_coupon)
+    with _operator_page(live_server.url, "/admin/shop/productsales/", width=width, height=800) as page:
+        overflow = _overflow(page, f"admin-sales-{width}.png")
+        controls = page.evaluate("""() => [...document.querySelectorAll(
+            '#sales-updated, #sales-refresh [data-action]')].map(e => {
+            const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, visible: r.width > 0};
+        })""")
+        totals = page.inner_text("#sales-totals")
+    assert overflow["page"] == 0, overflow
+    assert width < 1280 or overflow["results"] == 0, overflow  # on a phone the table scrolls in its own box
+    assert len(controls) == 3 and all(c["visible"] and c["left"] >= 0 and c["right"] <= width for c in controls), \
+        controls
+    assert "Total (1 product)" in totals

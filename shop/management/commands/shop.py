@@ -1,17 +1,23 @@
 """`manage.py shop`: the command-line twin of the admin's operator actions.
 
     manage.py shop restock PRODUCT QUANTITY   add stock (PRODUCT: its id or SKU): the admin's "Restock…"
+    manage.py shop adjust PRODUCT DELTA --reason REASON [--note TEXT]
+                                              add (DELTA > 0) or remove (< 0) units with a reason
+                                              (restock, correction, damaged, lost, promotion): the
+                                              admin's "Adjust stock…"; never below 0
     manage.py shop cancel ORDER               cancel an unpaid order after confirmation (--yes to skip
                                               it): "Cancel…"; stock and coupon return
     manage.py shop refund ORDER               refund a paid order after confirmation (--yes to skip it):
                                               "Refund…"; the payment goes back, stock and coupon return
-    manage.py shop sales                      per product: units sold and revenue (paid orders), units
-                                              reserved (awaiting payment), refunded, stock left: the
-                                              admin's Sales view (--product P ..., --stock low)
+    manage.py shop sales                      per product: units sold and net revenue (paid orders: what
+                                              buyers paid), units per minute (last 5 minutes), units
+                                              reserved (awaiting payment), refunded, stock left, and
+                                              their totals: the admin's Sales view (--product P ...,
+                                              --stock low)
 
-Each calls what the admin calls (shop.services restock / cancel_order / refund_order, under the
-same locks; shop.selectors.product_sales) and leaves the same audit: its actor on the stock ledger
-rows and on the refund, "cli:<user>@<host>" here (`--actor NAME`: "cli:NAME") where the admin
+Each calls what the admin calls (shop.services restock / adjust_stock / cancel_order / refund_order,
+under the same locks; shop.selectors.product_sales and sales_totals) and leaves the same audit: its
+actor on the stock ledger rows and on the refund, "cli:<user>@<host>" here (`--actor NAME`: "cli:NAME") where the admin
 writes "admin:<username>". A refusal of the service (a paid order cancelled, a quantity out of
 range, a busy lock) is a CommandError with the service's message: exit status 1. `--json`:
 machine-readable output, a refusal too ({"error": {"code", "message", "details"}}). Like
@@ -31,12 +37,11 @@ from django.db.models import Q
 from locks.services import cli_actor_name
 from shop import errors, rules
 from shop.models import Order, Product, StockLedger
-from shop.selectors import STOCK_LEVELS, product_sales
-from shop.services import cancel_order, refund_order, restock
+from shop.selectors import RATE_WINDOW, SALES_FIGURES, STOCK_LEVELS, product_sales, sales_totals, units_per_minute
+from shop.services import adjust_stock, cancel_order, refund_order, restock
 from shop.templatetags.shop_tags import money
 
 ACTOR_LENGTH = StockLedger._meta.get_field("actor").max_length
-SALES_FIGURES = ("units_sold", "revenue", "units_reserved", "units_refunded")
 
 
 def _amount(value: Decimal) -> str:
@@ -55,10 +60,10 @@ def _order_dict(order: Order) -> dict[str, Any]:
 
 
 class Command(BaseCommand):
-    help = "The admin's operator actions from the command line: restock, cancel, refund, sales."
+    help = "The admin's operator actions from the command line: restock, adjust, cancel, refund, sales."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, metavar="{restock,cancel,refund,sales}")
+        sub = parser.add_subparsers(dest="action", required=True, metavar="{restock,adjust,cancel,refund,sales}")
 
         def action(name: str, help_: str, *, writes: bool = True, asks: bool = False) -> CommandParser:
             p = sub.add_parser(name, help=help_, description=help_)
@@ -73,13 +78,20 @@ class Command(BaseCommand):
         p = action("restock", "add QUANTITY units to PRODUCT's stock (the admin's Restock…)")
         p.add_argument("product", help="the product's id or SKU")
         p.add_argument("quantity", type=int, help="units to add")
+        p = action("adjust", "add or remove units of PRODUCT's stock, with a reason (the admin's Adjust stock…)")
+        p.add_argument("product", help="the product's id or SKU")
+        p.add_argument("delta", type=int, help="units to add (5) or remove (-5); never below 0")
+        p.add_argument("--reason", required=True,
+                       help="why: " + ", ".join(f"{r} ({'adds' if way > 0 else 'removes' if way < 0 else 'either'})"
+                                                for r, way in rules.ADJUSTMENT_REASONS.items()))
+        p.add_argument("--note", default="", help=f"a few words for the ledger (at most {rules.MAX_NOTE_LENGTH})")
         for name, what in (("cancel", "cancel an unpaid order: its stock and coupon return (the admin's Cancel…)"),
                            ("refund", "refund a paid order: the payment goes back, its stock and coupon return "
                                       "(the admin's Refund…)")):
             p = action(name, what, asks=True)
             p.add_argument("order", type=int, help="the order's id")
-        p = action("sales", "units sold, revenue, reserved and refunded units and stock per product (the admin's "
-                            "Sales view)", writes=False)
+        p = action("sales", "units sold, net revenue, units per minute (last 5 minutes), reserved and refunded "
+                            "units and stock per product, and their totals (the admin's Sales view)", writes=False)
         p.add_argument("--product", action="extend", nargs="+", default=[], metavar="PRODUCT",
                        help="only these products (ids or SKUs)")
         p.add_argument("--stock", choices=list(STOCK_LEVELS), help="only sold out, low or in-stock products")
@@ -93,6 +105,8 @@ class Command(BaseCommand):
             actor = self._actor(opts)
             if action == "restock":
                 self._restock(opts, actor)
+            elif action == "adjust":
+                self._adjust(opts, actor)
             else:
                 self._operate(opts, actor)
         except errors.ShopError as exc:
@@ -124,6 +138,19 @@ class Command(BaseCommand):
             return
         self.stdout.write(self.style.SUCCESS(f"{product.name} ({product.sku}): +{opts['quantity']}, "
                                              f"stock now {product.stock}."))
+
+    def _adjust(self, opts: dict[str, Any], actor: str) -> None:
+        done = adjust_stock(product=self._product(opts["product"]), delta=opts["delta"], reason=opts["reason"],
+                            note=opts["note"], actor=actor)
+        product = done.product
+        if opts["json"]:
+            self.stdout.write(json.dumps({"product": _product_dict(product), "delta": done.delta, "reason": done.reason,
+                                          "note": done.note, "before": done.before, "after": done.after,
+                                          "actor": actor}, indent=2))
+            return
+        label = StockLedger.Reason(done.reason).label
+        self.stdout.write(self.style.SUCCESS(f"{product.name} ({product.sku}): {done.delta:+d} ({label}), "
+                                             f"stock {done.before} -> {done.after}."))
 
     def _operate(self, opts: dict[str, Any], actor: str) -> None:
         """Cancel or refund: say the order's state, ask (unless --yes), then the service, once."""
@@ -169,16 +196,20 @@ class Command(BaseCommand):
             if missing := [ref for ref in opts["product"] if ref not in found]:
                 raise errors.UnknownProduct(f"No product {', '.join(map(repr, missing))} (give ids or SKUs).",
                                             details={"products": missing})
-        rows = list(product_sales(stock=opts["stock"], products=products))
-        totals = {f: sum((getattr(p, f) for p in rows), Decimal("0.00") if f == "revenue" else 0)
-                  for f in SALES_FIGURES}
+        selected = product_sales(stock=opts["stock"], products=products)
+        rows = list(selected)
+        totals = sales_totals(products=selected)
+        minutes = int(RATE_WINDOW.total_seconds() // 60)
         if opts["json"]:
+            def figures(source: dict[str, Any]) -> dict[str, Any]:
+                return {**{f: _amount(source[f]) if f == "revenue" else source[f] for f in SALES_FIGURES},
+                        "units_per_minute": str(units_per_minute(source["units_recent"]))}
+
             self.stdout.write(json.dumps({
-                "stock": opts["stock"],
+                "stock": opts["stock"], "rate_window_minutes": minutes,
                 "products": [{**_product_dict(p), "price": _amount(p.price),
-                              **{f: _amount(getattr(p, f)) if f == "revenue" else getattr(p, f)
-                                 for f in SALES_FIGURES}} for p in rows],
-                "totals": {**totals, "revenue": _amount(totals["revenue"])},
+                              **figures({f: getattr(p, f) for f in SALES_FIGURES})} for p in rows],
+                "totals": {"products": totals["products"], "stock": totals["stock"], **figures(totals)},
             }, indent=2))
             return
         level = f", {STOCK_LEVELS[opts['stock']].lower()}" if opts["stock"] else ""
@@ -186,14 +217,16 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write("  none")
             return
-        self.stdout.write(f"{'id':>6} {'sku':<16} {'name':<32} {'price':>12} {'stock':>8} {'sold':>8} "
-                          f"{'revenue':>14} {'reserved':>8} {'refunded':>8}")
+        self.stdout.write(f"{'id':>6} {'sku':<16} {'name':<28} {'price':>12} {'stock':>8} {'sold':>8} "
+                          f"{'net revenue':>14} {'units/min':>9} {'reserved':>8} {'refunded':>8}")
         for p in rows:
             name = p.name if p.active else f"{p.name} (hidden)"
-            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {name[:32]:<32} {money(p.price):>12} {p.stock:>8} "
-                              f"{p.units_sold:>8} {money(p.revenue):>14} {p.units_reserved:>8} "
-                              f"{p.units_refunded:>8}")
-        if len(rows) > 1:
-            self.stdout.write(f"{'total':>6} {'':<16} {'':<32} {'':>12} {sum(p.stock for p in rows):>8} "
-                              f"{totals['units_sold']:>8} {money(totals['revenue']):>14} "
-                              f"{totals['units_reserved']:>8} {totals['units_refunded']:>8}")
+            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {name[:28]:<28} {money(p.price):>12} {p.stock:>8} "
+                              f"{p.units_sold:>8} {money(p.revenue):>14} {units_per_minute(p.units_recent):>9} "
+                              f"{p.units_reserved:>8} {p.units_refunded:>8}")
+        self.stdout.write(f"{'total':>6} {'':<16} {'':<28} {'':>12} {totals['stock']:>8} "
+                          f"{totals['units_sold']:>8} {money(totals['revenue']):>14} "
+                          f"{units_per_minute(totals['units_recent']):>9} "
+                          f"{totals['units_reserved']:>8} {totals['units_refunded']:>8}")
+        self.stdout.write(f"Net revenue: what buyers paid (coupons spread over an order's lines, to the cent). "
+                          f"Units/min: orders placed in the last {minutes} minutes that still hold their stock.")

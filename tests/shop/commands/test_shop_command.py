@@ -80,6 +80,39 @@ def test_restock_json(make_product):
                     "actor": ME}
 
 
+# --- adjust ------------------------------------------------------------------------------------
+def test_adjust_removes_and_adds_with_a_reason_and_note_as_the_admin_does(make_product, user):
+    p = make_product(stock=10)
+    place_order(user=user, lines=[(p.pk, 4)])  # 6 left to sell, 4 reserved
+    out = shop("adjust", p.sku, "-2", "--reason", "damaged", "--note", "wet cartons")
+    assert f"{p.name} ({p.sku}): -2 (Damaged), stock 6 -> 4." in out
+    entry = StockLedger.objects.get(product=p, order=None)
+    assert (entry.quantity, entry.reason, entry.note, entry.actor) == (-2, "damaged", "wet cartons", ME)
+
+    data = json.loads(shop("adjust", str(p.pk), "3", "--reason", "correction", "--json", "--actor", "counter"))
+    assert data == {"product": {"id": p.pk, "sku": p.sku, "name": p.name, "active": True, "stock": 7}, "delta": 3,
+                    "reason": "correction", "note": "", "before": 4, "after": 7, "actor": "cli:counter"}
+
+
+def test_adjust_refuses_what_the_service_refuses_with_its_code(make_product, user):
+    p = make_product(stock=5)
+    place_order(user=user, lines=[(p.pk, 2)])
+    with pytest.raises(CommandError, match=r"Only 3 left to sell: remove at most 3\. 2 more are reserved"):
+        shop("adjust", p.sku, "-4", "--reason", "lost")
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("shop", "adjust", p.sku, "5", "--reason", "damaged", "--json", stdout=out)
+    assert json.loads(out.getvalue())["error"] == {
+        "code": "invalid_adjustment_reason", "message": "'Damaged' cannot add units: give one of restock, correction.",
+        "details": {"reason": "damaged", "allowed": ["restock", "correction"]}}
+    with pytest.raises(CommandError, match="An adjustment must add or remove at least one unit"):
+        shop("adjust", p.sku, "0", "--reason", "correction")
+    with pytest.raises(CommandError, match="the following arguments are required: --reason"):
+        shop("adjust", p.sku, "-1")
+    p.refresh_from_db()
+    assert p.stock == 3 and not StockLedger.objects.filter(product=p, order=None).exists()
+
+
 # --- cancel and refund -------------------------------------------------------------------------
 def test_cancel_asks_then_returns_the_stock_with_the_actor(make_product, user, monkeypatch):
     p = make_product(stock=5, price="129.00")
@@ -157,21 +190,31 @@ def test_sales_shows_the_figures_of_the_admins_sales_view(make_product, make_cou
     data = json.loads(shop("sales", "--json", "--product", str(a.pk), b.sku, str(c.pk)))
     rows = {row["id"]: row for row in data["products"]}
     # What the orders say: A 2 paid (1 awaiting payment, 1 refunded), B 3 paid (1 cancelled), C 1 paid.
-    assert [(rows[p.pk]["units_sold"], rows[p.pk]["revenue"], rows[p.pk]["units_reserved"],
-             rows[p.pk]["units_refunded"], rows[p.pk]["stock"]) for p in (a, b, c)] == [
-        (2, "2500.00", 1, 1, 17), (3, "15.00", 0, 0, 3), (1, "9.00", 0, 0, 0)]
-    assert data["totals"] == {"units_sold": 6, "revenue": "2524.00", "units_reserved": 1, "units_refunded": 1}
+    # B and C were bought in one order with a $2 coupon ($24 of lines, paid $22): net revenue $13.75 and $8.25.
+    assert [(rows[p.pk]["units_sold"], rows[p.pk]["revenue"], rows[p.pk]["units_per_minute"],
+             rows[p.pk]["units_reserved"], rows[p.pk]["units_refunded"], rows[p.pk]["stock"]) for p in (a, b, c)] == [
+        (2, "2500.00", "0.6", 1, 1, 17), (3, "13.75", "0.6", 0, 0, 3), (1, "8.25", "0.2", 0, 0, 0)]
+    assert data["totals"] == {"products": 3, "stock": 20, "units_sold": 6, "revenue": "2522.00", "units_recent": 7,
+                              "units_per_minute": "1.4", "units_reserved": 1, "units_refunded": 1}
+    assert data["rate_window_minutes"] == 5
     # ...and what the admin's selector says, row for row.
     for p in product_sales(products=Product.objects.filter(pk__in=[a.pk, b.pk, c.pk])):
-        assert (rows[p.pk]["units_sold"], Decimal(rows[p.pk]["revenue"]), rows[p.pk]["units_reserved"],
-                rows[p.pk]["units_refunded"]) == (p.units_sold, p.revenue, p.units_reserved, p.units_refunded)
+        assert (rows[p.pk]["units_sold"], Decimal(rows[p.pk]["revenue"]), rows[p.pk]["units_recent"],
+                rows[p.pk]["units_reserved"], rows[p.pk]["units_refunded"]) == (
+            p.units_sold, p.revenue, p.units_recent, p.units_reserved, p.units_refunded)
 
     mine = ["--product", str(a.pk), str(b.pk), str(c.pk)]
     assert [r["id"] for r in json.loads(shop("sales", "--json", "--stock", "sold_out", *mine))["products"]] == [c.pk]
     assert [r["id"] for r in json.loads(shop("sales", "--json", "--stock", "low", *mine))["products"]] == [b.pk]
     table = shop("sales", *mine)
-    assert "Sales by product (3)" in table and "$2,500.00" in table and "$2,524.00" in table
+    assert "Sales by product (3)" in table and "$2,500.00" in table and "$13.75" in table
+    total = next(line for line in table.splitlines() if line.lstrip().startswith("total"))
+    assert total.split() == ["total", "20", "6", "$2,522.00", "1.4", "1", "1"], total
+    assert "last 5 minutes" in table
     assert a.name in table and c.sku in table
+    one = shop("sales", "--product", str(c.pk))  # a totals row for one product too
+    assert [line.split() for line in one.splitlines() if line.lstrip().startswith("total")] == [
+        ["total", "0", "1", "$8.25", "0.2", "0", "0"]]
     assert "none" in shop("sales", "--stock", "in_stock", "--product", str(c.pk))
     with pytest.raises(CommandError, match="No product 'NOPE'"):
         shop("sales", "--product", str(a.pk), "NOPE")
@@ -199,3 +242,7 @@ def test_exit_status_from_the_command_line(make_product, _lock_key_prefix):
     refused = run("restock", p.sku, "0")
     assert refused.returncode == 1
     assert "CommandError: Quantity must be a whole number from 1 to" in refused.stderr, refused.stderr
+    removed = run("adjust", p.sku, "-5", "--reason", "lost", "--note", "shelf 4 empty")  # a negative argument
+    assert removed.returncode == 0 and "stock 5 -> 0" in removed.stdout, removed.stderr
+    too_many = run("adjust", p.sku, "-1", "--reason", "damaged")
+    assert too_many.returncode == 1 and "CommandError: Only 0 left to sell" in too_many.stderr, too_many.stderr
