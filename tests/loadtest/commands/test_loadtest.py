@@ -181,7 +181,7 @@ def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, tmp_path
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without it looks like
-    with pytest.raises(CommandError, match=r"pip install -r requirements-bench\.txt"):
+    with pytest.raises(CommandError, match=r"--plot needs matplotlib.* -m pip install -r \S*requirements-bench\.txt"):
         run(*SMALL, "--plot", str(tmp_path / "run.png"))
     assert not Order.objects.exists() and not Product.objects.exists()  # refused before any run
 
@@ -331,3 +331,21 @@ def test_http_real_errors_are_counted_apart_and_named(tmp_path):
     errors = out[out.index("first errors:"):]
     assert "HTTP 500" in errors and "HTTP 201" in errors and "invalid_input" in errors
     assert json.loads((tmp_path / "e.json").read_text())["phases"][0]["counts"]["error"] == 6
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("args", [
+    ["--compare", "--scenarios", "hot", "--repeat", "1"],  # the default --strategies has python_redis_lock
+    ["--compare", "--strategies", "guarded,python_redis_lock", "--scenarios", "hot", "--repeat", "1"],
+    ["--strategy", "python_redis_lock"],
+])
+def test_python_redis_lock_missing_is_refused_before_the_run_with_the_pip_command(monkeypatch, args):
+    """`./dev.sh run` installs requirements.txt only: a benchmark extra missing stops the command at
+    once, naming the one command that installs the extras (and how to run without it)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "redis_lock", None)  # what `./dev.sh run`'s virtualenv looks like
+    with pytest.raises(CommandError, match=r"python-redis-lock.* -m pip install -r \S*requirements-bench\.txt") as exc:
+        run(*SMALL, "--duration", "0.5", *args)
+    assert "(or " in str(exc.value) and "--strateg" in str(exc.value)  # the way round it
+    assert not Order.objects.exists() and not Product.objects.exists()
