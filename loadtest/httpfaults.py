@@ -253,7 +253,7 @@ def _outcome(status: int, body: dict) -> tuple[str, int | None]:
     if status == 503:
         return BUSY, None
     error = body.get("error") or {}
-    return outcome_of_code(error.get("code", "") if isinstance(error, dict) else ""), None
+    return outcome_of_code(error.get("code", "") if isinstance(error, dict) else "", status), None
 
 
 def _buyer(index: int, urls: list[str], tokens: list[str], product_id: int, run_id: str, stop_at: float,

@@ -182,7 +182,11 @@ async def _exchange(host: str, port: int, local: str | None, request: bytes) -> 
 
 
 def classify(status: int, body: bytes) -> tuple[str, str, int | None]:
-    """(outcome, error code, order id) of an answer."""
+    """(outcome, error code, order id) of an answer. A refusal is rejected or an error by the same
+    rule as the closed-loop runs (`strategies.outcome_of_code`)."""
+    from loadtest.strategies import REJECTED as REFUSED
+    from loadtest.strategies import outcome_of_code
+
     try:
         data = json.loads(body) if body else {}
     except ValueError:
@@ -204,7 +208,7 @@ def classify(status: int, body: bytes) -> tuple[str, str, int | None]:
         return TIMEOUT, code, None
     if status == 503:
         return UNAVAILABLE, code, None
-    if 400 <= status < 500 and code and code not in ("not_authenticated", "invalid_input", "not_found"):
+    if outcome_of_code(code, status) == REFUSED:
         return REJECTED, code, None
     return ERROR, code or str(status), None
 
@@ -346,6 +350,7 @@ class Summary:
     busy_p99: float | None  # latency of the "busy" answers
     sold_out_p99: float | None
     first_second_p99: float | None  # requests scheduled in the phase's first second
+    rejected: dict[str, int] = field(default_factory=dict)  # rejected answers by error code, most first
 
 
 def summarize(result: Result, p: int, *, deadline: float) -> Summary:
@@ -367,6 +372,7 @@ def summarize(result: Result, p: int, *, deadline: float) -> Summary:
         sold_out_p99=percentile([s.latency for s in sent if s.outcome == SOLD_OUT], 0.99),
         first_second_p99=percentile([s.latency for s in sent if s.outcome not in UNANSWERED
                                      and s.scheduled < start + 1.0], 0.99),
+        rejected=dict(Counter(s.code for s in sent if s.outcome == REJECTED).most_common()),
     )
 
 

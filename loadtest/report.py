@@ -49,6 +49,7 @@ class Summary:
     lock_acquisitions: int  # client-side count; for "ours", the lock service's own counter
     server: dict[str, int] = field(default_factory=dict)  # MySQL global status deltas (server-wide)
     cpu_ms: dict[str, float] = field(default_factory=dict)  # per placed order: clients, mysqld, redis, total
+    rejected: dict[str, int] = field(default_factory=dict)  # business refusals by error code, most first
 
     @property
     def attempted(self) -> int:
@@ -68,7 +69,7 @@ def summarize(strategy: str, phase_run: PhaseRun) -> Summary:
     placed = [sum(1 for r in worker if r[2] == PLACED_I) for worker in phase_run.records]
     delta = phase_run.server_delta
     client_locks = sum(r[4] for r in records)
-    rejected = counts[OUT_OF_STOCK] + counts[REJECTED]
+    refusals = counts[OUT_OF_STOCK] + counts[REJECTED]
     return Summary(
         strategy=strategy,
         phase=phase_run.phase.name,
@@ -76,7 +77,7 @@ def summarize(strategy: str, phase_run: PhaseRun) -> Summary:
         counts=counts,
         window=window,
         orders_per_s=counts[PLACED] / window if window else 0.0,
-        rejections_per_s=rejected / window if window else 0.0,
+        rejections_per_s=refusals / window if window else 0.0,
         latency_ms={name: percentile(latencies, q) * 1000
                     for name, q in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))},
         fairness=min(placed) / max(placed) if placed and max(placed) else 0.0,
@@ -85,6 +86,7 @@ def summarize(strategy: str, phase_run: PhaseRun) -> Summary:
         lock_acquisitions=client_locks + delta.get("lock_acquired", 0),
         server={k: v for k, v in delta.items() if k.startswith("mysql_")},
         cpu_ms=cpu.per_order(client_cpu_s=phase_run.client_cpu, server=delta, placed=counts[PLACED]),
+        rejected=dict(phase_run.rejected),
     )
 
 
@@ -126,7 +128,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def servers_table(servers: dict[str, dict[str, int]]) -> str:
-    """Requests per app server by outcome (errors include connection errors)."""
+    """Requests per app server by outcome (errors include timeouts and connection errors)."""
     rows = [[url, sum(counts.values()), *(counts.get(o, 0) for o in OUTCOMES)] for url, counts in servers.items()]
     return table(("server", "requests", *OUTCOMES), rows)
 
@@ -145,8 +147,8 @@ def _is_number(text: str) -> bool:
     return text == "-" or text.replace(",", "").replace(".", "", 1).lstrip("-").rstrip("x%").isdigit()
 
 
-RUN_HEADERS = ("strategy", "phase", "attempted", "placed", "out_of_stock", "busy", "errors", "orders/s",
-               "p50 ms", "p95 ms", "p99 ms", "max ms", "fairness")
+RUN_HEADERS = ("strategy", "phase", "attempted", "placed", "out_of_stock", "rejected", "busy", "errors",
+               "orders/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "fairness")
 
 
 STORM_PHASE = "storm"  # after a sell-out nothing can be placed: orders/s and fairness mean nothing there
@@ -157,25 +159,32 @@ def run_rows(summaries: Iterable[Summary]) -> list[list[Any]]:
     rows = []
     for s in summaries:
         storm = s.phase == STORM_PHASE
-        rows.append([s.strategy, s.phase, s.attempted, s.counts[PLACED], s.counts[OUT_OF_STOCK], s.counts[BUSY],
-                     s.counts[ERROR] + s.counts[REJECTED], None if storm else s.orders_per_s, s.latency_ms["p50"],
+        rows.append([s.strategy, s.phase, s.attempted, s.counts[PLACED], s.counts[OUT_OF_STOCK], s.counts[REJECTED],
+                     s.counts[BUSY], s.counts[ERROR], None if storm else s.orders_per_s, s.latency_ms["p50"],
                      s.latency_ms["p95"], s.latency_ms["p99"], s.latency_ms["max"], None if storm else s.fairness])
     return rows
 
 
+def by_code(counts: dict[str, int]) -> str:
+    """"unpaid_limit 1,980, purchase_limit 3": refusals by error code, as counted."""
+    return ", ".join(f"{code or '(no code)'} {n:,}" for code, n in counts.items())
+
+
 def run_table(summaries: Sequence[Summary]) -> str:
+    """The run's table; below it, each phase's rejections by code (the shop's rules said no: not errors)."""
     text = table(RUN_HEADERS, run_rows(summaries))
     if any(s.phase == STORM_PHASE for s in summaries):
         text += "\n(storm: requests after the sell-out, all refused; its rate is the rejections/s line below)"
-    if any(s.counts[REJECTED] for s in summaries):
-        text += "\n(errors include refusals other than out of stock, e.g. coupon sold out)"
+    for s in summaries:
+        if s.rejected:
+            text += f"\nrejected ({s.phase}): {by_code(s.rejected)}"
     return text
 
 
 # --- progress -----------------------------------------------------------------------------
 # What the progress line counts, in the words of the run's final table: (label, outcomes summed).
-ORDER_COUNTS = (("placed", (PLACED,)), ("out_of_stock", (OUT_OF_STOCK,)), ("busy", (BUSY,)),
-                ("errors", (ERROR, REJECTED)))
+ORDER_COUNTS = (("placed", (PLACED,)), ("out_of_stock", (OUT_OF_STOCK,)), ("rejected", (REJECTED,)),
+                ("busy", (BUSY,)), ("errors", (ERROR,)))
 CLAIM_COUNTS = (("claimed", (PLACED,)), ("sold_out", (OUT_OF_STOCK,)), ("already_claimed", (REJECTED,)),
                 ("busy", (BUSY,)), ("errors", (ERROR,)))
 
@@ -413,15 +422,16 @@ def crowd_report(c: openloop.Crowd) -> str:
     rows = []
     for s, (committed, unseen), sold_out_at in zip(c.summaries, c.unseen, c.sold_out_at, strict=True):
         n = s.counts
-        other = n[openloop.UNAVAILABLE] + n[openloop.ERROR] + n[openloop.REJECTED]
         rows.append([s.phase.name, s.offered_rate, s.sent_rate, s.goodput,
                      f"{s.goodput / c.capacity:.2f}" if c.capacity else "-", _ms(s.p50), _ms(s.p99),
                      f"{s.within_deadline:.1%}", n[openloop.BUSY], _ms(s.busy_p99), n[openloop.TIMEOUT],
-                     n[openloop.SOLD_OUT], _ms(s.sold_out_p99), n[openloop.ABANDONED], n[openloop.CONN_ERROR],
-                     other, committed, unseen, _ms(s.first_second_p99), sold_out_at])
+                     n[openloop.SOLD_OUT], _ms(s.sold_out_p99), n[openloop.REJECTED], n[openloop.ABANDONED],
+                     n[openloop.CONN_ERROR], n[openloop.UNAVAILABLE], n[openloop.ERROR], committed, unseen,
+                     _ms(s.first_second_p99), sold_out_at])
     body = table(("phase", "offered/s", "sent/s", "goodput/s", "x C", "p50 ms", "p99 ms", "in deadline", "busy",
-                  "busy p99 ms", "timeout", "sold out", "sold-out p99 ms", "abandoned", "conn errors", "other",
-                  "orders", "unseen", "1st s p99 ms", "sold out at s"), rows)
+                  "busy p99 ms", "timeout", "sold out", "sold-out p99 ms", "rejected", "abandoned", "conn errors",
+                  "unavailable", "errors", "orders", "unseen", "1st s p99 ms", "sold out at s"), rows)
+    body += "".join(f"\nrejected ({s.phase.name}): {by_code(s.rejected)}" for s in c.summaries if s.rejected)
     total = sum(u for _, u in c.unseen)
     books = (f"books: {sum(o for o, _ in c.unseen):,} orders committed, {total:,} of them for buyers who never saw "
              f"them, {c.oversold} units oversold")
@@ -434,6 +444,7 @@ def crowd_json(c: openloop.Crowd) -> dict[str, Any]:
             "phases": [{"name": s.phase.name, "offered_rate": s.offered_rate, "sent_rate": s.sent_rate,
                         "goodput": s.goodput, "p50": s.p50, "p99": s.p99, "within_deadline": s.within_deadline,
                         "busy_p99": s.busy_p99, "sold_out_p99": s.sold_out_p99, "counts": s.counts,
-                        "first_second_p99": s.first_second_p99, "orders": committed, "unseen": unseen,
+                        "first_second_p99": s.first_second_p99, "rejected": s.rejected, "orders": committed,
+                        "unseen": unseen,
                         "sold_out_at": at}
                        for s, (committed, unseen), at in zip(c.summaries, c.unseen, c.sold_out_at, strict=True)]}

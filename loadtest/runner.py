@@ -19,7 +19,8 @@ import queue
 import random
 import time
 import traceback
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from threading import BrokenBarrierError
 
@@ -92,6 +93,7 @@ class PhaseRun:
     server_before: dict[str, float]
     server_after: dict[str, float]
     client_cpu: float = 0.0  # CPU seconds the workers used in this phase (all of them)
+    rejected: dict[str, int] = field(default_factory=dict)  # business refusals by error code, all workers
 
     @property
     def server_delta(self) -> dict[str, float]:
@@ -115,6 +117,7 @@ class _WorkerResult:
     errors: list[str]
     servers: dict[str, dict[str, int]] = field(default_factory=dict)
     cpu: list[float] = field(default_factory=list)  # CPU seconds per phase
+    rejected: list[dict[str, int]] = field(default_factory=list)  # per phase: refusals by code
 
 
 # --- server-side counters -------------------------------------------------------------------
@@ -163,6 +166,7 @@ def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) 
             for phase in plan.phases:
                 barrier.wait(timeout=STALL_TIMEOUT)
                 cpu_start = cpu.process_cpu()
+                strategy.rejected.clear()
                 records: list[Record] = []
                 deadline = time.monotonic() + (phase.duration if phase.duration is not None else phase.max_duration)
                 ticket = index
@@ -196,6 +200,7 @@ def _worker(index: int, plan: Plan, barrier, counts, issued, finished, results) 
                     ticket += plan.processes  # used when timed: tickets interleave across workers
                 out.phases.append(records)
                 out.cpu.append(cpu.process_cpu() - cpu_start)
+                out.rejected.append(dict(strategy.rejected))
                 lock_stats.flush()  # the parent reads the lock counters once every worker is done
                 with finished.get_lock():
                     finished.value += 1
@@ -326,12 +331,21 @@ def run(plan: Plan, progress: Callable[[Progress], None] | None = None, interval
     return RunResult(
         plan=plan,
         phases=[PhaseRun(phase=ph, records=[w.phases[i] for w in reported], server_before=b, server_after=a,
-                         client_cpu=sum(w.cpu[i] for w in reported))
+                         client_cpu=sum(w.cpu[i] for w in reported),
+                         rejected=_add(w.rejected[i] for w in reported))
                 for i, (ph, b, a) in enumerate(phase_runs)],
         order_ids=[oid for w in reported for oid in w.order_ids],
         errors=[e for w in reported for e in w.errors][:MAX_ERROR_MESSAGES],
         servers=_merge_servers(w.servers for w in reported),
     )
+
+
+def _add(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts by code added up over the workers, the most frequent first."""
+    total: Counter[str] = Counter()
+    for c in counts:
+        total.update(c)
+    return dict(total.most_common())
 
 
 def _merge_servers(per_worker) -> dict[str, dict[str, int]]:

@@ -6,7 +6,9 @@ its ledger rows. So the invariant checker applies to all of them, and the only d
 measured is how each one keeps concurrent buyers apart. "ours" calls the real service.
 
 A strategy object lives in one worker process (built after the fork). `place()` never
-raises for an expected outcome: it returns (outcome, order id or None).
+raises for an expected outcome: it returns (outcome, order id or None). What is not expected
+(bad input, a 5xx, a body that is not the API's, a timeout) raises: the runner counts it as an
+error and keeps its message.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -32,13 +35,14 @@ from django.utils import timezone
 from django_redis import get_redis_connection
 
 from loadtest.models import DbLock
+from shop.errors import ERRORS_BY_CODE
 from shop.models import Order, OrderLine, Product, StockLedger
 
 PLACED = "placed"
 OUT_OF_STOCK = "out_of_stock"
 BUSY = "busy"  # lock wait timed out, retries exhausted, deadlock: nothing written, retry later
-REJECTED = "rejected"  # another business refusal (coupon sold out, already claimed, ...)
-ERROR = "error"  # anything unexpected
+REJECTED = "rejected"  # another business refusal, counted by its code (unpaid_limit, purchase_limit, coupon_*)
+ERROR = "error"  # anything unexpected: bad input, a 5xx, a body that is not the API's, a timeout
 OUTCOMES = (PLACED, OUT_OF_STOCK, BUSY, REJECTED, ERROR)
 
 Lines = list[tuple[int, int]]  # (product id, quantity), sorted by product id
@@ -89,9 +93,17 @@ class Strategy:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.acquisitions = 0  # lock acquisitions by this process (client side)
+        self.rejected: Counter[str] = Counter()  # business refusals by code (the runner reads it per phase)
 
     def place(self, user_id: int, lines: Lines) -> Result:
         raise NotImplementedError
+
+    def refusal(self, code: str, status: int | None = None) -> str:
+        """The outcome of the shop's refusal `code` (`outcome_of_code`); a rejection is counted by its code."""
+        outcome = outcome_of_code(code, status)
+        if outcome == REJECTED:
+            self.rejected[code] += 1
+        return outcome
 
     def close(self) -> None:
         """Release per-process resources (connections)."""
@@ -351,17 +363,33 @@ class PythonRedisLock(_LockThenGuard):
 
 # Error codes of the service (shop.errors) that mean "busy, nothing written, retry".
 _BUSY_CODES = {"busy", "lock_timeout", "lock_unavailable", "conflict", "database_unavailable"}
+# HTTP statuses of a business refusal: the shop's state or rules said no (409), or a rate limit (429).
+_REFUSAL_STATUSES = {409, 429}
 
 
-def outcome_of_code(code: str) -> str:
-    """Map a `ShopError.code` (or API error code) to an outcome."""
+def outcome_of_code(code: str, status: int | None = None) -> str:
+    """The outcome of a refusal by the shop: its error code, and over HTTP the answer's status.
+
+    One rule for the service called in process and for the JSON API: `out_of_stock`; busy (a 503:
+    nothing written, retry); rejected, the shop's rules said no (a code whose status is 409 or 429,
+    registered in shop.errors or new to this client, and the coupon family: `unpaid_limit`,
+    `purchase_limit`, `coupon_sold_out`, `rate_limited`, ...); anything else (bad input, an unknown
+    product, a 5xx, no code at all) is an error: the load test or the server is wrong.
+    """
     if code == "out_of_stock":
         return OUT_OF_STOCK
-    if code in _BUSY_CODES:
+    known = ERRORS_BY_CODE.get(code)
+    status = known.status if known is not None else status
+    if code in _BUSY_CODES or status == 503:
         return BUSY
-    if code.startswith("coupon_") or code in {"unpaid_limit", "purchase_limit"}:
-        return REJECTED  # the shop's policy said no (a server run with its limits on): not an error
+    if code and (status in _REFUSAL_STATUSES or code.startswith("coupon_")):
+        return REJECTED
     return ERROR
+
+
+class UnexpectedAnswer(Exception):
+    """An HTTP answer that is neither an order nor one of the shop's refusals (a 5xx, a 4xx for bad
+    input, a body that is not the API's): the runner counts it as an error and keeps this message."""
 
 
 class Ours(Strategy):
@@ -405,7 +433,9 @@ class Ours(Strategy):
                 code = self._claim(user)
                 placed = self.services.place_order(user=user, lines=lines, coupon_code=code, **kwargs)
         except ShopError as exc:
-            return outcome_of_code(exc.code), None
+            if (outcome := self.refusal(exc.code)) == ERROR:
+                raise  # bad input or a code the load test does not expect: an error, with its message
+            return outcome, None
         if wants_to_pay(self.rng, self.options):
             from shop.models import Order
 
@@ -449,16 +479,20 @@ class ClaimCoupon(Strategy):
         except ShopError as exc:
             if exc.code == "coupon_sold_out":
                 return OUT_OF_STOCK, None
-            return outcome_of_code(exc.code), None
+            if (outcome := self.refusal(exc.code)) == ERROR:
+                raise
+            return outcome, None
         return PLACED, claim.pk
 
 
 class Http(Strategy):
     """The JSON API: POST {url}/api/orders/ with a Bearer token per load user (stdlib urllib).
 
+    Answers are classified as in process (`outcome_of_code`): a 201 with the order's id is placed;
+    the shop's refusals are out of stock, busy or rejected (by code); anything else raises
+    (`UnexpectedAnswer`, a timeout, a connection error) and the runner records it as an error.
     With several app servers (`urls`), worker i sends every request to urls[i mod n] and counts
-    its outcomes per server (`servers`), connection errors included (they are raised as well:
-    the runner records them as errors)."""
+    its outcomes per server (`servers`), errors included."""
 
     name = "http"
     label = "ours over HTTP (POST /api/orders/)"
@@ -496,16 +530,26 @@ class Http(Strategy):
         )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
-                order_id = int(json.load(response)["id"])
+                status, raw = response.status, response.read()
         except urllib.error.HTTPError as exc:
-            try:
-                error = json.load(exc).get("error") or {}  # {"error": {"code", "message", "details"}}
-                code = error.get("code", "") if isinstance(error, dict) else ""
-            except (ValueError, AttributeError):
-                code = ""
-            if exc.code == 503:
-                return BUSY, None
-            return outcome_of_code(code), None
+            status, raw = exc.code, exc.read()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        data = data if isinstance(data, dict) else {}
+        if 200 <= status < 300:
+            order_id = data.get("id")
+            if not isinstance(order_id, int):
+                raise UnexpectedAnswer(f"HTTP {status} without an order id: {raw[:120]!r}")
+        else:
+            error = data.get("error")  # {"error": {"code", "message", "details"}}
+            code = str(error.get("code") or "") if isinstance(error, dict) else ""
+            outcome = self.refusal(code, status)
+            if outcome == ERROR:
+                what = f"{code}: {error.get('message', '')}" if code else f"{raw[:120]!r}"
+                raise UnexpectedAnswer(f"HTTP {status} {what}")
+            return outcome, None
         if wants_to_pay(self.rng, self.options):
             self._pay(user_id, order_id)
         return PLACED, order_id

@@ -27,12 +27,18 @@ def four_letter_word(port: int, word: str = "ruok", *, timeout: float = 0.5) -> 
     return b"".join(chunks).decode()
 
 
+def installed() -> bool:
+    """Debian's zookeeper package (with Java): `./dev.sh setup test` installs it, `./dev.sh run` only
+    when the settings choose LOCKS_BACKEND=zookeeper."""
+    return os.path.exists(ZOOKEEPER_JAR)
+
+
 class ZooKeeperProcess(ServerProcess):
     """`tick_ms` bounds the session timeouts the server grants: 2 to 20 ticks (500 ms: 1-10 s)."""
 
     def __init__(self, *, port: int | None = None, workdir: str | None = None, tick_ms: int = 500) -> None:
         super().__init__(port=port, workdir=workdir)
-        if not os.path.exists(ZOOKEEPER_JAR):
+        if not installed():
             raise RuntimeError("ZooKeeper is not installed (./dev.sh setup test installs it)")
         self.tick_ms = tick_ms
         self.config = os.path.join(self.dir, "zoo.cfg")

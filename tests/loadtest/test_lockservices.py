@@ -8,7 +8,7 @@ from io import StringIO
 
 import pytest
 from django.conf import settings as django_settings
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from loadtest import lockservices
 from loadtest.fault_harness import FaultOutcome
@@ -65,3 +65,14 @@ def test_both_fault_tables_render_through_report_table():
                            violations=[], liveness=liveness, stall_limit=4.0)
     assert fault_harness.table([outcome]) == report.table(FaultOutcome.COLUMNS, [outcome.row()])
     assert fault_harness.table([outcome]).splitlines()[0].split()[:3] == ["scenario", "faults", "orders"]
+
+
+@pytest.mark.django_db
+def test_backendbench_without_zookeeper_says_what_installs_it_before_anything_starts(monkeypatch):
+    """`./dev.sh run` does not install ZooKeeper (Java): the default --backends stops at once, naming
+    what installs it and the way round it, rather than with a traceback."""
+    from loadtest.servers import zookeeper
+
+    monkeypatch.setattr(zookeeper, "ZOOKEEPER_JAR", "/nonexistent/zookeeper.jar")
+    with pytest.raises(CommandError, match=r"ZooKeeper is not installed.*\./dev\.sh setup test.*--backends redis,"):
+        call_command("backendbench", "--duration", "0.1", "--repeat", "1", stdout=StringIO())

@@ -75,6 +75,39 @@ def test_outcome_of_service_error_codes():
     assert strategies.outcome_of_code("invalid_quantity") == strategies.ERROR
 
 
+@pytest.mark.parametrize(("code", "status", "outcome"), [
+    ("inactive_product", None, strategies.REJECTED),  # a 409 of shop.errors: the shop's rules said no
+    ("cart_full", None, strategies.REJECTED),
+    ("rate_limited", None, strategies.REJECTED),  # 429: a limit, named by its code
+    ("coupon_unknown", None, strategies.REJECTED),
+    ("a_rule_added_later", 409, strategies.REJECTED),  # a server newer than this client: its status says
+    ("a_rule_added_later", 400, strategies.ERROR),
+    ("", 409, strategies.ERROR),  # a 409 without the API's error body is not the shop's refusal
+    ("", 503, strategies.BUSY),
+    ("", 500, strategies.ERROR),
+    ("unknown_product", 404, strategies.ERROR),
+    ("idempotency_conflict", None, strategies.ERROR),
+])
+def test_a_refusal_is_rejected_by_its_status_the_same_in_process_and_over_http(code, status, outcome):
+    assert strategies.outcome_of_code(code, status) == outcome
+
+
+def test_a_strategy_counts_its_rejections_by_code():
+    strategy = strategies.get("guarded")(strategies.Options(run_id="x", prices={}))
+    outcomes = [strategy.refusal(code) for code in ("unpaid_limit", "out_of_stock", "unpaid_limit", "busy")]
+    assert outcomes == [strategies.REJECTED, strategies.OUT_OF_STOCK, strategies.REJECTED, strategies.BUSY]
+    assert strategy.rejected == {"unpaid_limit": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ours_raises_an_unexpected_refusal_so_the_run_keeps_its_message(make_product, user):
+    """Bad input is the load test's own mistake: an error with its message, never a silent count."""
+    ours = strategies.get("ours")(strategies.Options(run_id="x", prices={}, user_ids=[user.pk]))
+    with pytest.raises(Exception, match="Quantities must be"):
+        ours.place(user.pk, [(make_product(stock=5).pk, 0)])
+    assert not ours.rejected
+
+
 def test_unknown_strategy_is_named():
     with pytest.raises(ValueError, match="unknown strategy 'nope'"):
         strategies.get("nope")

@@ -21,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from loadtest import lockservices, report, scenarios, workload
 from loadtest.management.commands.loadtest import name_list
 from loadtest.scenarios import LoadConfig, Outcome
+from loadtest.servers import zookeeper
 
 
 class Command(BaseCommand):
@@ -45,6 +46,11 @@ class Command(BaseCommand):
             raise CommandError("--duration must be a positive number of seconds")
         if not workload.is_migrated():
             raise CommandError(workload.NOT_MIGRATED)
+        if "zookeeper" in names and not zookeeper.installed():
+            others = ",".join(n for n in names if n != "zookeeper")
+            raise CommandError("ZooKeeper is not installed (Debian's zookeeper package, with Java): "
+                               "./dev.sh setup test installs it"
+                               + (f" (or leave it out: --backends {others})" if others else ""))
         base = LoadConfig(strategy="ours", products=1, stock=1_000_000, users=opts["users"],
                           processes=opts["processes"], requests=None, duration=opts["duration"])
         runs: dict[str, list[Outcome]] = {name: [] for name in names}

@@ -21,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from loadtest import (
     appservers,
     cpu,
+    extras,
     fault_harness,
     faults,
     httpfaults,
@@ -286,11 +287,11 @@ class Command(BaseCommand):
             raise CommandError("--jitter and --lock-wait cannot be negative; --lock-ttl must be positive")
         if opts["plot"] and not opts["plot"].lower().endswith(".png"):
             raise CommandError("--plot writes a PNG: give a FILE.png")
-        if opts["plot"]:
-            try:
-                import matplotlib  # noqa: F401  (refuse now, not after a long run)
-            except ImportError:
-                raise CommandError("--plot needs matplotlib: pip install -r requirements-bench.txt") from None
+        if opts["plot"]:  # refused now, not after a long run
+            extras.require("matplotlib", package="matplotlib", needed_by="--plot")
+        if not http and opts["strategy"] == strategies.PythonRedisLock.name and not opts["compare"]:
+            extras.require("redis_lock", package="python-redis-lock", needed_by="--strategy python_redis_lock",
+                           instead="choose another --strategy")
         default_stock = 1_000_000 if opts["compare"] else 1000
         return LoadConfig(
             strategy=opts["strategy"], products=opts["products"],
@@ -394,6 +395,10 @@ class Command(BaseCommand):
             raise CommandError("--cpu-profile profiles one run: use it without --compare")
         names = name_list(opts["strategies"], list(strategies.STRATEGIES), "--strategies")
         chosen = name_list(opts["scenarios"], list(scenarios.SCENARIOS), "--scenarios")
+        if strategies.PythonRedisLock.name in names:
+            others = ",".join(n for n in names if n != strategies.PythonRedisLock.name)
+            extras.require("redis_lock", package="python-redis-lock", needed_by="--compare with python_redis_lock",
+                           instead=f"leave it out: --strategies {others}")
         if base.duration is None:
             base.duration = 5.0  # comparisons run for a fixed time: orders/s is then like for like
         comparison = Comparison(strategies=names, scenarios=chosen, repeat=opts["repeat"], base=base)

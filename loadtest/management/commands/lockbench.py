@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from loadtest import lockbench
+from loadtest import extras, lockbench
 from locks.conf import locks_settings
 
 
@@ -56,16 +56,11 @@ class Command(BaseCommand):
         if not 0 <= opts["work_ms"] <= 10_000:
             raise CommandError("--work-ms must be from 0 to 10000")
         if "python-redis-lock" in contenders:
-            try:
-                import redis_lock  # noqa: F401
-            except ImportError as exc:
-                raise CommandError("python-redis-lock is not installed: pip install -r requirements-bench.txt "
-                                   "(or leave it out with --only ours,redis-py)") from exc
+            others = ",".join(c for c in contenders if c != "python-redis-lock")
+            extras.require("redis_lock", package="python-redis-lock", needed_by="the python-redis-lock contender",
+                           instead=f"leave it out: --only {others}" if others else "")
         if "pottery" in contenders:
-            try:
-                import pottery  # noqa: F401
-            except ImportError as exc:
-                raise CommandError("pottery is not installed: pip install -r requirements-bench.txt") from exc
+            extras.require("pottery", package="pottery", needed_by="the pottery contender")
         servers = None
         urls = tuple(u.strip() for u in opts["redlock_urls"].split(",") if u.strip()) or tuple(
             locks_settings.REDLOCK_URLS)

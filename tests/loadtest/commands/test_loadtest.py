@@ -58,7 +58,7 @@ def test_a_run_prints_the_table_passes_and_cleans_up(tmp_path):
     out = run("--strategy", "for_update", "--requests", "40", "--stock", "25", "--products", "2",
               "--quantity", "1-2", "--json", str(tmp_path / "run.json"), "--plot", str(tmp_path / "run.png"), *SMALL)
     header = next(line for line in out.splitlines() if line.startswith("strategy"))
-    for column in ("attempted", "placed", "out_of_stock", "busy", "errors", "orders/s",
+    for column in ("attempted", "placed", "out_of_stock", "rejected", "busy", "errors", "orders/s",
                    "p50 ms", "p95 ms", "p99 ms", "max ms"):
         assert column in header
     row = next(line for line in out.splitlines() if line.startswith("for_update")).split()
@@ -144,8 +144,8 @@ def test_http_mode_drives_the_json_api_and_counts_refusals_right(live_server):
     out = run("--url", live_server.url, "--processes", "3", "--requests", "60", "--stock", "20", "--users", "5",
               "--no-progress")
     row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["http"])
-    attempted, placed, out_of_stock, busy, errors = (int(x.replace(",", "")) for x in row[2:7])
-    assert (attempted, placed, out_of_stock, errors) == (60, 20, 40 - busy, 0)
+    attempted, placed, out_of_stock, rejected, busy, errors = (int(x.replace(",", "")) for x in row[2:8])
+    assert (attempted, placed, out_of_stock, rejected, errors) == (60, 20, 40 - busy, 0, 0)
     assert "invariants I1-I6: PASS" in out
 
 
@@ -181,7 +181,7 @@ def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, tmp_path
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without it looks like
-    with pytest.raises(CommandError, match=r"pip install -r requirements-bench\.txt"):
+    with pytest.raises(CommandError, match=r"--plot needs matplotlib.* -m pip install -r \S*requirements-bench\.txt"):
         run(*SMALL, "--plot", str(tmp_path / "run.png"))
     assert not Order.objects.exists() and not Product.objects.exists()  # refused before any run
 
@@ -242,3 +242,110 @@ def test_pay_mode_over_http_pays_through_the_api(live_server, tmp_path):
         "--users", "3", "--no-progress", "--json", str(tmp_path / "h.json"))
     p = json.loads((tmp_path / "h.json").read_text())["payments"]
     assert (p["paid"], p["pending"], p["stock"], p["expiry"], p["passed"]) == (6, 0, 0, "not needed", True)
+
+
+def _rows(out: str, first: str) -> list[list[str]]:
+    return [line.split() for line in out.splitlines() if line.split()[:1] == [first]]
+
+
+def _column(out: str, row: list[str], name: str) -> int:
+    """The figure of `row` under the header `name` (the table's headers are one word each)."""
+    header = next(line for line in out.splitlines() if line.startswith("strategy"))
+    names = header.replace(" ms", "_ms").split()
+    return int(row[names.index(name)].replace(",", ""))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_http_business_refusals_are_rejected_by_code_not_errors(tmp_path):
+    """A real server with its unpaid-orders limit on (2 per buyer): the refusals are `rejected`,
+    named by code, and the errors column stays 0."""
+    from loadtest import appservers
+
+    with appservers.running(1, workers=1, threads=4, env={"SHOP_MAX_UNPAID_ORDERS": "2"}) as servers:
+        out = run("--url", servers.urls[0], "--processes", "2", "--requests", "30", "--stock", "100",
+                  "--users", "3", "--no-progress", "--json", str(tmp_path / "r.json"))
+    (row,) = _rows(out, "http")
+    placed, rejected = _column(out, row, "placed"), _column(out, row, "rejected")
+    busy, errors = _column(out, row, "busy"), _column(out, row, "errors")
+    assert errors == 0 and placed <= 6 and placed + rejected + busy == 30 and rejected >= 20, out
+    assert f"rejected (main): unpaid_limit {rejected}" in out
+    assert "errors include" not in out
+    phase = json.loads((tmp_path / "r.json").read_text())["phases"][0]
+    assert phase["rejected"] == {"unpaid_limit": rejected} and phase["counts"]["error"] == 0
+    assert "invariants I1-I6: PASS" in out
+
+
+class _Canned:
+    """A real HTTP server in a thread that answers POST /api/orders/ from a list, in turn."""
+
+    ANSWERS = [
+        (409, "application/json", b'{"error": {"code": "unpaid_limit", "message": "pay first", "details": {}}}'),
+        (500, "text/html", b"<h1>Server Error (500)</h1>"),
+        (429, "application/json", b'{"error": {"code": "rate_limited", "message": "slow down", "details": {}}}'),
+        (201, "text/html", b"<html>a proxy's page</html>"),
+        (409, "application/json", b'{"error": {"code": "some_new_rule", "message": "no", "details": {}}}'),
+        (400, "application/json", b'{"error": {"code": "invalid_input", "message": "bad", "details": {}}}'),
+    ]
+
+    def __enter__(self) -> str:
+        import itertools
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        answers = itertools.cycle(self.ANSWERS)
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with lock:
+                    status, kind, body = next(answers)
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_http_real_errors_are_counted_apart_and_named(tmp_path):
+    """5xx answers, bodies that are not the API's and 4xx input errors are errors, shown with what
+    they were; typed refusals (409, 429) are rejected by code, whatever the code."""
+    with _Canned() as url:
+        out = run("--url", url, "--processes", "1", "--requests", "12", "--users", "2", "--no-progress",
+                  "--json", str(tmp_path / "e.json"))
+    (row,) = _rows(out, "http")
+    assert (_column(out, row, "placed"), _column(out, row, "rejected"), _column(out, row, "errors")) == (0, 6, 6), out
+    assert "rejected (main): unpaid_limit 2, rate_limited 2, some_new_rule 2" in out
+    errors = out[out.index("first errors:"):]
+    assert "HTTP 500" in errors and "HTTP 201" in errors and "invalid_input" in errors
+    assert json.loads((tmp_path / "e.json").read_text())["phases"][0]["counts"]["error"] == 6
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("args", [
+    ["--compare", "--scenarios", "hot", "--repeat", "1"],  # the default --strategies has python_redis_lock
+    ["--compare", "--strategies", "guarded,python_redis_lock", "--scenarios", "hot", "--repeat", "1"],
+    ["--strategy", "python_redis_lock"],
+])
+def test_python_redis_lock_missing_is_refused_before_the_run_with_the_pip_command(monkeypatch, args):
+    """`./dev.sh run` installs requirements.txt only: a benchmark extra missing stops the command at
+    once, naming the one command that installs the extras (and how to run without it)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "redis_lock", None)  # what `./dev.sh run`'s virtualenv looks like
+    with pytest.raises(CommandError, match=r"python-redis-lock.* -m pip install -r \S*requirements-bench\.txt") as exc:
+        run(*SMALL, "--duration", "0.5", *args)
+    assert "(or " in str(exc.value) and "--strateg" in str(exc.value)  # the way round it
+    assert not Order.objects.exists() and not Product.objects.exists()

@@ -47,3 +47,16 @@ def test_percentile_and_fairness():
     r = lockbench.RoundResult("x", 1, 10, [1, 9], 1.0, 0, 0, 0, 0, True, 0)
     assert r.fairness == pytest.approx(1 / 9)
     assert r.starved(2) == 1  # 1 < (10 / 2) / 4
+
+
+@pytest.mark.parametrize(("module", "args", "named"), [
+    ("redis_lock", [], "python-redis-lock"),  # a default contender
+    ("pottery", ["--only", "pottery", "--redlock-urls", "redis://127.0.0.1:1,redis://127.0.0.1:2,redis://127.0.0.1:3"],
+     "pottery"),
+])
+def test_a_missing_benchmark_extra_is_refused_with_the_pip_command(monkeypatch, module, args, named):
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # a virtualenv of `./dev.sh run`: requirements.txt only
+    with pytest.raises(CommandError, match=rf"{named}.* -m pip install -r \S*requirements-bench\.txt"):
+        call_command("lockbench", "--duration", "0.1", "--rounds", "1", *args, stdout=io.StringIO())
