@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
 
-from django.db.models import Count, DecimalField, F, OuterRef, Prefetch, QuerySet, Subquery, Sum, Value
+from django.db.models import Case, Count, DecimalField, F, OuterRef, Prefetch, QuerySet, Subquery, Sum, Value, When
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 from django_redis import get_redis_connection
 
 from shop import errors, redis_keys
@@ -15,12 +16,14 @@ from shop.models import Coupon, CouponClaim, Order, OrderLine, Product
 
 
 def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
-    qs = Product.objects.order_by("id")
-    return qs if include_inactive else qs.on_sale()
+    """The catalog: listed products, those whose sale has ended last."""
+    ended = Case(When(closes_at__lte=timezone.now(), then=Value(1)), default=Value(0))
+    qs = Product.objects.alias(ended=ended).order_by("ended", "id")
+    return qs if include_inactive else qs.listed()
 
 
 def product_detail(*, id: int) -> Product:
-    product = Product.objects.on_sale().filter(pk=id).first()
+    product = Product.objects.listed().filter(pk=id).first()
     if product is None:
         raise errors.UnknownProduct(details={"product_ids": [id]})
     return product
@@ -67,7 +70,7 @@ def usable_claims_for_user(*, user) -> QuerySet[CouponClaim]:
 def products_by_id(ids: list[int], *, include_inactive: bool = False) -> dict[int, Product]:
     """Products by id; hidden ones only for staff (to others they do not exist: a cart flags
     them as gone rather than dropping them)."""
-    qs = Product.objects.all() if include_inactive else Product.objects.on_sale()
+    qs = Product.objects.all() if include_inactive else Product.objects.listed()
     return qs.in_bulk(ids)
 
 

@@ -6,7 +6,9 @@ MySQL transaction under them, and raises a `shop.errors.ShopError` (nothing writ
 
 from shop.services.checkout import place_order
 from shop.services.coupons import claim_coupon
+from shop.services.drops import clear_drop, end_drop, schedule_drop
 from shop.services.inventory import restock
 from shop.services.orders import cancel_order, expire_unpaid, pay_order, refund_order
 
-__all__ = ["cancel_order", "claim_coupon", "expire_unpaid", "pay_order", "place_order", "refund_order", "restock"]
+__all__ = ["cancel_order", "claim_coupon", "clear_drop", "end_drop", "expire_unpaid", "pay_order", "place_order",
+           "refund_order", "restock", "schedule_drop"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django import template
 from django.conf import settings
+from django.utils import timezone
 from django.utils.formats import number_format
 
 register = template.Library()
@@ -41,3 +43,22 @@ def return_to(context) -> str:
     if match.url_name in ACCOUNT_PAGES:
         return context.get("next") or ""
     return request.get_full_path()
+
+
+@register.filter
+def time_until(value) -> str:
+    """How long until `value`, short, as a drop's countdown says it without JavaScript: "45 s",
+    "12 min", "2 h 5 min", "3 days" ("now" once it passed)."""
+    if value is None:
+        return ""
+    seconds = math.ceil((value - timezone.now()).total_seconds())
+    if seconds <= 0:
+        return "now"
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    hours, minutes = divmod(seconds // 60, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{hours // 24} days"
