@@ -107,12 +107,26 @@ def _check_window(opens_at, closes_at) -> None:
         raise ValidationError(problem)
 
 
+def _to_the_second(value):
+    return value.replace(microsecond=0) if value is not None else None
+
+
 class ProductForm(forms.ModelForm):
-    """The product form; a changed drop window must close after it opens, and not in the past."""
+    """The product form; a moved drop window must close after it opens, and not in the past.
+
+    The widgets show whole seconds, so a window counts as moved (`moved`) only when a field
+    differs to the second, and one left as shown keeps its exact time (an "End now" has
+    microseconds): renaming a product never rewrites, or re-checks, its window."""
+
+    moved: tuple[str, ...] = ()
 
     def clean(self):
         data = super().clean()
-        if any(f in self.changed_data for f in WINDOW):
+        self.moved = tuple(f for f in WINDOW if f in data
+                           and _to_the_second(data[f]) != _to_the_second(self.initial.get(f)))
+        for f in set(WINDOW) - set(self.moved):
+            data[f] = self.initial.get(f)
+        if self.moved:
             _check_window(data.get("opens_at"), data.get("closes_at"))
         return data
 
@@ -168,7 +182,7 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         window = [getattr(obj, f) for f in WINDOW]
-        moved = any(f in form.changed_data for f in WINDOW)
+        moved = bool(getattr(form, "moved", ()))
         if not change:
             obj.opens_at = obj.closes_at = None  # a new product's window, too, goes through the service
         super().save_model(request, obj, form, change)

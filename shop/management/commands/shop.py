@@ -59,7 +59,12 @@ def _when(value) -> str | None:
 
 def _product_dict(product: Product) -> dict[str, Any]:
     return {"id": product.pk, "sku": product.sku, "name": product.name, "active": product.active,
-            "stock": product.stock, "opens_at": _when(product.opens_at), "closes_at": _when(product.closes_at),
+            "stock": product.stock}
+
+
+def _drop_dict(product: Product) -> dict[str, Any]:
+    """A product with its window and where it stands now: "upcoming", "open" or "ended"."""
+    return {**_product_dict(product), "opens_at": _when(product.opens_at), "closes_at": _when(product.closes_at),
             "drop": product.drop_state}
 
 
@@ -185,18 +190,18 @@ class Command(BaseCommand):
             changed = schedule_drop(products=products, opens_at=opens, closes_at=closes, actor=actor)
             done = {p.pk: "scheduled" for p in changed}
         if opts["json"]:
-            self.stdout.write(json.dumps({"products": [{**_product_dict(p), "done": done[p.pk]} for p in changed],
+            self.stdout.write(json.dumps({"products": [{**_drop_dict(p), "done": done[p.pk]} for p in changed],
                                           "actor": actor}, indent=2))
             return
         for p in changed:
             self.stdout.write(self.style.SUCCESS(f"{p.name} ({p.sku}): {done[p.pk]}; {_window(p)}."))
 
     def _drops(self, opts: dict[str, Any]) -> None:
-        """Every product with a window, the soonest first."""
+        """Every product with a window, by opening time (those open from the start first)."""
         products = list(Product.objects.exclude(opens_at__isnull=True, closes_at__isnull=True)
                         .order_by("opens_at", "closes_at", "id"))
         if opts["json"]:
-            self.stdout.write(json.dumps({"products": [_product_dict(p) for p in products]}, indent=2))
+            self.stdout.write(json.dumps({"products": [_drop_dict(p) for p in products]}, indent=2))
             return
         self.stdout.write(self.style.MIGRATE_HEADING(f"Drops ({len(products)})"))
         if not products:
