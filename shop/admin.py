@@ -5,7 +5,9 @@ fields that changed (`update_fields`), so an operator renaming a product can nev
 stock value read minutes ago. Restock, adjust stock and cancel are custom admin views (not actions
 or change forms, which Django wraps in a transaction) that call the services under the same locks;
 hiding a product (clearing Active) drops its sold-out marker under its lock once the save commits.
-A paid order offers Refund, never Cancel.
+A paid order offers Refund, never Cancel. A product's drop window (Opens at / Closes at on its
+form, the "Schedule drop…" and "End sale now" actions over the selected products) is written by
+shop.services.drops, which logs who did it, as the command line's `shop drop` does.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from functools import partial
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers, widgets
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.http import HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.timezone import localtime
@@ -36,6 +40,7 @@ from shop.models import (
     ApiToken,
     Coupon,
     CouponClaim,
+    DropLog,
     Order,
     OrderLine,
     OutboxMail,
@@ -54,7 +59,8 @@ from shop.selectors import (
     sales_totals,
     units_per_minute,
 )
-from shop.services import cancel_order, inventory, refund_order, restock
+from shop.services import cancel_order, clear_drop, end_drop, inventory, refund_order, restock, schedule_drop
+from shop.services.drops import window_problem
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 
@@ -120,20 +126,151 @@ class AdjustStockForm(forms.Form):
                            help_text="For the ledger, e.g. “box crushed in transit”.")
 
 
+WINDOW = ("opens_at", "closes_at")
+
+
+def _check_window(opens_at, closes_at) -> None:
+    """The service's own check of a window, as a form error before anything is saved."""
+    if problem := window_problem(opens_at=opens_at, closes_at=closes_at, now=timezone.now()):
+        raise ValidationError(problem)
+
+
+def _to_the_second(value):
+    return value.replace(microsecond=0) if value is not None else None
+
+
+class ProductForm(forms.ModelForm):
+    """The product form; a moved drop window must close after it opens, and not in the past.
+
+    The widgets show whole seconds, so a window counts as moved (`moved`) only when a field
+    differs to the second, and one left as shown keeps its exact time (an "End now" has
+    microseconds): renaming a product never rewrites, or re-checks, its window."""
+
+    moved: tuple[str, ...] = ()
+
+    def clean(self):
+        data = super().clean()
+        self.moved = tuple(f for f in WINDOW if f in data
+                           and _to_the_second(data[f]) != _to_the_second(self.initial.get(f)))
+        for f in set(WINDOW) - set(self.moved):
+            data[f] = self.initial.get(f)
+        if self.moved:
+            _check_window(data.get("opens_at"), data.get("closes_at"))
+        return data
+
+
+class DropForm(forms.Form):
+    """"Schedule drop…" over the selected products: one window for all of them."""
+
+    opens_at = forms.SplitDateTimeField(required=False, widget=widgets.AdminSplitDateTime,
+                                        label="Opens at", help_text="Empty: on sale now.")
+    closes_at = forms.SplitDateTimeField(required=False, widget=widgets.AdminSplitDateTime,
+                                         label="Closes at", help_text="Empty: no end.")
+
+    def clean(self):
+        data = super().clean()
+        if not self.errors:
+            _check_window(data.get("opens_at"), data.get("closes_at"))
+        return data
+
+
+class DropFilter(admin.SimpleListFilter):
+    """Where each product stands in its drop window now (the ones of one drop, to select and move)."""
+
+    title = "drop"
+    parameter_name = "drop"
+
+    def lookups(self, request, model_admin):
+        return [("upcoming", "Upcoming"), ("open", "Open (a window, on sale now)"), ("ended", "Ended"),
+                ("none", "No window")]
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        windowed = queryset.exclude(opens_at__isnull=True, closes_at__isnull=True)
+        return {
+            "upcoming": lambda: queryset.filter(opens_at__gt=now),
+            "ended": lambda: queryset.filter(closes_at__lte=now).exclude(opens_at__gt=now),
+            "open": lambda: windowed.exclude(opens_at__gt=now).exclude(closes_at__lte=now),
+            "none": lambda: queryset.filter(opens_at__isnull=True, closes_at__isnull=True),
+        }.get(self.value(), lambda: queryset)()
+
+
 @admin.register(Product)
 class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
-    list_display = ("name", "sku", "price_money", "stock", "max_per_user", "active", "lock", "stock_links")
-    list_filter = ("active",)
+    form = ProductForm
+    list_display = ("name", "sku", "price_money", "stock", "max_per_user", "active", "drop", "lock", "stock_links")
+    list_filter = ("active", DropFilter)
     search_fields = ("name", "sku")
     readonly_fields = ("stock", "fence", "created_at", "updated_at")
-    guarded_fields = ("stock", "fence")
+    # The window is written by the drop service (with its log row), not by the form's save.
+    guarded_fields = ("stock", "fence", *WINDOW)
     price_money = money_column("price", "Price")
+    actions = ["schedule_drop_action", "end_sale_now"]
 
     def save_model(self, request, obj, form, change):
+        window = [getattr(obj, f) for f in WINDOW]
+        moved = bool(getattr(form, "moved", ()))
+        if not change:
+            obj.opens_at = obj.closes_at = None  # a new product's window, too, goes through the service
         super().save_model(request, obj, form, change)
+        if moved:
+            self._schedule(request, obj, *window)
         if change and "active" in form.changed_data and not obj.active:
             # The admin's save is one transaction: its sold-out marker goes once the hide commits.
             transaction.on_commit(partial(self._hidden, request, obj))
+
+    def _schedule(self, request, product: Product, opens_at, closes_at) -> None:
+        """The form's window, through the service (inside the form's transaction: they commit together)."""
+        actor = f"admin:{request.user.get_username()}"
+        try:
+            if opens_at is None and closes_at is None:
+                clear_drop(products=[product], actor=actor)
+            else:
+                schedule_drop(products=[product], opens_at=opens_at, closes_at=closes_at, actor=actor)
+        except errors.ShopError as exc:
+            messages.error(request, f"{product.name}: the drop window was not changed ({exc.message})")
+            return
+        product.opens_at, product.closes_at = opens_at, closes_at
+
+    @admin.display(description="Drop")
+    def drop(self, obj: Product) -> str:
+        state = obj.drop_state
+        if state == "upcoming":
+            return format_html("opens {}", _short_time(obj.opens_at))
+        if state == "ended":
+            return format_html("ended {}", _short_time(obj.closes_at))
+        return format_html("until {}", _short_time(obj.closes_at)) if obj.closes_at else "-"
+
+    @admin.action(description="Schedule drop for the selected products…", permissions=["change"])
+    def schedule_drop_action(self, request, queryset):
+        """One window for every selected product: a page asks for it, then the service, once."""
+        form = DropForm(request.POST if "apply" in request.POST else None)
+        if "apply" in request.POST and form.is_valid():
+            try:
+                changed = schedule_drop(products=list(queryset), opens_at=form.cleaned_data["opens_at"],
+                                        closes_at=form.cleaned_data["closes_at"],
+                                        actor=f"admin:{request.user.get_username()}")
+            except errors.ShopError as exc:
+                self.message_user(request, exc.message, messages.ERROR)
+            else:
+                self.message_user(request, f"Drop scheduled for {len(changed)} product(s).", messages.SUCCESS)
+            return None
+        return TemplateResponse(request, "admin/shop/schedule_drop.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "products": queryset, "form": form,
+            "title": "Schedule drop", "zone": timezone.get_current_timezone_name(),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media + form.media,
+        })
+
+    @admin.action(description="End sale now for the selected products", permissions=["change"])
+    def end_sale_now(self, request, queryset):
+        try:
+            changed = end_drop(products=list(queryset), actor=f"admin:{request.user.get_username()}")
+        except errors.ShopError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+            return
+        self.message_user(request, f"Sale ended for {len(changed)} product(s): orders are refused from now on.",
+                          messages.SUCCESS)
 
     def _hidden(self, request, product: Product) -> None:
         try:
@@ -534,6 +671,16 @@ class CouponClaimAdmin(ReadOnlyAdmin):
     list_display = ("coupon", "user", "claimed_at", "used_at", "order")
     list_filter = ("coupon",)
     search_fields = ("user__username", "coupon__code")
+
+
+@admin.register(DropLog)
+class DropLogAdmin(ReadOnlyAdmin):
+    """Every schedule, move, end or clear of a drop window, and who did it."""
+
+    list_display = ("created_at", "product", "action", "opens_at", "closes_at", "actor")
+    list_filter = ("action",)
+    list_select_related = ("product",)
+    search_fields = ("product__sku", "product__name", "actor")
 
 
 @admin.register(StockLedger)

@@ -152,7 +152,11 @@ def parse_order(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None
 
 
 def product_json(p: Product) -> dict[str, Any]:
-    return {"id": p.pk, "sku": p.sku, "name": p.name, "price": str(p.price), "stock": p.stock}
+    """A product; `opens_at` / `closes_at`: its drop window (ISO 8601, null: no bound), outside
+    which orders are refused `not_open_yet` / `sale_ended`."""
+    return {"id": p.pk, "sku": p.sku, "name": p.name, "price": str(p.price), "stock": p.stock,
+            "opens_at": p.opens_at.isoformat() if p.opens_at else None,
+            "closes_at": p.closes_at.isoformat() if p.closes_at else None}
 
 
 def receipt_json(receipt: Receipt) -> dict[str, Any]:

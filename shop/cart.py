@@ -1,7 +1,8 @@
 """The cart, kept in the session: {product_id: quantity}.
 
-Quantities are checked against stock and the active flag when a product is added and whenever
-the cart is shown (cart and checkout pages); checkout itself re-checks under the locks. The
+Quantities are checked against stock, the active flag and the drop window when a product is
+added and whenever the cart is shown (cart and checkout pages); checkout itself re-checks under
+the locks. The
 session stays small: at most SHOP["MAX_CART_LINES"] lines (`CartFull` past it), and the views
 add only products the shopper can see (a hidden one is as unknown as a missing one).
 """
@@ -15,7 +16,7 @@ from django.contrib.sessions.backends.base import SessionBase
 
 from shop import errors, rules
 from shop.conf import shop_settings
-from shop.models import Product
+from shop.models import ENDED, UPCOMING, Product
 
 KEY = "cart"
 
@@ -75,11 +76,24 @@ def cap_problem(product: Product, *, held: int, in_cart: int = 0) -> str:
     return f"Limit {product.max_per_user} per customer{already}."
 
 
+def unsold_problem(product: Product) -> str:
+    """Why `product` cannot be bought now, in plain words ("" when it can): hidden, its drop not
+    open yet, or its sale over."""
+    if not product.active:
+        return errors.InactiveProduct.default_message
+    state = product.drop_state
+    if state == UPCOMING:
+        return f"Not on sale yet: opens {rules.shop_time(product.opens_at)}."
+    if state == ENDED:
+        return errors.SaleEnded.default_message
+    return ""
+
+
 def add_problem(session: SessionBase, product: Product, quantity: int, *, held: int = 0) -> str:
     """Why `quantity` more of `product` cannot go in the cart ("" when it can). `held`: units the
     buyer already holds in orders, which count against a per-buyer cap."""
-    if not product.on_sale:
-        return errors.InactiveProduct.default_message
+    if problem := unsold_problem(product):
+        return problem
     have = quantity_of(session, product.pk)
     if product.stock == 0:
         return "Sold out."
@@ -112,8 +126,8 @@ def review(session: SessionBase, products: dict[int, Product], *, held: dict[int
         left = None if product is None else cap_left(product, held.get(pid, 0))
         if product is None:
             row.problem, row.fix_quantity = "This product no longer exists.", 0
-        elif not product.on_sale:
-            row.problem, row.fix_quantity = f"{product.name}: {errors.InactiveProduct.default_message}", 0
+        elif problem := unsold_problem(product):
+            row.problem, row.fix_quantity = f"{product.name}: {problem}", 0
         elif product.stock == 0:
             row.problem, row.fix_quantity = f"{product.name}: Sold out.", 0
         elif left is not None and left < qty and left <= product.stock:

@@ -6,6 +6,8 @@ status the views map it to, and a `details` dict safe to show to the client.
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 # Every error class by its code, filled as the classes are defined (`ShopError.__init_subclass__`):
@@ -45,6 +47,14 @@ class InvalidInput(ShopError):
     default_message = "The request is not valid."
 
 
+class InvalidDropWindow(InvalidInput):
+    """A drop window that cannot be: it closes before it opens or is already over, or a time that
+    cannot be read. details = {"opens_at", "closes_at"} as given, and/or {"time": the bad text}."""
+
+    code = "invalid_drop_window"
+    default_message = "A drop must close after it opens, and not in the past."
+
+
 class InvalidQuantity(InvalidInput):
     code = "invalid_quantity"
     default_message = "Quantities must be whole numbers from 1 to the per-line maximum."
@@ -64,6 +74,29 @@ class InactiveProduct(ShopError):
     code = "inactive_product"
     status = 409
     default_message = "This product is no longer on sale."
+
+
+class NotOpenYet(ShopError):
+    """The drop has not opened: details = {"product_ids": the lines not open yet, "opens_at": when
+    the last of them opens (ISO 8601), i.e. when this order could first be placed}. Retry-After
+    says the seconds until then. Nothing was written."""
+
+    code = "not_open_yet"
+    status = 409
+    default_message = "This sale has not opened yet."
+
+    def __init__(self, message: str | None = None, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details=details)
+        self.retry_after = _seconds_until(self.details.get("opens_at"))
+
+
+class SaleEnded(ShopError):
+    """The drop is over: details = {"product_ids": the lines whose sale ended, "closes_at": when
+    the first of them closed (ISO 8601)}. Nothing was written."""
+
+    code = "sale_ended"
+    status = 409
+    default_message = "This sale has ended."
 
 
 class OutOfStock(ShopError):
@@ -299,6 +332,17 @@ class Conflict(ShopError):
     default_message = "Too much contention right now; nothing was written. Please retry."
 
 
+
+
+def _seconds_until(when: object) -> int | None:
+    """Whole seconds (at least 1) until an ISO 8601 time, for Retry-After; None if unreadable."""
+    try:
+        moment = datetime.fromisoformat(str(when))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return max(1, math.ceil((moment - datetime.now(UTC)).total_seconds()))
 
 
 def as_seen_by(exc: ShopError, *, staff: bool) -> ShopError:

@@ -6,6 +6,8 @@ the CHECK constraints below are the last line of defence, not the mechanism.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
@@ -16,12 +18,38 @@ from shop import lock_names
 
 
 class ProductQuerySet(models.QuerySet):
-    def on_sale(self) -> ProductQuerySet:
-        """The products that may be sold now (`Product.on_sale`, the one rule)."""
+    def listed(self) -> ProductQuerySet:
+        """The products shoppers see: active ones, whatever their drop window (an upcoming drop
+        is shown with its countdown, an ended one as ended). `Product.on_sale` says if one sells now."""
         return self.filter(active=True)
 
 
+# Where a product stands in its drop window (`Product.drop_state`).
+UPCOMING, OPEN, ENDED = "upcoming", "open", "ended"
+
+
+def drop_state(opens_at: datetime | None, closes_at: datetime | None, now: datetime) -> str:
+    """The window [opens_at, closes_at): open from opens_at on (inclusive), ended from closes_at
+    on; an empty end is no bound. The one comparison of the window, for pages and checkout alike."""
+    if opens_at is not None and now < opens_at:
+        return UPCOMING
+    if closes_at is not None and now >= closes_at:
+        return ENDED
+    return OPEN
+
+
 class Product(models.Model):
+    """A product on sale while it is active and inside its drop window.
+
+    The window is two columns of the product row, not a Drop table that products belong to: the
+    checkout writer decides "on sale" from the row it already locks FOR UPDATE, so the window
+    costs no join, no query and no extra row lock on the hot path, and a window cannot move under
+    an order being written. A sale over several products is the same window given to each of
+    them in one call (`shop.services.drops.schedule_drop`: the admin's action on the selected
+    products, `manage.py shop drop P1 P2 ...`); moving it is the same call again. Both empty: on
+    sale whenever active, as before drops existed.
+    """
+
     sku = models.CharField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
@@ -35,6 +63,14 @@ class Product(models.Model):
     max_per_user = models.PositiveIntegerField(
         null=True, blank=True, verbose_name="max per buyer",
         help_text="Units one buyer may buy of this product (placed orders). Empty: no limit.")
+    # The drop window (empty: no bound). Written only by shop.services.drops, which logs who did.
+    opens_at = models.DateTimeField(
+        null=True, blank=True, verbose_name="opens at",
+        help_text="The drop opens at this time: before it the page counts down and orders are refused. "
+                  "Empty: on sale now.")
+    closes_at = models.DateTimeField(
+        null=True, blank=True, verbose_name="closes at",
+        help_text="The sale ends at this time: orders are refused from then on. Empty: no end.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -45,6 +81,10 @@ class Product(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(stock__gte=0), name="product_stock_not_negative"),
             models.CheckConstraint(condition=Q(price__gte=0), name="product_price_not_negative"),
+            # Equal only when a drop was ended before it opened (an empty window: never on sale).
+            models.CheckConstraint(
+                condition=Q(opens_at__isnull=True) | Q(closes_at__isnull=True) | Q(closes_at__gte=F("opens_at")),
+                name="product_drop_closes_after_opens", violation_error_message="A drop must close after it opens."),
         ]
 
     def __str__(self) -> str:
@@ -56,17 +96,24 @@ class Product(models.Model):
 
     # --- may it be sold now: the one rule (the checkout writer, the cart, the catalog) --------
     # The writer reads rows with plain SQL: it asks `row_on_sale` of the row's ON_SALE_FIELDS,
-    # and its guarded UPDATE repeats the rule as ON_SALE_SQL.
-    ON_SALE_FIELDS = ("active",)
+    # with the one `now` it stamps on the orders it writes. Its guarded UPDATE repeats the part
+    # that does not depend on the time as ON_SALE_SQL; the window cannot change under it (the
+    # row is locked FOR UPDATE from the read to the COMMIT).
+    ON_SALE_FIELDS = ("active", "opens_at", "closes_at")
     ON_SALE_SQL = "active"
 
     @property
+    def drop_state(self) -> str:
+        """UPCOMING, OPEN or ENDED now."""
+        return drop_state(self.opens_at, self.closes_at, timezone.now())
+
+    @property
     def on_sale(self) -> bool:
-        return self.active
+        return self.active and self.drop_state == OPEN
 
     @staticmethod
-    def row_on_sale(row: dict) -> bool:
-        return bool(row["active"])
+    def row_on_sale(row: dict, now: datetime) -> bool:
+        return bool(row["active"]) and drop_state(row["opens_at"], row["closes_at"], now) == OPEN
 
 
 # Codes travel in URLs (/coupons/<code>/claim/) and are typed by shoppers: letters, digits,
@@ -400,6 +447,31 @@ class StockLedger(models.Model):
 
     def __str__(self) -> str:
         return f"{self.product_id} {self.quantity:+d} ({self.reason})"
+
+
+class DropLog(models.Model):
+    """Append-only: every schedule, move, end or clear of a product's drop window, the window it
+    left, and who did it ("admin:<user>", "cli:<user>@<host>", as on the stock ledger)."""
+
+    class Action(models.TextChoices):
+        SCHEDULE = "schedule", "Scheduled"
+        END = "end", "Ended now"
+        CLEAR = "clear", "Cleared"
+
+    product = models.ForeignKey(Product, on_delete=models.PROTECT, related_name="drop_log")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    opens_at = models.DateTimeField(null=True, blank=True)
+    closes_at = models.DateTimeField(null=True, blank=True)
+    actor = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "drop log entry"
+        verbose_name_plural = "drop log"
+
+    def __str__(self) -> str:
+        return f"{self.product_id} {self.action} by {self.actor}"
 
 
 class ApiToken(models.Model):

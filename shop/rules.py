@@ -1,6 +1,7 @@
 """The shop's small rules that the checkout writer, the services and the reads share: whether a
-coupon may be used now, how much it takes off, when an order placed now must be paid, which way
-an operator's stock adjustment may go, and how an order's payment splits over its lines."""
+coupon may be used now, how much it takes off, when an order placed now must be paid, why a product
+cannot be sold now (hidden, its drop not open yet or over), which way an operator's stock
+adjustment may go, and how an order's payment splits over its lines."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
-from shop.models import Coupon, Order, StockLedger
+from shop.models import ENDED, UPCOMING, Coupon, Order, StockLedger, drop_state
 
 
 def coupon_error(coupon: Coupon | None, code: str) -> errors.ShopError | None:
@@ -48,6 +49,32 @@ def operator_action(status: str) -> str | None:
     and `manage.py shop` ask the same question."""
     return {Order.Status.PENDING_PAYMENT: "cancel", Order.Status.PLACED: "cancel",
             Order.Status.PAID: "refund"}.get(status)
+
+
+def shop_time(when: datetime) -> str:
+    """A time as the shop states it without JavaScript: "2026-12-01 10:00 UTC", in the shop's
+    time zone (settings.TIME_ZONE)."""
+    return timezone.localtime(when).strftime("%Y-%m-%d %H:%M %Z")
+
+
+def not_on_sale(product_ids: list[int], rows: dict[int, dict], now: datetime) -> errors.ShopError:
+    """Why the lines of `product_ids` (none on sale now) cannot be sold, from their product rows
+    (`rows` by id; a missing one is no product). The first reason that applies to any line:
+    missing or hidden (`unknown_product` / `inactive_product`, naming those lines), its drop not
+    open yet (`not_open_yet`, with when the last of them opens), its sale over (`sale_ended`)."""
+    gone = [pid for pid in product_ids if pid not in rows or not rows[pid]["active"]]
+    if gone:
+        hidden = any(pid in rows for pid in gone)
+        return (errors.InactiveProduct if hidden else errors.UnknownProduct)(details={"product_ids": gone})
+    states = {pid: drop_state(rows[pid]["opens_at"], rows[pid]["closes_at"], now) for pid in product_ids}
+    if upcoming := [pid for pid in product_ids if states[pid] == UPCOMING]:
+        opens = max(rows[pid]["opens_at"] for pid in upcoming)
+        return errors.NotOpenYet(f"Not on sale yet: opens {shop_time(opens)}.",
+                                 details={"product_ids": upcoming, "opens_at": opens.isoformat()})
+    ended = [pid for pid in product_ids if states[pid] == ENDED]
+    closed = min(rows[pid]["closes_at"] for pid in ended)
+    return errors.SaleEnded(f"This sale ended {shop_time(closed)}.",
+                            details={"product_ids": ended, "closes_at": closed.isoformat()})
 
 
 # --- stock adjustments ---------------------------------------------------------------------------

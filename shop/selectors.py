@@ -30,12 +30,14 @@ from shop.models import RESERVING_STATUSES, ApiToken, Coupon, CouponClaim, Order
 
 
 def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
-    qs = Product.objects.order_by("id")
-    return qs if include_inactive else qs.on_sale()
+    """The catalog: listed products, those whose sale has ended last."""
+    ended = Case(When(closes_at__lte=timezone.now(), then=Value(1)), default=Value(0))
+    qs = Product.objects.alias(ended=ended).order_by("ended", "id")
+    return qs if include_inactive else qs.listed()
 
 
 def product_detail(*, id: int) -> Product:
-    product = Product.objects.on_sale().filter(pk=id).first()
+    product = Product.objects.listed().filter(pk=id).first()
     if product is None:
         raise errors.UnknownProduct(details={"product_ids": [id]})
     return product
@@ -101,7 +103,7 @@ def units_held(*, user, product_ids: Iterable[int]) -> dict[int, int]:
 def products_by_id(ids: list[int], *, include_inactive: bool = False) -> dict[int, Product]:
     """Products by id; hidden ones only for staff (to others they do not exist: a cart flags
     them as gone rather than dropping them)."""
-    qs = Product.objects.all() if include_inactive else Product.objects.on_sale()
+    qs = Product.objects.all() if include_inactive else Product.objects.listed()
     return qs.in_bulk(ids)
 
 

@@ -45,6 +45,9 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
             left = line["available"]
             parts.append(f"{name}: Sold out" if left == 0 else f"{name}: Only {left} left")
         return "; ".join(parts) or "Sold out"
+    if isinstance(exc, errors.NotOpenYet | errors.SaleEnded):  # the message says when
+        products = ", ".join(names.get(pid, "This product") for pid in exc.details.get("product_ids", []))
+        return f"{products or 'This product'}: {exc.message}"
     return {
         "lock_timeout": "So many people are buying right now that your turn did not come in time.",
         "busy": "The shop is very busy right now.",
@@ -78,9 +81,12 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
         raise Http404("No such product") from None
     held = _held(request, [product])
     form = AddToCartForm(request.POST or None)
+    status = 200
     if request.method == "POST" and form.is_valid():
         problem = cart.add_problem(request.session, product, form.cleaned_data["quantity"],
                                    held=held.get(product.pk, 0))
+        if not product.on_sale:  # a drop not open yet or over (the page offers no form then): refused
+            status = 409
         if not problem:
             try:
                 qty = cart.add(request.session, product.pk, form.cleaned_data["quantity"],
@@ -94,7 +100,7 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
     return render(request, "shop/product.html", {
         "product": product, "form": form, "held": held.get(product.pk, 0),
         "cap_left": cart.cap_left(product, held.get(product.pk, 0)),
-    })
+    }, status=status)
 
 
 def _held(request: HttpRequest, products: Iterable[Product]) -> dict[int, int]:
@@ -127,8 +133,9 @@ def cart_view(request: HttpRequest) -> HttpResponse:
         if form.is_valid():
             quantity = form.cleaned_data["quantity"]
             try:
-                if quantity > 0:
-                    selectors.product_detail(id=pid)  # the product page's own check (no id: unknown)
+                # The product page's own checks (no id: unknown; a drop not open or over).
+                if quantity > 0 and (problem := cart.unsold_problem(selectors.product_detail(id=pid))):
+                    raise errors.InvalidInput(problem)
                 if pid:
                     cart.set_quantity(request.session, pid, quantity)
             except errors.ShopError as exc:
@@ -190,6 +197,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
     existing = request.user.orders.filter(idempotency_key=key).first() if key else None
     if existing is not None:
         return redirect("order", order_id=existing.pk)
+    status = 200
     if not form.is_valid():
         messages.error(request, "Please check the form and try again.")
     elif not rows:
@@ -217,6 +225,8 @@ def checkout(request: HttpRequest) -> HttpResponse:
             messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows},
                                                 staff=request.user.is_staff))
             rows = _cart_rows(request)
+            if isinstance(exc, errors.NotOpenYet | errors.SaleEnded):
+                status = exc.status  # the drop's edge came between the page and the order
         else:
             cart.clear(request.session)
             if not placed.replayed:
@@ -224,7 +234,8 @@ def checkout(request: HttpRequest) -> HttpResponse:
             return redirect("order", order_id=placed.order_id)
     # A fresh key for a fresh attempt; the coupon stays picked.
     chosen = form.cleaned_data.get("coupon_code", "") if form.is_valid() else ""
-    return _checkout_page(request, rows, CheckoutForm(codes=codes, initial={"coupon_code": chosen}), effects)
+    return _checkout_page(request, rows, CheckoutForm(codes=codes, initial={"coupon_code": chosen}), effects,
+                          status=status)
 
 
 @login_required

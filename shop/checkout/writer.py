@@ -8,11 +8,14 @@ one under its sorted product locks (shop/services/checkout.py). One durable tran
     drop requests past their buyer's deadline;
     SELECT the batch's product rows FOR UPDATE (sorted ids): what we read is exact until COMMIT;
     a newer holder wrote a row (its fence >= ours): our lock is gone, the batch comes Again;
+    hidden products and drops not open or over are refused, against the one time of the attempt
+    that the orders are stamped with (so no order's created_at is outside its product's window);
     coupon claims (rows FOR UPDATE in pk order), the unpaid limit, purchase caps;
     allocate FIFO: a request is placed only if every line fits what is left;
     INSERT orders (RETURNING id), lines, ledger rows, request ids (multi-row statements);
     ONE guarded, fenced UPDATE per product for the batch total;
-    use the coupon claims; idempotency records; check the leases; COMMIT.
+    use the coupon claims; idempotency records; a sale that closed meanwhile rolls back (the next
+    attempt refuses it); check the leases; COMMIT.
     After: mark products whose stock reached 0 sold out (with the hold's fence as proof).
 
 Replays and settled request ids are not looked up first: the unique keys on (user, idempotency
@@ -94,6 +97,8 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
             if isinstance(exc, StaleFence):
                 fence_refusals.refused(exc.lock, operation="place_order")
             return {**results, **{r.id: AGAIN for r in pending}}
+        except _Closed:
+            continue  # written again: now past its close, that product's requests are refused
         except _Late as exc:
             # Their deadline passed while the batch was written: nothing of it committed; the
             # others are written again without them (no order is committed past its deadline).
@@ -124,6 +129,10 @@ class _Late(Exception):
         self.ids = ids
 
 
+class _Closed(Exception):
+    """A product of the batch closed its sale between the window check and the COMMIT."""
+
+
 def _too_late(r: Request) -> Refused:
     """A request that waited in line until its deadline: `lock_timeout`, nothing written."""
     return Refused.of(errors.LockTimeout(details={"lock": product_lock(r.lines[0][0]), "deadline": True}))
@@ -148,20 +157,24 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
     with durable_transaction():
         hooks.call("before_update", named)
         rows = _lock_rows(sorted(holds))
+        # The one time of this attempt, read under the row locks: the drop windows are compared
+        # with it and the orders stamped with it.
+        at = timezone.now()
         if isolate:  # the rare second pass: answer settled ids and known keys before allocating
             live = _drop_settled(live, results)
             live = _drop_replays(live, results)
         for pid, hold in holds.items():
             if hold is not None and pid in rows and rows[pid]["fence"] >= hold.fence:
                 raise StaleFence(hold.name)  # a newer holder wrote the row: our lock is gone
-        live = _refuse_unsold(live, results, rows)
+        live = _refuse_unsold(live, results, rows, at)
         claims = _coupon_claims(live, results)
         live = [r for r in live if r.id not in results]
-        stock = {pid: row["stock"] for pid, row in rows.items() if Product.row_on_sale(row)}  # the sellable ones
+        stock = {pid: row["stock"] for pid, row in rows.items() if Product.row_on_sale(row, at)}  # the sellable ones
         placed = _allocate(live, results, rows, dict(stock))
         if not placed:
             return results, stock
-        written = _write_orders(placed, rows=rows, claims=claims, holds=holds, results=results, isolate=isolate)
+        written = _write_orders(placed, rows=rows, claims=claims, holds=holds, results=results, isolate=isolate,
+                                at=at)
         if not written:  # every request was refused alone (isolate): nothing to take
             return results, stock
         totals: dict[int, int] = {}
@@ -175,6 +188,8 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
         hooks.call("before_commit", named)
         if late := [r.id for r, _ in written if r.deadline - time.monotonic() < COMMIT_MARGIN]:
             raise _Late(late)  # rolls back: written again without them
+        if _closed_since(rows, totals):
+            raise _Closed()  # rolls back: no order is committed after its sale closed
         check_before_commit(named)
         results.update({r.id: o for r, o in written})
     return results, {pid: n - totals.get(pid, 0) for pid, n in stock.items()}
@@ -185,14 +200,27 @@ _ROW_FIELDS = ("id", "price", *Product.ON_SALE_FIELDS, "stock", "fence", "sku", 
 
 def _lock_rows(product_ids: list[int]) -> dict[int, dict]:
     """The products' rows, locked FOR UPDATE in id order (plain SQL: the ORM's compile of this
-    statement was a large share of an order's client CPU)."""
+    statement was a large share of an order's client CPU). The window's times come back naive
+    (the database's UTC): made aware, as the ORM would."""
     qn = connection.ops.quote_name
     cols = ", ".join(qn(Product._meta.get_field(f).column) for f in _ROW_FIELDS)
     marks = ", ".join(["%s"] * len(product_ids))
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {cols} FROM {qn(Product._meta.db_table)} WHERE {qn('id')} IN ({marks}) "
                        f"ORDER BY {qn('id')} FOR UPDATE", product_ids)
-        return {row[0]: dict(zip(_ROW_FIELDS, row, strict=True)) for row in cursor.fetchall()}
+        rows = {row[0]: dict(zip(_ROW_FIELDS, row, strict=True)) for row in cursor.fetchall()}
+    for row in rows.values():
+        for f in ("opens_at", "closes_at"):
+            if row[f] is not None and timezone.is_naive(row[f]):
+                row[f] = timezone.make_aware(row[f], connection.timezone)
+    return rows
+
+
+def _closed_since(rows: dict[int, dict], totals: dict[int, int]) -> bool:
+    """Whether a product written in this attempt closed its sale since the window check (a slow
+    batch, a paused writer): then nothing of the attempt may commit."""
+    closes = [rows[pid]["closes_at"] for pid in totals if rows[pid]["closes_at"] is not None]
+    return bool(closes) and timezone.now() >= min(closes)
 
 
 def _take_stock(totals: dict[int, int], holds: Holds) -> None:
@@ -225,17 +253,17 @@ def _take_stock(totals: dict[int, int], holds: Holds) -> None:
             raise StaleFence(product_lock(ids[0]))
 
 
-def _refuse_unsold(live: list[Request], results: dict[str, Result], rows: dict[int, dict]) -> list[Request]:
-    """Missing and hidden products in one list: to non-staff both read as unknown (errors.as_seen_by)."""
+def _refuse_unsold(live: list[Request], results: dict[str, Result], rows: dict[int, dict],
+                   at: datetime) -> list[Request]:
+    """Requests with a line not on sale at `at`: missing or hidden (to non-staff both read as
+    unknown: errors.as_seen_by), or outside its drop window (rules.not_on_sale says which)."""
     out = []
     for r in live:
-        unsold = [pid for pid, _ in r.lines if pid not in rows or not Product.row_on_sale(rows[pid])]
+        unsold = [pid for pid, _ in r.lines if pid not in rows or not Product.row_on_sale(rows[pid], at)]
         if not unsold:
             out.append(r)
             continue
-        hidden = any(pid in rows for pid in unsold)
-        error = (errors.InactiveProduct if hidden else errors.UnknownProduct)(details={"product_ids": unsold})
-        results[r.id] = Refused.of(error)
+        results[r.id] = Refused.of(rules.not_on_sale(unsold, rows, at))
     return out
 
 
@@ -286,29 +314,28 @@ def short_message(short: list[dict]) -> str:
 
 
 def _write_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict[str, CouponClaim], holds: Holds,
-                  results: dict[str, Result], isolate: bool) -> list[tuple[Request, Placed]]:
+                  results: dict[str, Result], isolate: bool, at: datetime) -> list[tuple[Request, Placed]]:
     """INSERT the orders, lines, ledger rows and request ids of the allocated requests.
 
     All at once (multi-row INSERTs) unless `isolate`: after such a write failed on a unique or
     foreign key, each request is written in a savepoint of its own, so a request whose rows
     cannot be written is refused alone and the rest of the batch still commits (I9).
     """
-    pay_by = pay_by_from()  # the batch commits together: one deadline for all of it
+    pay_by = pay_by_from(at)  # the batch commits together: one deadline for all of it
     if not isolate:
-        return _insert_orders(placed, rows=rows, claims=claims, holds=holds, pay_by=pay_by)
+        return _insert_orders(placed, rows=rows, claims=claims, holds=holds, pay_by=pay_by, now=at)
     written = []
     for r in placed:
         try:
             with transaction.atomic():  # a savepoint: this request's rows alone
-                written += _insert_orders([r], rows=rows, claims=claims, holds=holds, pay_by=pay_by)
+                written += _insert_orders([r], rows=rows, claims=claims, holds=holds, pay_by=pay_by, now=at)
         except IntegrityError:
             _refuse_unwritable(r, results)
     return written
 
 
 def _insert_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict[str, CouponClaim], holds: Holds,
-                   pay_by: datetime) -> list[tuple[Request, Placed]]:
-    now = timezone.now()
+                   pay_by: datetime, now: datetime) -> list[tuple[Request, Placed]]:
     db_now = connection.ops.adapt_datetimefield_value(now)
     db_pay_by = connection.ops.adapt_datetimefield_value(pay_by)
     status = Order.Status.PENDING_PAYMENT.value

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('shop', '0012_delete_dblock'),
+        ('shop', '0013_drop_window'),
     ]
 
     operations = [

@@ -14,12 +14,22 @@
                                               reserved (awaiting payment), refunded, stock left, and
                                               their totals: the admin's Sales view (--product P ...,
                                               --stock low)
+    manage.py shop drop PRODUCT... --opens WHEN [--closes WHEN]
+                                              schedule or move a drop: the products are on sale from
+                                              WHEN ("2026-12-01 10:00" in the shop's time zone, ISO
+                                              8601 with an offset, or "now") until --closes (none:
+                                              no end); the window given replaces theirs
+    manage.py shop drop PRODUCT... --end      end their sale now (the admin's "End sale now")
+    manage.py shop drop PRODUCT... --clear    no window: on sale whenever active
+    manage.py shop drop                       list the products with a window and where each stands
 
 Each calls what the admin calls (shop.services restock / adjust_stock / cancel_order / refund_order,
-under the same locks; shop.selectors.product_sales and sales_totals) and leaves the same audit: its
-actor on the stock ledger rows and on the refund, "cli:<user>@<host>" here (`--actor NAME`: "cli:NAME") where the admin
-writes "admin:<username>". A refusal of the service (a paid order cancelled, a quantity out of
-range, a busy lock) is a CommandError with the service's message: exit status 1. `--json`:
+under the same locks; schedule_drop / end_drop / clear_drop; shop.selectors.product_sales and
+sales_totals) and leaves the same audit: its actor on the stock ledger rows, the refund and the
+drop log, "cli:<user>@<host>" here (`--actor NAME`: "cli:NAME") where the admin writes
+"admin:<username>". A refusal of the service (a paid order cancelled, a quantity out of range, a
+busy lock, a drop closing before it opens, a time that cannot be read) is a CommandError with the
+service's message: exit status 1. `--json`:
 machine-readable output, a refusal too ({"error": {"code", "message", "details"}}). Like
 `manage.py locks`, it trusts whoever may run it: shell access to a server is more than the admin's
 permissions.
@@ -36,9 +46,10 @@ from django.db.models import Q
 
 from locks.services import cli_actor_name
 from shop import errors, rules
-from shop.models import Order, Product, StockLedger
+from shop.models import OPEN, Order, Product, StockLedger
 from shop.selectors import RATE_WINDOW, SALES_FIGURES, STOCK_LEVELS, product_sales, sales_totals, units_per_minute
-from shop.services import adjust_stock, cancel_order, refund_order, restock
+from shop.services import adjust_stock, cancel_order, clear_drop, end_drop, refund_order, restock, schedule_drop
+from shop.services.drops import parse_time
 from shop.templatetags.shop_tags import money
 
 ACTOR_LENGTH = StockLedger._meta.get_field("actor").max_length
@@ -48,9 +59,28 @@ def _amount(value: Decimal) -> str:
     return str(Decimal(value).quantize(Decimal("0.01")))
 
 
+def _when(value) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
 def _product_dict(product: Product) -> dict[str, Any]:
     return {"id": product.pk, "sku": product.sku, "name": product.name, "active": product.active,
             "stock": product.stock}
+
+
+def _drop_dict(product: Product) -> dict[str, Any]:
+    """A product with its window and where it stands now: "upcoming", "open" or "ended"."""
+    return {**_product_dict(product), "opens_at": _when(product.opens_at), "closes_at": _when(product.closes_at),
+            "drop": product.drop_state}
+
+
+def _window(product: Product) -> str:
+    """A product's drop window in words: "opens 2026-12-01 10:00 UTC, closes ... (upcoming)"."""
+    if product.opens_at is None and product.closes_at is None:
+        return "no window (on sale whenever active)"
+    opens = f"opens {rules.shop_time(product.opens_at)}" if product.opens_at else "open"
+    closes = f"closes {rules.shop_time(product.closes_at)}" if product.closes_at else "no end"
+    return f"{opens}, {closes} ({product.drop_state})"
 
 
 def _order_dict(order: Order) -> dict[str, Any]:
@@ -60,10 +90,11 @@ def _order_dict(order: Order) -> dict[str, Any]:
 
 
 class Command(BaseCommand):
-    help = "The admin's operator actions from the command line: restock, adjust, cancel, refund, sales."
+    help = "The admin's operator actions from the command line: restock, adjust, cancel, refund, sales, drop."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, metavar="{restock,adjust,cancel,refund,sales}")
+        sub = parser.add_subparsers(dest="action", required=True,
+                                    metavar="{restock,adjust,cancel,refund,sales,drop}")
 
         def action(name: str, help_: str, *, writes: bool = True, asks: bool = False) -> CommandParser:
             p = sub.add_parser(name, help=help_, description=help_)
@@ -95,6 +126,14 @@ class Command(BaseCommand):
         p.add_argument("--product", action="extend", nargs="+", default=[], metavar="PRODUCT",
                        help="only these products (ids or SKUs)")
         p.add_argument("--stock", choices=list(STOCK_LEVELS), help="only sold out, low or in-stock products")
+        p = action("drop", "schedule, move, end or clear the drop window of PRODUCTs (the admin's product "
+                           "form and actions); without products: list the products with a window")
+        p.add_argument("products", nargs="*", metavar="PRODUCT", help="the products' ids or SKUs")
+        p.add_argument("--opens", metavar="WHEN", help='on sale from WHEN: "2026-12-01 10:00" (the shop\'s time '
+                                                       'zone), ISO 8601 with an offset, or "now"')
+        p.add_argument("--closes", metavar="WHEN", help="the sale ends at WHEN (default: no end)")
+        p.add_argument("--end", action="store_true", help="end their sale now")
+        p.add_argument("--clear", action="store_true", help="remove their window: on sale whenever active")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         action = opts["action"]
@@ -102,11 +141,18 @@ class Command(BaseCommand):
             if action == "sales":
                 self._sales(opts)
                 return
+            if action == "drop" and not opts["products"]:
+                if opts["opens"] is not None or opts["closes"] is not None or opts["end"] or opts["clear"]:
+                    raise CommandError("drop: name the products (ids or SKUs)")
+                self._drops(opts)
+                return
             actor = self._actor(opts)
             if action == "restock":
                 self._restock(opts, actor)
             elif action == "adjust":
                 self._adjust(opts, actor)
+            elif action == "drop":
+                self._drop(opts, actor)
             else:
                 self._operate(opts, actor)
         except errors.ShopError as exc:
@@ -151,6 +197,47 @@ class Command(BaseCommand):
         label = StockLedger.Reason(done.reason).label
         self.stdout.write(self.style.SUCCESS(f"{product.name} ({product.sku}): {done.delta:+d} ({label}), "
                                              f"stock {done.before} -> {done.after}."))
+
+    def _drop(self, opts: dict[str, Any], actor: str) -> None:
+        """Exactly one of: a window (--opens and/or --closes), --end, --clear; then the service, once."""
+        given = [what for what, on in (("--opens/--closes", opts["opens"] is not None or opts["closes"] is not None),
+                                       ("--end", opts["end"]), ("--clear", opts["clear"])) if on]
+        if len(given) != 1:
+            raise CommandError("drop: give --opens WHEN [--closes WHEN], or --end, or --clear"
+                               + (f" (not {' and '.join(given)})" if given else ""))
+        products = [self._product(ref) for ref in opts["products"]]
+        if opts["end"]:
+            before = {p.pk: p.drop_state for p in products}
+            changed = end_drop(products=products, actor=actor)
+            done = {p.pk: "already ended" if before[p.pk] == "ended" else "ended now" for p in changed}
+        elif opts["clear"]:
+            changed = clear_drop(products=products, actor=actor)
+            done = {p.pk: "window cleared" for p in changed}
+        else:
+            opens = parse_time(opts["opens"]) if opts["opens"] is not None else None
+            closes = parse_time(opts["closes"]) if opts["closes"] is not None else None
+            changed = schedule_drop(products=products, opens_at=opens, closes_at=closes, actor=actor)
+            done = {p.pk: "scheduled" for p in changed}
+        if opts["json"]:
+            self.stdout.write(json.dumps({"products": [{**_drop_dict(p), "done": done[p.pk]} for p in changed],
+                                          "actor": actor}, indent=2))
+            return
+        for p in changed:
+            self.stdout.write(self.style.SUCCESS(f"{p.name} ({p.sku}): {done[p.pk]}; {_window(p)}."))
+
+    def _drops(self, opts: dict[str, Any]) -> None:
+        """Every product with a window, by opening time (those open from the start first)."""
+        products = list(Product.objects.exclude(opens_at__isnull=True, closes_at__isnull=True)
+                        .order_by("opens_at", "closes_at", "id"))
+        if opts["json"]:
+            self.stdout.write(json.dumps({"products": [_drop_dict(p) for p in products]}, indent=2))
+            return
+        self.stdout.write(self.style.MIGRATE_HEADING(f"Drops ({len(products)})"))
+        if not products:
+            self.stdout.write("  none: every product is on sale whenever it is active")
+        for p in products:
+            hidden = "" if p.active else " (hidden)"
+            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {(p.name + hidden)[:32]:<32} {_window(p)}")
 
     def _operate(self, opts: dict[str, Any], actor: str) -> None:
         """Cancel or refund: say the order's state, ask (unless --yes), then the service, once."""
@@ -221,6 +308,7 @@ class Command(BaseCommand):
                           f"{'net revenue':>14} {'units/min':>9} {'reserved':>8} {'refunded':>8}")
         for p in rows:
             name = p.name if p.active else f"{p.name} (hidden)"
+            name = name if p.drop_state == OPEN else f"{name} ({p.drop_state})"
             self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {name[:28]:<28} {money(p.price):>12} {p.stock:>8} "
                               f"{p.units_sold:>8} {money(p.revenue):>14} {units_per_minute(p.units_recent):>9} "
                               f"{p.units_reserved:>8} {p.units_refunded:>8}")

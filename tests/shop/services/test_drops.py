@@ -1,0 +1,303 @@
+"""Scheduled drops: the window service (schedule, move, end, clear; its refusals write nothing),
+and the checkout deciding "on sale" under the row lock, exactly at the window's edges, with the
+sold-out marker, per-buyer caps and combining working as ever inside it. Real MariaDB and Redis;
+the edges are crossed by several processes at once."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db.models import Q
+from django.utils import timezone
+
+from shop import errors, hooks
+from shop.conf import shop_settings
+from shop.invariants import check_invariants
+from shop.models import DropLog, Order, OrderLine, Product, StockLedger
+from shop.plumbing import soldout
+from shop.services import clear_drop, end_drop, place_order, schedule_drop
+from shop.services.drops import parse_time
+from tests.helpers import make_users, run_processes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ACTOR = "admin:ops"
+
+
+def window(p: Product, *, opens_in: float | None = None, closes_in: float | None = None) -> Product:
+    """Give `p` a window relative to now, straight in the row (the service refuses past closes)."""
+    now = timezone.now()
+    Product.objects.filter(pk=p.pk).update(
+        opens_at=None if opens_in is None else now + timedelta(seconds=opens_in),
+        closes_at=None if closes_in is None else now + timedelta(seconds=closes_in))
+    p.refresh_from_db()
+    return p
+
+
+def nothing_written(*products: Product) -> bool:
+    ids = [p.pk for p in products]
+    return not (Order.objects.exists() or OrderLine.objects.exists()
+                or StockLedger.objects.filter(product_id__in=ids).exists())
+
+
+# --- the service: schedule, move, end, clear ---------------------------------------------------
+def test_schedule_gives_every_product_the_window_and_logs_who_did_it(make_product):
+    a, b, other = make_product(), make_product(), make_product()
+    opens = timezone.now() + timedelta(hours=2)
+    closes = opens + timedelta(hours=1)
+    changed = schedule_drop(products=[b, a], opens_at=opens, closes_at=closes, actor=ACTOR)
+    assert [p.pk for p in changed] == sorted([a.pk, b.pk])
+    assert all((p.opens_at, p.closes_at, p.drop_state, p.on_sale) == (opens, closes, "upcoming", False)
+               for p in changed)
+    other.refresh_from_db()
+    assert (other.opens_at, other.closes_at, other.on_sale) == (None, None, True)  # untouched
+    log = list(DropLog.objects.order_by("product_id"))
+    assert [(e.product_id, e.action, e.opens_at, e.closes_at, e.actor) for e in log] == [
+        (a.pk, "schedule", opens, closes, ACTOR), (b.pk, "schedule", opens, closes, ACTOR)]
+
+    later = opens + timedelta(days=1)  # moving the drop moves every product named
+    moved = schedule_drop(products=[a, b], opens_at=later, closes_at=None, actor="cli:me@host")
+    assert {(p.opens_at, p.closes_at) for p in moved} == {(later, None)}
+    assert DropLog.objects.filter(actor="cli:me@host", action="schedule").count() == 2
+
+
+@pytest.mark.parametrize("case", ["closes before opens", "closes at opens", "closes in the past", "naive time"])
+def test_a_window_that_cannot_be_is_refused_and_nothing_is_written(make_product, case):
+    p = make_product()
+    now = timezone.now()
+    opens, closes = {
+        "closes before opens": (now + timedelta(hours=2), now + timedelta(hours=1)),
+        "closes at opens": (now + timedelta(hours=2), now + timedelta(hours=2)),
+        "closes in the past": (None, now - timedelta(seconds=1)),
+        "naive time": (datetime(2030, 1, 1, 10, 0), None),
+    }[case]
+    with pytest.raises(errors.InvalidDropWindow) as refused:
+        schedule_drop(products=[p], opens_at=opens, closes_at=closes, actor=ACTOR)
+    assert refused.value.code == "invalid_drop_window" and refused.value.status == 400
+    p.refresh_from_db()
+    assert (p.opens_at, p.closes_at) == (None, None) and not DropLog.objects.exists()
+
+
+def test_an_unknown_product_refuses_the_whole_call(make_product):
+    known, gone = make_product(), make_product()
+    Product.objects.filter(pk=gone.pk).delete()
+    with pytest.raises(errors.UnknownProduct) as refused:
+        schedule_drop(products=[known, gone], opens_at=timezone.now() + timedelta(hours=1), closes_at=None,
+                      actor=ACTOR)
+    assert refused.value.details == {"product_ids": [gone.pk]}
+    known.refresh_from_db()
+    assert known.opens_at is None and not DropLog.objects.exists()
+    with pytest.raises(errors.InvalidInput):
+        end_drop(products=[], actor=ACTOR)
+
+
+def test_the_database_refuses_a_window_that_closes_before_it_opens(make_product):
+    """The CHECK constraint behind the service (equal is allowed: a drop called off before it opened)."""
+    from django.db import IntegrityError
+
+    p = make_product()
+    now = timezone.now()
+    Product.objects.filter(pk=p.pk).update(opens_at=now, closes_at=now)
+    with pytest.raises(IntegrityError):
+        Product.objects.filter(pk=p.pk).update(opens_at=now, closes_at=now - timedelta(seconds=1))
+
+
+def test_end_now_ends_an_open_sale_calls_off_an_upcoming_one_and_leaves_an_ended_one(make_product):
+    running, windowless, upcoming, ended = make_product(), make_product(), make_product(), make_product()
+    window(running, opens_in=-60, closes_in=3600)
+    window(upcoming, opens_in=3600, closes_in=7200)
+    window(ended, opens_in=-7200, closes_in=-3600)
+    before = timezone.now()
+    changed = {p.pk: p for p in end_drop(products=[running, windowless, upcoming, ended], actor=ACTOR)}
+    after = timezone.now()
+    assert all(changed[p.pk].drop_state == "ended" and not changed[p.pk].on_sale
+               for p in (running, windowless, upcoming, ended))
+    assert before <= changed[running.pk].closes_at <= after and changed[running.pk].opens_at == running.opens_at
+    assert before <= changed[windowless.pk].closes_at <= after and changed[windowless.pk].opens_at is None
+    assert changed[upcoming.pk].opens_at == changed[upcoming.pk].closes_at  # an empty window: never on sale
+    assert changed[ended.pk].closes_at == ended.closes_at  # not moved later
+    assert set(DropLog.objects.values_list("product_id", "action", "actor")) == {
+        (running.pk, "end", ACTOR), (windowless.pk, "end", ACTOR), (upcoming.pk, "end", ACTOR)}
+
+
+def test_clear_puts_a_product_back_on_sale_whenever_active(make_product):
+    p = window(make_product(), opens_in=3600)
+    [cleared] = clear_drop(products=[p], actor=ACTOR)
+    assert (cleared.opens_at, cleared.closes_at, cleared.on_sale) == (None, None, True)
+    assert DropLog.objects.get().action == "clear"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2030-12-01 10:00", datetime(2030, 12, 1, 10, 0, tzinfo=UTC)),  # the shop's zone (tests: UTC)
+    ("2030-12-01T10:00:30+02:00", datetime(2030, 12, 1, 8, 0, 30, tzinfo=UTC)),
+    ("2030-12-01T10:00Z", datetime(2030, 12, 1, 10, 0, tzinfo=UTC)),
+])
+def test_times_are_read_in_the_shops_zone_unless_they_carry_an_offset(text, expected):
+    assert parse_time(text) == expected
+
+
+@pytest.mark.parametrize("text", ["tomorrow", "2030-13-01 10:00", "", "10:00"])
+def test_a_time_that_cannot_be_read_is_a_typed_error(text):
+    with pytest.raises(errors.InvalidDropWindow) as refused:
+        parse_time(text)
+    assert "2026-12-01 10:00" in refused.value.message  # says how to write it
+
+
+def test_now_is_now():
+    assert abs((parse_time("now") - timezone.now()).total_seconds()) < 1
+
+
+# --- the checkout: refused outside the window, nothing written ------------------------------------
+@pytest.mark.usefixtures("flavour")
+def test_before_it_opens_an_order_is_refused_not_open_yet_and_nothing_is_written(user, make_product):
+    p = window(make_product(stock=5), opens_in=3600, closes_in=7200)
+    with pytest.raises(errors.NotOpenYet) as refused:
+        place_order(user=user, lines=[(p.pk, 1)])
+    error = refused.value
+    assert (error.code, error.status) == ("not_open_yet", 409)
+    assert error.details == {"product_ids": [p.pk], "opens_at": p.opens_at.isoformat()}
+    assert 3590 <= error.retry_after <= 3600
+    assert "opens " + p.opens_at.strftime("%Y-%m-%d %H:%M") in error.message
+    p.refresh_from_db()
+    assert p.stock == 5 and nothing_written(p)
+
+
+@pytest.mark.usefixtures("flavour")
+def test_after_it_closes_an_order_is_refused_sale_ended_and_nothing_is_written(user, make_product):
+    p = window(make_product(stock=5), opens_in=-7200, closes_in=-60)
+    with pytest.raises(errors.SaleEnded) as refused:
+        place_order(user=user, lines=[(p.pk, 1)])
+    assert (refused.value.code, refused.value.status) == ("sale_ended", 409)
+    assert refused.value.details == {"product_ids": [p.pk], "closes_at": p.closes_at.isoformat()}
+    p.refresh_from_db()
+    assert p.stock == 5 and nothing_written(p)
+
+
+def test_a_cart_names_the_lines_not_open_and_a_hidden_product_comes_first(user, make_product):
+    open_, soon, later = make_product(), make_product(), make_product()
+    window(soon, opens_in=600)
+    window(later, opens_in=1200)
+    with pytest.raises(errors.NotOpenYet) as refused:
+        place_order(user=user, lines=[(open_.pk, 1), (soon.pk, 1), (later.pk, 1)])
+    later.refresh_from_db()
+    assert refused.value.details == {"product_ids": [soon.pk, later.pk], "opens_at": later.opens_at.isoformat()}
+    hidden = make_product(active=False)
+    with pytest.raises(errors.InactiveProduct):  # to shoppers: unknown (errors.as_seen_by)
+        place_order(user=user, lines=[(soon.pk, 1), (hidden.pk, 1)])
+    assert nothing_written(open_, soon, later, hidden)
+
+
+def test_inside_the_window_it_sells_and_the_order_is_stamped_inside_it(user, make_product):
+    p = window(make_product(stock=5), opens_in=-1, closes_in=60)
+    receipt = place_order(user=user, lines=[(p.pk, 2)])
+    order = Order.objects.get(pk=receipt.order_id)
+    assert p.opens_at <= order.created_at < p.closes_at
+    assert order.pay_by == order.created_at + timedelta(seconds=float(shop_settings.PAYMENT_WINDOW))
+
+
+def test_a_sale_that_closes_while_its_order_is_written_commits_nothing(user, make_product):
+    """The window is checked again just before COMMIT: a writer that decided inside the window
+    but reaches its COMMIT after the close (a slow batch, a pause) rolls back and is refused."""
+    p = window(make_product(stock=5), opens_in=-60, closes_in=0.4)
+    paused = []
+
+    def pause(stage: str, holds: dict) -> None:
+        if stage == "before_commit" and not paused:
+            paused.append(timezone.now())
+            time.sleep(max(0.0, (p.closes_at - timezone.now()).total_seconds()) + 0.05)
+
+    hooks.checkout_hook = pause
+    try:
+        with pytest.raises(errors.SaleEnded):
+            place_order(user=user, lines=[(p.pk, 1)])
+    finally:
+        hooks.checkout_hook = None
+    assert paused and paused[0] < p.closes_at  # it was decided inside the window
+    p.refresh_from_db()
+    assert p.stock == 5 and nothing_written(p)
+
+
+# --- the sold-out marker, caps and combining inside the window -----------------------------------
+@pytest.mark.usefixtures("flavour")
+def test_a_product_is_never_marked_sold_out_before_it_opens_and_is_once_it_sells_out_inside(user, other_user,
+                                                                                          make_product):
+    empty = window(make_product(stock=0), opens_in=3600)
+    with pytest.raises(errors.NotOpenYet):
+        place_order(user=user, lines=[(empty.pk, 1)])
+    assert soldout.sold_out([empty.pk]) == set()  # "sold out" would be the wrong answer until it opens
+
+    p = window(make_product(stock=2), opens_in=-1, closes_in=60)
+    place_order(user=user, lines=[(p.pk, 2)])
+    assert soldout.sold_out([p.pk]) == {p.pk}  # inside the window: marked as ever
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=other_user, lines=[(p.pk, 1)])
+
+
+@pytest.mark.usefixtures("flavour")
+def test_the_per_buyer_cap_holds_inside_the_window_and_the_window_is_answered_first_outside(user, make_product):
+    p = window(make_product(stock=10), opens_in=-1, closes_in=60)
+    Product.objects.filter(pk=p.pk).update(max_per_user=2)
+    place_order(user=user, lines=[(p.pk, 2)])
+    with pytest.raises(errors.PurchaseLimitExceeded):
+        place_order(user=user, lines=[(p.pk, 1)])
+    Product.objects.filter(pk=p.pk).update(closes_at=timezone.now())
+    with pytest.raises(errors.SaleEnded):  # past the close: the window, not the cap
+        place_order(user=user, lines=[(p.pk, 1)])
+
+
+def _buy_across_the_window(user_ids: list[int], product_ids: list[int], until: float) -> list[tuple]:
+    """Order one unit at a time, in turn, until `until` (unix time); each attempt as
+    (outcome, product, asked at, answered at), in unix time, the clock the checkout stamps with."""
+    users = list(get_user_model().objects.filter(pk__in=user_ids))
+    seen, n = [], 0
+    while time.time() < until:
+        user, pid = users[n % len(users)], product_ids[n % len(product_ids)]
+        n += 1
+        asked = time.time()
+        try:
+            outcome = place_order(user=user, lines=[(pid, 1)]).order_id
+        except (errors.NotOpenYet, errors.SaleEnded, errors.OutOfStock, errors.LockTimeout, errors.Busy,
+                errors.Conflict) as exc:
+            outcome = exc.code
+        seen.append((outcome, pid, asked, time.time()))
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("flavour")
+def test_eight_processes_across_the_opening_and_closing_edges_write_no_order_outside_the_window(make_product):
+    """Buyers in 8 processes (combined, in lanes) order before, during and after a 1.5 s window.
+    No order is stamped outside it (compared in the database, with the time the checkout read
+    under the row lock and stamped on the order); a refusal `not_open_yet` went only to a request
+    asked before the opening, `sale_ended` only to one answered after the close, and every order
+    to a request asked before the close and answered after the opening. The small product sells
+    out inside the window exactly; the books balance."""
+    big, small = make_product(stock=100_000), make_product(stock=30)
+    opens = timezone.now() + timedelta(seconds=1.5)
+    closes = opens + timedelta(seconds=1.5)
+    schedule_drop(products=[big, small], opens_at=opens, closes_at=closes, actor=ACTOR)
+    users = make_users(16)
+    until = closes.timestamp() + 0.5
+    results = run_processes(_buy_across_the_window, [([u.pk for u in users[i::8]], [big.pk, small.pk], until)
+                                                    for i in range(8)])
+    attempts = [a for r in results for a in r]
+    placed = [a for a in attempts if isinstance(a[0], int)]
+    o, c = opens.timestamp(), closes.timestamp()
+
+    outside = Order.objects.filter(Q(created_at__lt=opens) | Q(created_at__gte=closes))
+    assert not outside.exists(), list(outside.values_list("id", "created_at"))
+    assert Order.objects.count() == len(placed) > 30
+    assert all(asked < c and answered >= o for _, _, asked, answered in placed)
+    assert all(asked < o for outcome, _, asked, _ in attempts if outcome == "not_open_yet")
+    assert all(answered >= c for outcome, _, _, answered in attempts if outcome == "sale_ended")
+    codes = {a[0] for a in attempts if not isinstance(a[0], int)}
+    assert {"not_open_yet", "sale_ended"} <= codes  # both edges were crossed
+    assert OrderLine.objects.filter(product=small).count() == 30  # sold out inside the window, not beyond
+    small.refresh_from_db()
+    assert small.stock == 0
+    violations = check_invariants(product_ids=[big.pk, small.pk], initial_stock={big.pk: 100_000, small.pk: 30},
+                                  seen_order_ids=[a[0] for a in placed])
+    assert violations == []
