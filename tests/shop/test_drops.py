@@ -105,8 +105,9 @@ def test_checkout_refused_at_the_edge_says_why_with_409_and_writes_nothing(shopp
     else:
         window(p, closes_in=-1)
     real_review = cart.review
-    monkeypatch.setattr(cart, "review", lambda s, products: [  # the page still saw it on sale
-        cart.Line(product_id=r.product_id, quantity=r.quantity, product=r.product) for r in real_review(s, products)])
+    monkeypatch.setattr(cart, "review", lambda s, products, held=None: [  # the page still saw it on sale
+        cart.Line(product_id=r.product_id, quantity=r.quantity, product=r.product)
+        for r in real_review(s, products, held=held)])
     response = shopper.post("/checkout/", {"idempotency_key": key})
     said = [str(m) for m in get_messages(response.wsgi_request)]
     assert response.status_code == 409
