@@ -291,7 +291,7 @@ def test_the_dashboard_shows_queued_requests_then_the_batch_that_served_them(nam
     assert 0 <= fam["last_batch_ago"] < 5 and fam["last_batch_text"].endswith(" s ago")
     assert data["totals"]["batches"] == 1
     page = staff.get(DASHBOARD, {"prefix": name}).content.decode()
-    assert f'<tr><td>{name}</td><td class="num">1</td><td class="num">4</td>' in page
+    assert f'<tr><td class="name">{name}</td><td class="num">1</td><td class="num">4</td>' in page
     assert "3-4: 1" in page and " s ago</td>" in page
 
 
