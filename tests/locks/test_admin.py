@@ -481,9 +481,11 @@ def test_the_lock_pages_show_no_raw_figures_and_one_date_style(name):
         assert not Lock(name, wait=0.02).acquire()  # a timeout in the event log, with its wait
     stats.flush()
     root = client_for(make_user("root", superuser=True))
-    pages = {url: _visible_text(root.get(url).content.decode()) for url in (
-        DASHBOARD, f"{DASHBOARD}events/", "/admin/locks/forcerelease/", f"/admin/locks/forcerelease/{ForceRelease.objects.get().pk}/change/",
-        "/admin/locks/jobrun/", f"/admin/locks/jobrun/{run.pk}/change/")}
+    audit = ForceRelease.objects.get()
+    urls = (DASHBOARD, f"{DASHBOARD}events/", "/admin/locks/forcerelease/",
+            f"/admin/locks/forcerelease/{audit.pk}/change/", "/admin/locks/jobrun/",
+            f"/admin/locks/jobrun/{run.pk}/change/")
+    pages = {url: _visible_text(root.get(url).content.decode()) for url in urls}
     for url, text in pages.items():
         assert not RAW_FLOAT.search(text), (url, RAW_FLOAT.search(text))
         assert ONE_DATE.search(text), url

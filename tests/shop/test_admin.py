@@ -221,7 +221,8 @@ def test_the_order_page_is_read_only_labels_its_lines_and_offers_cancel(admin_cl
     order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     page = admin_client.get(f"/admin/shop/order/{order.pk}/change/").content.decode()
     line = re.search(r'<tr class="form-row has_original".*?</tr>', page, re.S).group()
-    cells = [re.sub(r"<[^>]+>|\s+", " ", c).strip() for c in re.findall(r'<td class="field-[^"]*">(.*?)</td>', line, re.S)]
+    cells = [re.sub(r"<[^>]+>|\s+", " ", cell).strip()
+             for cell in re.findall(r'<td class="field-[^"]*">(.*?)</td>', line, re.S)]
     assert cells == [f"Limited sneaker drop ({p.sku})", "2", "$129.00"]  # the shop's money format
     assert "OrderLine object" not in page and "2 x" not in page  # no caption repeating the columns
     assert 'name="_save"' not in page and 'name="_continue"' not in page  # no Save buttons

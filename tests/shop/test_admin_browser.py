@@ -173,8 +173,8 @@ CONFIRM_BUTTONS = """() => {
   const yes = document.querySelector('#content-main form input[type=submit]');
   const no = [...document.querySelectorAll('#content-main form a')].find(a => a.textContent.trim() === 'No, keep it');
   const onScreen = el => { const r = el.getBoundingClientRect(); return r.left >= 0 && r.right <= innerWidth; };
-  return {danger, yes: yes.value, yesBg: getComputedStyle(yes).backgroundColor, noBg: getComputedStyle(no).backgroundColor,
-          onScreen: onScreen(yes) && onScreen(no)};
+  const bg = el => getComputedStyle(el).backgroundColor;
+  return {danger, yes: yes.value, yesBg: bg(yes), noBg: bg(no), onScreen: onScreen(yes) && onScreen(no)};
 }"""
 
 
