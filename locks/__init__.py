@@ -6,12 +6,12 @@
 
 The house, floor by floor; a module imports only from the floors below it:
 
-    1  conf, exceptions, keys, histogram, scripts/, redis_urls, django_redis_cluster, checks, models
+    1  conf, exceptions, keys, histogram, scripts/, redis_urls, django_redis_cluster, checks, models, formats
     2  hold (Hold, CancelToken, Served, Guarded, LockLike), connection (Redis clients, clock, text)
     3  backends/base (the interface, optional combining), backends/ (registry), metrics, renewal, events
     4  backends/{redis,redlock,zookeeper,mysql}, stats  the coordination services; counting
     5  lock (the front door: Lock), inspect (reads dispatched to the backend, scrape gauges)
-    6  combining, jobs, services, views, admin, management commands, apps
+    6  combining, jobs, services, views, admin, templatetags, management commands, apps
 """
 
 from locks.backends import capabilities

@@ -8,7 +8,7 @@ from django.contrib import admin
 from django.urls import path
 from django.views.decorators.http import require_http_methods
 
-from locks import views
+from locks import formats, views
 from locks.models import ForceRelease, JobRun, LockDashboard
 
 
@@ -54,22 +54,67 @@ class LockDashboardAdmin(ReadOnlyLockAdmin):
         ]
 
 
+def _formatted(field: str, description: str, render):
+    """A read-only column or field showing `field` as the lock pages write it (locks/formats.py)."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self, obj) -> str:
+        return render(getattr(obj, field))
+
+    column.__name__ = f"{field}_text"
+    return column
+
+
+def when_column(field: str, description: str):
+    return _formatted(field, description, formats.when)
+
+
+def duration_column(field: str, description: str):
+    return _formatted(field, description, formats.duration)
+
+
+class LockListMedia:
+    """The lists' long host:pid values wrap, so their tables fit 1280 px (locks/dashboard.css)."""
+
+    class Media:
+        css = {"all": ["locks/dashboard.css"]}
+
+
 @admin.register(ForceRelease)
-class ForceReleaseAdmin(ReadOnlyLockAdmin):
+class ForceReleaseAdmin(LockListMedia, ReadOnlyLockAdmin):
     """The audit: who ended whose hold (`view_forcerelease`)."""
 
-    list_display = ("released_at", "lock_name", "fence", "owner", "held_for", "waiters", "actor_name")
-    list_filter = ("released_at",)
+    list_display = ("released_at_text", "lock_name", "fence", "owner_text", "held_for_text", "waiters", "by")
+    date_hierarchy = "released_at"  # above the list, not a filter column beside it: the columns fit 1280 px
     search_fields = ("lock_name", "actor_name", "owner")
-    readonly_fields = [f.name for f in ForceRelease._meta.fields]
+    fields = readonly_fields = ("released_at_text", "lock_name", "fence", "owner", "held_for_text", "waiters",
+                                "actor", "actor_name")
+    released_at_text = when_column("released_at", "Released")
+    held_for_text = duration_column("held_for", "Held for")
+
+    @admin.display(description="Holder", ordering="owner")
+    def owner_text(self, obj: ForceRelease) -> str:
+        return obj.owner
+
+    @admin.display(description="By", ordering="actor_name")
+    def by(self, obj: ForceRelease) -> str:
+        return obj.actor_name
 
 
 @admin.register(JobRun)
-class JobRunAdmin(ReadOnlyLockAdmin):
+class JobRunAdmin(LockListMedia, ReadOnlyLockAdmin):
     """Who ran each tick of each scheduled job, when, how long, and how it ended (manage.py run_jobs --list).
-    `view_jobrun` only: a failed run's traceback may carry settings and data."""
+    `view_jobrun` only: a failed run's traceback may carry settings and data. The list leaves the tick and the
+    start out (the run's page has them): its columns fit 1280 px beside the filters."""
 
-    list_display = ("job", "tick", "due_at", "runner", "started_at", "duration", "outcome", "takeovers")
+    list_display = ("job", "due_at_text", "runner", "duration_text", "outcome", "takeovers")
     list_filter = ("job", "outcome")
     search_fields = ("job", "runner")
-    readonly_fields = [f.name for f in JobRun._meta.fields]
+    fields = readonly_fields = ("job", "tick", "due_at_text", "runner", "fence", "started_at_text", "lease_until_text",
+                                "finished_at_text", "duration_text", "outcome", "takeovers", "taken_over_from",
+                                "detail", "error")
+    due_at_text = when_column("due_at", "Due")
+    started_at_text = when_column("started_at", "Started")
+    lease_until_text = when_column("lease_until", "Lease until")
+    finished_at_text = when_column("finished_at", "Finished")
+    duration_text = duration_column("duration", "Took")

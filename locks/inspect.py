@@ -119,6 +119,19 @@ def ago(seconds: float | None) -> str:
     return f"{seconds / 3600:.0f} h ago"
 
 
+# A hold is marked "stuck?" once held longer than STUCK_FACTOR times its family's hold p99, and
+# never before STUCK_FLOOR seconds (docs/operations.md, "When a lock is stuck").
+STUCK_FACTOR = 10
+STUCK_FLOOR = 1.0
+
+
+def stuck_after(hold_p99: float | None) -> float:
+    """Seconds after which a hold of a family with this hold p99 looks stuck: 10 x p99, at least
+    1 s (a checkout's 27 ms p99 -> 1 s; a job family's 4 s p99 -> 40 s). The floor keeps a family
+    of millisecond holds from flagging every GC pause; a family with no finished hold yet gets it."""
+    return max(STUCK_FACTOR * (hold_p99 or 0.0), STUCK_FLOOR)
+
+
 def _client(client: Redis | None) -> Redis:
     return client if client is not None else default_client()
 

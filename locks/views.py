@@ -24,10 +24,11 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
 from django.views.decorators.cache import never_cache
 
-from locks import events, inspect
+from locks import events, formats, inspect
+from locks.backends import HeldLock
 from locks.conf import locks_settings
 from locks.exceptions import HolderChanged, LockUnavailable
-from locks.keys import validate_name
+from locks.keys import family_of, validate_name
 from locks.models import ForceRelease, LockDashboard
 from locks.services import force_release_lock, reset_lock_stats
 
@@ -37,6 +38,9 @@ PAGE_SIZE = 200
 STATS_ROWS = 100
 TOP_NAMES = 5  # busiest names shown per family (and looked up as held on the first page)
 
+
+# Details of the event log that are seconds (locks/lock.py records them): shown with their unit.
+EVENT_DURATIONS = frozenset({"waited", "held", "held_for"})
 
 VIEW = "locks.view_lockdashboard"
 RELEASE = "locks.force_release_lock"
@@ -151,13 +155,15 @@ def snapshot(*, prefix: str, cursor: int) -> dict[str, Any]:
     combining = sorted((s for s in stats if s.counters.get("batches")), key=lambda s: -(s.last_batch_ms or 0))
     shown = stats[:STATS_ROWS]
     targets = link_targets([h.name for h in held] + [n for s in shown for n, _ in s.top_names])
+    hold_p99 = {s.name: s.quantiles()["hold_p99"] for s in stats}
     return {
         "at": now,
+        "at_text": formats.when(now),
         "panels": extra_panels(),
         "prefix": prefix,
         "cursor": cursor,
         "next_cursor": next_cursor,
-        "held": [{**h.as_dict(), **targets[h.name]} for h in held],
+        "held": [_held_row(h, hold_p99.get(family_of(h.name)), targets[h.name]) for h in held],
         "stats": [_stats_row(s, now, targets) for s in shown],
         "stats_families": len(stats),
         "combining": [_stats_row(s, now, targets) for s in combining[:STATS_ROWS]],
@@ -166,8 +172,20 @@ def snapshot(*, prefix: str, cursor: int) -> dict[str, Any]:
     }
 
 
+def _held_row(held: HeldLock, hold_p99: float | None, target: dict[str, Any]) -> dict[str, Any]:
+    """A held lock with its durations written out, and whether it looks stuck: held longer than
+    its family's holds usually take (`inspect.stuck_after`; the legend says what to do then)."""
+    after = inspect.stuck_after(hold_p99)
+    p99 = "none finished yet" if hold_p99 is None else formats.duration(hold_p99)
+    return {**held.as_dict(), **target, "held_for_text": formats.duration(held.held_for),
+            "ttl_left_text": formats.duration(held.ttl_left), "stuck": held.held_for > after, "stuck_after": after,
+            "stuck_title": f"Held longer than {formats.duration(after)}: {inspect.STUCK_FACTOR} times its family's "
+                           f"hold p99 ({p99}), at least {formats.duration(inspect.STUCK_FLOOR)}. "
+                           f"Force-release only a hung holder: see the legend."}
+
+
 def _stats_row(stats: inspect.LockStats, now: float, targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    row = _with_ago(_with_ms(stats.as_dict()), now)
+    row = _with_ago(_with_text(stats.as_dict()), now)
     row["top_names"] = [{**n, **targets.get(n["name"], {"url": None, "gone": False})} for n in row["top_names"]]
     return row
 
@@ -177,13 +195,15 @@ def _with_ago(row: dict[str, Any], now: float) -> dict[str, Any]:
     at = row.get("last_batch_at")
     row["last_batch_ago"] = None if at is None else round(max(now - at, 0.0), 1)
     row["last_batch_text"] = inspect.ago(row["last_batch_ago"])
+    row["last_batch_at_text"] = formats.when(at)
     row["batch_sizes_text"] = ", ".join(f"{k}: {n}" for k, n in row.get("batch_sizes", {}).items()) or "-"
     return row
 
 
-def _with_ms(row: dict[str, Any]) -> dict[str, Any]:
+def _with_text(row: dict[str, Any]) -> dict[str, Any]:
+    """The quantiles written out with their unit ("0.67 ms"), as the page and its refresh show them."""
     for key in ("wait_p50", "wait_p99", "hold_p50", "hold_p99"):
-        row[f"{key}_ms"] = None if row[key] is None else round(row[key] * 1000, 1)
+        row[f"{key}_text"] = formats.duration(row[key])
     return row
 
 
@@ -229,9 +249,10 @@ def event_log(request: HttpRequest) -> HttpResponse:
         rows, error = [], f"Redis is unreachable: {exc}"
     targets = link_targets(row["name"] for row in rows)
     for row in rows:
-        row["when"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
+        row["when"] = formats.when(row["at"])
         row.update(targets[row["name"]])
-        row["extra"] = {k: v for k, v in row.items() if k not in {"at", "kind", "name", "when", "url", "gone"}}
+        row["extra"] = {k: formats.duration(v) if k in EVENT_DURATIONS and isinstance(v, int | float) else v
+                        for k, v in row.items() if k not in {"at", "kind", "name", "when", "url", "gone"}}
     return TemplateResponse(request, "admin/locks/events.html", _context(
         request, title="Lock events", rows=rows, error=error, kinds=events.KINDS, kind=kind,
     ))

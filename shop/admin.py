@@ -1,6 +1,6 @@
 """The shop in the Django admin. Stock and coupon counts change only through the services.
 
-The change forms keep `stock`, `remaining` and `fence` read-only, and saves write only the
+The change forms keep `stock`, `remaining` and the coupon's `fence` read-only, and saves write only the
 fields that changed (`update_fields`), so an operator renaming a product can never write back a
 stock value read minutes ago. Restock, adjust stock and cancel are custom admin views (not actions
 or change forms, which Django wraps in a transaction) that call the services under the same locks;
@@ -201,7 +201,7 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
     list_display = ("name", "sku", "price_money", "stock", "max_per_user", "active", "drop", "lock", "stock_links")
     list_filter = ("active", DropFilter)
     search_fields = ("name", "sku")
-    readonly_fields = ("stock", "fence", "created_at", "updated_at")
+    readonly_fields = ("stock", "created_at", "updated_at")  # not the fence: the ledger and lock dashboard show it
     # The window is written by the drop service (with its log row), not by the form's save.
     guarded_fields = ("stock", "fence", *WINDOW)
     price_money = money_column("price", "Price")
@@ -283,7 +283,7 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         # A new product gets its opening stock from the form; after that only the services move it.
-        return ("fence", "created_at", "updated_at") if obj is None else self.readonly_fields
+        return ("created_at", "updated_at") if obj is None else self.readonly_fields
 
     @admin.display(description="Lock")
     def lock(self, obj: Product) -> str:
@@ -408,9 +408,10 @@ class OrderLineInline(admin.TabularInline):
     model = OrderLine
     extra = 0
     can_delete = False
+    exclude = ("unit_price",)  # shown once, as money (unit_price_money), not also raw
     readonly_fields = ("product", "quantity", "unit_price_money")
     unit_price_money = money_column("unit_price", "Unit price")
-    template = "admin/shop/order/lines_inline.html"  # labels each line "2 x Name @ 129.00"
+    template = "admin/shop/order/lines_inline.html"  # no "OrderLine object (1)" above each line
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("product")
@@ -456,7 +457,7 @@ class OrderAdmin(admin.ModelAdmin):
     inlines = [OrderLineInline]
     readonly_fields = ("user", "status", "subtotal_money", "discount_money", "total_money", "coupon",
                        "idempotency_key", "created_at", "pay_by", "paid_at", "refunded_at", "cancelled_at")
-    exclude = ("request_digest",)
+    exclude = ("request_digest", "subtotal", "discount", "total")  # shown once, as money (*_money), not also raw
     subtotal_money = money_column("subtotal", "Subtotal")
     discount_money = money_column("discount", "Discount")
     total_money = money_column("total", "Total")

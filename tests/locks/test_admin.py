@@ -291,7 +291,7 @@ def test_the_dashboard_shows_queued_requests_then_the_batch_that_served_them(nam
     assert 0 <= fam["last_batch_ago"] < 5 and fam["last_batch_text"].endswith(" s ago")
     assert data["totals"]["batches"] == 1
     page = staff.get(DASHBOARD, {"prefix": name}).content.decode()
-    assert f'<tr><td>{name}</td><td class="num">1</td><td class="num">4</td>' in page
+    assert f'<tr><td class="name">{name}</td><td class="num">1</td><td class="num">4</td>' in page
     assert "3-4: 1" in page and " s ago</td>" in page
 
 
@@ -407,3 +407,94 @@ def test_the_locks_command_resets_the_statistics(name, own_prefix, monkeypatch):
     with pytest.raises(CommandError, match="not reset"):
         call_command("locks", "reset-stats", stdout=StringIO())
     assert name in _families()
+
+
+# --- a stuck hold is marked; the lock pages write units and one date style (issue 30) -----------
+def test_the_stuck_threshold_is_ten_times_the_familys_hold_p99_and_at_least_a_second():
+    from locks.inspect import stuck_after
+
+    assert stuck_after(0.027) == 1.0  # a checkout's 27 ms p99: the floor
+    assert stuck_after(4.0) == 40.0  # a job's 4 s p99
+    assert stuck_after(None) == 1.0  # no finished hold in the family yet
+
+
+def _stuck(staff: Client, name: str) -> dict:
+    [row] = [h for h in staff.get(f"{DASHBOARD}data/", {"prefix": "t:"}).json()["held"] if h["name"] == name]
+    return row
+
+
+def test_a_hold_far_longer_than_its_familys_hold_p99_is_marked_stuck(own_prefix):
+    """t:fast holds take microseconds (p99 far under 0.1 s: marked past the 1 s floor); t:slow ones
+    take 0.3 s (p99 >= 0.3 s: marked only past 10 x that, 3 s or more). Held 1.2 s, the first is stuck? and
+    the second is not; the page shows the badge on the first row only, with its threshold."""
+    fast, slow = "t:fast", "t:slow"
+    for _ in range(20):
+        with Lock(fast, ttl=5.0):
+            pass
+    for _ in range(2):
+        with Lock(slow, ttl=5.0):
+            time.sleep(0.3)
+    staff = client_for(make_viewer())
+    with Lock(fast, ttl=30.0), Lock(slow, ttl=30.0):
+        stats.flush()
+        assert not _stuck(staff, fast)["stuck"]  # just taken
+        time.sleep(1.2)
+        fast_row, slow_row = _stuck(staff, fast), _stuck(staff, slow)
+        page = staff.get(DASHBOARD, {"prefix": "t:"}).content.decode()
+    assert fast_row["stuck"] and fast_row["stuck_after"] == 1.0
+    assert "Held longer than 1 s" in fast_row["stuck_title"]
+    assert not slow_row["stuck"] and slow_row["stuck_after"] >= 3.0
+    held = page[page.index('id="held-locks"'):page.index('id="lock-stats"')]
+    assert re.findall(r'<tr><td class="name">\s*(t:\w+)\s*</td>', held) == [fast, slow]
+    fast_html, slow_html = held[held.index(fast):held.index(slow)], held[held.index(slow):]
+    assert '<span class="stuck" title="Held longer than 1 s' in fast_html and "stuck?</span>" in fast_html
+    assert 'class="stuck"' not in slow_html
+    legend = page[page.index('id="lock-legend"'):]
+    for advice in ("10 &times; its family", "force-release</strong> a stuck", "<strong>Do not</strong> force-release",
+                   "TTL left only counts down"):
+        assert advice in legend, advice
+
+
+RAW_FLOAT = re.compile(r"\d+\.\d{3,}")  # 14.756, 0.0006738749998476123: a figure as it was stored
+ONE_DATE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
+OTHER_DATES = re.compile(r"[ap]\.m\.|midnight|noon|\d\d:\d\d:\d\d(?! UTC)|[A-Z][a-z]{2}\. \d")
+
+
+def _visible_text(html: str) -> str:
+    """The page's text (no scripts, styles or tags), where figures and dates show."""
+    html = re.sub(r"<(script|style|svg)\b.*?</\1>", " ", html, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", html)
+
+
+def test_the_lock_pages_show_no_raw_figures_and_one_date_style(name):
+    """Durations with units (a job run's 0.000674 s, a force release's 14.756 s, an event's wait),
+    and every moment in one style: the dashboard, its JSON, the event log, the audit and the job runs."""
+    from django.utils import timezone
+
+    from locks.models import JobRun
+
+    now = timezone.now()
+    run = JobRun.objects.create(job="t.fast", tick=1, due_at=now, runner="web-1:77", fence=1, started_at=now,
+                                lease_until=now, finished_at=now, duration=0.0006738749998476123, outcome=JobRun.OK)
+    ForceRelease.objects.create(lock_name=name, fence=1, owner="web-1:77", held_for=14.756, waiters=3, actor_name="ops")
+    with Lock(name, ttl=5.0):
+        assert not Lock(name, wait=0.02).acquire()  # a timeout in the event log, with its wait
+    stats.flush()
+    root = client_for(make_user("root", superuser=True))
+    audit = ForceRelease.objects.get()
+    urls = (DASHBOARD, f"{DASHBOARD}events/", "/admin/locks/forcerelease/",
+            f"/admin/locks/forcerelease/{audit.pk}/change/", "/admin/locks/jobrun/",
+            f"/admin/locks/jobrun/{run.pk}/change/")
+    pages = {url: _visible_text(root.get(url).content.decode()) for url in urls}
+    for url, text in pages.items():
+        assert not RAW_FLOAT.search(text), (url, RAW_FLOAT.search(text))
+        assert ONE_DATE.search(text), url
+        assert not OTHER_DATES.search(text), (url, OTHER_DATES.search(text))
+    assert "0.67 ms" in pages["/admin/locks/jobrun/"] and "0.67 ms" in pages[f"/admin/locks/jobrun/{run.pk}/change/"]
+    assert "14.8 s" in pages["/admin/locks/forcerelease/"] and "14.8 s" in pages[DASHBOARD]
+    assert re.search(r"waited=\d+(\.\d+)? ms", pages[f"{DASHBOARD}events/"])
+    data = root.get(f"{DASHBOARD}data/", {"prefix": name}).json()
+    assert ONE_DATE.fullmatch(data["at_text"])
+    [family] = data["stats"]
+    assert all(re.fullmatch(r"\d+(\.\d+)? (ms|s|min|h)", family[f"{k}_text"])
+               for k in ("wait_p50", "wait_p99", "hold_p50", "hold_p99"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -218,7 +220,11 @@ def test_the_order_page_is_read_only_labels_its_lines_and_offers_cancel(admin_cl
     p.save(update_fields=["name"])
     order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
     page = admin_client.get(f"/admin/shop/order/{order.pk}/change/").content.decode()
-    assert "2 x Limited sneaker drop @ $129.00" in page  # the shop's money format
+    line = re.search(r'<tr class="form-row has_original".*?</tr>', page, re.S).group()
+    cells = [re.sub(r"<[^>]+>|\s+", " ", cell).strip()
+             for cell in re.findall(r'<td class="field-[^"]*">(.*?)</td>', line, re.S)]
+    assert cells == [f"Limited sneaker drop ({p.sku})", "2", "$129.00"]  # the shop's money format
+    assert "OrderLine object" not in page and "2 x" not in page  # no caption repeating the columns
     assert 'name="_save"' not in page and 'name="_continue"' not in page  # no Save buttons
     cancel = f"/admin/shop/order/{order.pk}/cancel/"
     assert f'href="{cancel}"' in page and "Cancel order…" in page
@@ -230,6 +236,37 @@ def test_the_order_page_is_read_only_labels_its_lines_and_offers_cancel(admin_cl
     order.refresh_from_db()
     assert order.status == Order.Status.CANCELLED
     assert cancel not in admin_client.get(f"/admin/shop/order/{order.pk}/change/").content.decode()  # nothing to cancel
+
+
+def test_the_order_page_shows_each_amount_once_as_money(admin_client, make_product, make_coupon, user):
+    """Subtotal, Discount, Total and a line's Unit price, each once and formatted: not also raw
+    (Django added the model fields beside the *_money ones)."""
+    from shop.services import claim_coupon
+
+    p = make_product(stock=5, price="1658.00")
+    coupon = make_coupon(discount="15.00")
+    claim_coupon(user=user, code=coupon.code)
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)], coupon_code=coupon.code))
+    page = admin_client.get(f"/admin/shop/order/{order.pk}/change/").content.decode()
+    labels = re.findall(r"<label[^>]*>([^<]+):</label>", page)
+    for label in ("Subtotal", "Discount", "Total"):
+        assert labels.count(label) == 1, labels
+    assert re.findall(r'<th class="column-[^"]*">\s*Unit price', page) and page.count(">Unit price") == 1
+    for money, raw in (("$3,316.00", "3316.00"), ("$15.00", "15.00"), ("$3,301.00", "3301.00"),
+                       ("$1,658.00", "1658.00")):
+        assert page.count(money) == 1, money
+        assert raw not in page.replace(money, ""), raw
+
+
+def test_the_product_form_leaves_the_internal_fence_out(admin_client, make_product):
+    """The fence is the lock's business (the stock ledger and the lock dashboard show fences):
+    neither the change form nor the add form shows it to the operator."""
+    p = make_product(stock=3)
+    Product.objects.filter(pk=p.pk).update(fence=1795729126554934)
+    for url in (f"/admin/shop/product/{p.pk}/change/", "/admin/shop/product/add/"):
+        page = admin_client.get(url).content.decode()
+        assert "field-fence" not in page and "Fence" not in page and "1795729126554934" not in page, url
+        assert "field-stock" in page and "field-name" in page, url  # the form itself is all there
 
 
 def test_the_product_page_offers_restock(admin_client, make_product):

@@ -160,3 +160,39 @@ def test_the_sales_views_refresh_bar_and_totals_fit_every_width(live_server, mak
     assert len(controls) == 3 and all(c["visible"] and c["left"] >= 0 and c["right"] <= width for c in controls), \
         controls
     assert "Total (1 product)" in totals
+
+
+# The confirmation's two buttons: their background colours, the admin's "danger" colour, and
+# whether both are on the screen.
+CONFIRM_BUTTONS = """() => {
+  const probe = document.createElement('div');
+  probe.style.background = 'var(--delete-button-bg)';
+  document.body.appendChild(probe);
+  const danger = getComputedStyle(probe).backgroundColor;
+  probe.remove();
+  const yes = document.querySelector('#content-main form input[type=submit]');
+  const no = [...document.querySelectorAll('#content-main form a')].find(a => a.textContent.trim() === 'No, keep it');
+  const onScreen = el => { const r = el.getBoundingClientRect(); return r.left >= 0 && r.right <= innerWidth; };
+  const bg = el => getComputedStyle(el).backgroundColor;
+  return {danger, yes: yes.value, yesBg: bg(yes), noBg: bg(no), onScreen: onScreen(yes) && onScreen(no)};
+}"""
+
+
+def test_refund_and_cancel_mark_yes_as_the_dangerous_action(live_server, make_product, user):
+    """"Yes, refund it" is red like the force release's "Yes, release it" (the admin's delete
+    colour), and "No, keep it" is not: the two no longer look alike. Cancel's confirmation too."""
+    product = make_product(stock=10, price="129.00")
+    paid = pay_order(order=order_of(place_order(user=user, lines=[(product.pk, 1)])), actor="test")
+    pending = order_of(place_order(user=user, lines=[(product.pk, 1)]))
+    seen = []
+    with _operator_page(live_server.url, f"/admin/shop/order/{paid.pk}/refund/", width=1280, height=800) as page:
+        for url in (f"/admin/shop/order/{paid.pk}/refund/", f"/admin/shop/order/{pending.pk}/cancel/"):
+            page.goto(f"{live_server.url}{url}")
+            for width in (320, 375, 1280):
+                page.set_viewport_size({"width": width, "height": 800})
+                seen.append((width, page.evaluate(CONFIRM_BUTTONS)))
+            page.screenshot(path=str(ARTIFACTS / f"admin-confirm-{url.strip('/').rsplit('/', 1)[-1]}.png"))
+    assert [b["yes"] for _, b in seen] == ["Yes, refund it"] * 3 + ["Yes, cancel it"] * 3
+    for width, buttons in seen:
+        assert buttons["yesBg"] == buttons["danger"] != buttons["noBg"], (width, buttons)
+        assert buttons["onScreen"], (width, buttons)
