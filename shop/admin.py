@@ -1,6 +1,6 @@
 """The shop in the Django admin. Stock and coupon counts change only through the services.
 
-The change forms keep `stock`, `remaining` and the coupon's `fence` read-only, and saves write only the
+The change forms keep `stock` and `remaining` read-only (fences are not shown), and saves write only the
 fields that changed (`update_fields`), so an operator renaming a product can never write back a
 stock value read minutes ago. Restock, adjust stock and cancel are custom admin views (not actions
 or change forms, which Django wraps in a transaction) that call the services under the same locks;
@@ -384,8 +384,10 @@ class CouponAdmin(GuardedSaveMixin, admin.ModelAdmin):
     guarded_fields = ("total", "remaining", "fence")
     discount_money = money_column("discount", "Discount")
 
+    exclude = ("fence",)  # the lock's business, as on the product form
+
     def get_readonly_fields(self, request, obj=None):
-        return ("fence", "created_at") if obj is None else ("total", "remaining", "fence", "created_at")
+        return ("created_at",) if obj is None else ("total", "remaining", "created_at")
 
     def save_model(self, request, obj, form, change):
         if not change:

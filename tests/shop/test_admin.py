@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from locks import Lock
-from shop.models import Order, Product, StockLedger
+from shop.models import Coupon, Order, Product, StockLedger
 from shop.services import place_order
 from tests.helpers import order_of
 
@@ -267,6 +267,15 @@ def test_the_product_form_leaves_the_internal_fence_out(admin_client, make_produ
         page = admin_client.get(url).content.decode()
         assert "field-fence" not in page and "Fence" not in page and "1795729126554934" not in page, url
         assert "field-stock" in page and "field-name" in page, url  # the form itself is all there
+
+
+def test_the_coupon_form_leaves_the_internal_fence_out(admin_client, make_coupon):
+    coupon = make_coupon()
+    Coupon.objects.filter(pk=coupon.pk).update(fence=1795729126554934)
+    for url in (f"/admin/shop/coupon/{coupon.pk}/change/", "/admin/shop/coupon/add/"):
+        page = admin_client.get(url).content.decode()
+        assert "field-fence" not in page and "Fence" not in page and "1795729126554934" not in page, url
+        assert "field-code" in page, url
 
 
 def test_the_product_page_offers_restock(admin_client, make_product):
