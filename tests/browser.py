@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -31,3 +33,19 @@ def log_in(context, url: str, user) -> None:
     client.force_login(user)
     name = settings.SESSION_COOKIE_NAME
     context.add_cookies([{"name": name, "value": client.cookies[name].value, "url": url}])
+
+
+@contextmanager
+def logged_in_page(url: str, user, *, width: int | None = None, height: int = 740) -> Iterator:
+    """A Chromium page with `user` logged in at `url` (a `width` x `height` viewport if given),
+    the browser closed after."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            context = browser.new_context(**({"viewport": {"width": width, "height": height}} if width else {}))
+            log_in(context, url, user)
+            yield context.new_page()
+        finally:
+            browser.close()

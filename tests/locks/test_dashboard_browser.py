@@ -16,7 +16,7 @@ from locks import Lock, stats
 from shop import errors
 from shop.models import Product
 from shop.services import place_order
-from tests.browser import ARTIFACTS, launch, log_in
+from tests.browser import ARTIFACTS, launch, logged_in_page
 from tests.helpers import FORK, make_users
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -219,24 +219,17 @@ def test_the_dashboard_fits_1280_px_and_every_cell_is_on_a_phone_screen(live_ser
     """At 1280 px every table fits its box (Hold p99 included, no scrolling); at 375 and 320 px the
     rows are cards: every cell, TTL left, Waiters and Force release among them, is on the screen,
     labelled, and the page never scrolls sideways."""
-    from playwright.sync_api import sync_playwright
-
     ops = get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password-1")
     name, lock = _wide_names_and_a_held_lock(settings)
     seen = {}
-    with lock, sync_playwright() as pw:
+    with lock, logged_in_page(live_server.url, ops) as page:
         stats.flush()
-        browser = launch(pw)
-        context = browser.new_context()
-        log_in(context, live_server.url, ops)
-        page = context.new_page()
         for width in WIDTHS:
             page.set_viewport_size({"width": width, "height": 900})
             page.goto(f"{live_server.url}/admin/locks/lockdashboard/")
             page.screenshot(path=str(ARTIFACTS / f"lock-dashboard-{width}.png"), full_page=True)
             seen[width] = (page.evaluate(DASHBOARD_CELLS), page.evaluate(HELD_ROW, name),
                            page.locator("#lock-stats th", has_text="Hold p99").bounding_box())
-        browser.close()
     for width, (cells, held, _) in seen.items():
         assert cells["page"] == 0 and cells["cut"] == [], (width, cells)
         assert held["ttl"]["onScreen"] and held["waiters"]["onScreen"] and held["release"], (width, held)
@@ -261,7 +254,6 @@ def test_the_job_runs_and_the_force_release_audit_fit_1280_px(live_server):
     """Long runners' and holders' host:pid, dates and durations: no column cut off at 1280 px; on a
     phone the page itself never scrolls sideways (the admin's results box may)."""
     from django.utils import timezone
-    from playwright.sync_api import sync_playwright
 
     from locks.models import ForceRelease, JobRun
 
@@ -275,11 +267,7 @@ def test_the_job_runs_and_the_force_release_audit_fit_1280_px(live_server):
     ForceRelease.objects.create(lock_name="product:100001", fence=1795729126554934, waiters=3,
                                 owner="web-server-01.example.internal:123456", held_for=14.756, actor_name="ops")
     seen = {}
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        context = browser.new_context()
-        log_in(context, live_server.url, ops)
-        page = context.new_page()
+    with logged_in_page(live_server.url, ops) as page:
         for width in WIDTHS:
             page.set_viewport_size({"width": width, "height": 900})
             for url in ("/admin/locks/jobrun/", "/admin/locks/forcerelease/"):
@@ -287,7 +275,6 @@ def test_the_job_runs_and_the_force_release_audit_fit_1280_px(live_server):
                 seen[width, url] = page.evaluate(LIST_CELLS)
                 if width == 1280:
                     page.screenshot(path=str(ARTIFACTS / f"lock-list-{url.split('/')[-2]}-1280.png"), full_page=True)
-        browser.close()
     for (width, url), found in seen.items():
         assert found["page"] == 0, (width, url, found)
         if width == 1280:

@@ -11,7 +11,7 @@ import pytest
 
 from shop.models import CouponClaim, Order, Product
 from shop.services import place_order
-from tests.browser import ARTIFACTS, launch, log_in
+from tests.browser import ARTIFACTS, logged_in_page
 from tests.shop.test_phone_layout import CHECK_LAYOUT
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -33,17 +33,11 @@ def _on_screen(locator, width: int) -> None:
 
 @WIDTHS
 def test_a_cart_line_past_its_cap_is_flagged_with_its_fix(live_server, user, make_product, width):
-    from playwright.sync_api import sync_playwright
-
     runner, tee = make_product(stock=30, price="120.00"), make_product(stock=30, price="25.00")
     Product.objects.filter(pk=runner.pk).update(max_per_user=2, name="Trail runner, limited edition")
     Product.objects.filter(pk=tee.pk).update(max_per_user=1, name="Drop tee")
     url = live_server.url
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        context = browser.new_context(viewport={"width": width, "height": 740})
-        log_in(context, url, user)
-        page = context.new_page()
+    with logged_in_page(url, user, width=width) as page:
         page.goto(f"{url}/products/{runner.pk}/")
         assert "Limit 2 per customer" in page.inner_text("main")
         _fits(page, "cap-product", width)
@@ -79,23 +73,16 @@ def test_a_cart_line_past_its_cap_is_flagged_with_its_fix(live_server, user, mak
         page.goto(f"{url}/checkout/")
         page.click("#place-order")
         page.wait_for_url(f"{url}/orders/*/")
-        browser.close()
     assert Order.objects.filter(user=user).count() == 2
 
 
 @WIDTHS
 def test_the_code_box_claims_and_applies_a_code_and_says_what_is_wrong(live_server, user, make_product,
                                                                        make_coupon, width):
-    from playwright.sync_api import sync_playwright
-
     mug = make_product(stock=9, price="5.00")
     coupon = make_coupon(discount="20.00", total=5)
     url = live_server.url
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        context = browser.new_context(viewport={"width": width, "height": 740})
-        log_in(context, url, user)
-        page = context.new_page()
+    with logged_in_page(url, user, width=width) as page:
         page.goto(f"{url}/products/{mug.pk}/")
         page.click("#add-to-cart")
         page.wait_for_url(f"{url}/cart/")
@@ -133,6 +120,5 @@ def test_the_code_box_claims_and_applies_a_code_and_says_what_is_wrong(live_serv
         assert page.inner_text("#order-total") == "$0.00"
         assert "the other $15.00 was lost" in page.inner_text("#coupon-unused")
         _fits(page, "code-order", width)
-        browser.close()
     order = Order.objects.get(user=user)
     assert order.coupon_id == coupon.pk and order.total == 0

@@ -11,7 +11,7 @@ import pytest
 
 from shop.models import Order
 from shop.services import cancel_order, pay_order, place_order
-from tests.browser import ARTIFACTS, launch, log_in
+from tests.browser import ARTIFACTS, logged_in_page
 from tests.helpers import order_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -61,14 +61,8 @@ def _orders(user, make_product) -> dict[str, Order]:
 
 @WIDTHS
 def test_the_cart_link_and_each_order_card_are_tap_targets_of_44_px(live_server, user, make_product, width):
-    from playwright.sync_api import sync_playwright
-
     orders = _orders(user, make_product)
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        context = browser.new_context(viewport={"width": width, "height": 740})
-        log_in(context, live_server.url, user)
-        page = context.new_page()
+    with logged_in_page(live_server.url, user, width=width) as page:
         page.goto(f"{live_server.url}/orders/")
         page.screenshot(path=str(ARTIFACTS / f"orders-targets-{width}.png"), full_page=True)
 
@@ -98,21 +92,13 @@ def test_the_cart_link_and_each_order_card_are_tap_targets_of_44_px(live_server,
         row.locator("button.pay").click(timeout=5000)
         page.wait_for_url(f"**/orders/{unpaid.pk}/")
         assert Order.objects.get(pk=unpaid.pk).status == Order.Status.PAID  # the Pay button paid, not just opened
-        browser.close()
 
 
 @WIDTHS
 def test_buttons_use_the_page_font_and_awaiting_payment_is_not_green_like_paid(live_server, user, make_product,
                                                                                width):
-    from playwright.sync_api import sync_playwright
-
     orders = _orders(user, make_product)
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        context = browser.new_context(viewport={"width": width, "height": 740})
-        log_in(context, live_server.url, user)
-        page = context.new_page()
-
+    with logged_in_page(live_server.url, user, width=width) as page:
         page.goto(f"{live_server.url}/orders/{orders['unpaid'].pk}/")
         fonts = page.evaluate("""() => ({page: getComputedStyle(document.body).fontFamily,
             buttons: [...document.querySelectorAll('button')].map((b) => [b.textContent.trim(),
@@ -138,4 +124,3 @@ def test_buttons_use_the_page_font_and_awaiting_payment_is_not_green_like_paid(l
         for badge in listed:  # the list shows each status as its page does
             [same] = [b for b in badges.values() if b["text"] == badge["text"]]
             assert (badge["color"], badge["background"]) == (same["color"], same["background"])
-        browser.close()
