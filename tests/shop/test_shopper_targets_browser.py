@@ -124,3 +124,26 @@ def test_buttons_use_the_page_font_and_awaiting_payment_is_not_green_like_paid(l
         for badge in listed:  # the list shows each status as its page does
             [same] = [b for b in badges.values() if b["text"] == badge["text"]]
             assert (badge["color"], badge["background"]) == (same["color"], same["background"])
+
+
+def test_every_stock_and_drop_badge_of_the_catalog_is_readable(live_server, user, make_product):
+    """"Only 3 left", "Sold out", "N in stock", "Coming soon", "Sale ended": 4.5:1 at least (WCAG AA)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from shop.models import Product
+
+    now = timezone.now()
+    make_product(stock=3), make_product(stock=0), make_product(stock=50)
+    Product.objects.filter(pk=make_product(stock=5).pk).update(opens_at=now + timedelta(hours=2))
+    Product.objects.filter(pk=make_product(stock=5).pk).update(opens_at=now - timedelta(hours=2),
+                                                               closes_at=now - timedelta(minutes=1))
+    with logged_in_page(live_server.url, user, width=1280) as page:
+        page.goto(f"{live_server.url}/")
+        badges = page.evaluate(BADGES)
+    texts = " | ".join(b["text"] for b in badges)
+    for shown in ("Only 3 left", "Sold out", "50 in stock", "Sale ended"):
+        assert shown in texts, texts
+    for badge in badges:
+        assert badge["contrast"] >= 4.5, f"{badge['text']}: {badge['color']} on {badge['background']}"
