@@ -115,7 +115,7 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
         _explain_refusals(pending, done)
         for pid, stock in left.items():
             if stock == 0:
-                _mark_sold_out(pid, holds.get(pid))
+                soldout.mark_under(pid, holds.get(pid))
         return {**results, **done}
     conflict = Refused.of(errors.Conflict(details={"retries": retries}))
     return {**results, **{r.id: conflict for r in pending}}
@@ -535,15 +535,3 @@ def _coupon_claims(live: list[Request], results: dict[str, Result]) -> dict[str,
         else:
             claims[r.id] = claim
     return claims
-
-
-def _mark_sold_out(product_id: int, hold: locks.Hold | None) -> None:
-    """Stock read 0 under the lock: mark it, with the hold's fence as proof (soldout.py). Without
-    locks (hold None) markers are not used."""
-    if hold is None:
-        return
-    try:
-        hold.check(verify=True)  # a hold already lost has nothing left to prove
-    except (locks.LockLost, locks.LockUnavailable):
-        return
-    soldout.mark(product_id, fence=hold.fence)

@@ -23,6 +23,7 @@ from django_redis import get_redis_connection
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+import locks
 from locks.conf import locks_settings
 from shop import hooks, redis_keys
 from shop.conf import shop_settings
@@ -164,6 +165,19 @@ def mark(product_id: int, *, fence: int) -> bool:
     except RedisError:
         log.warning("could not mark product %s sold out", product_id, exc_info=True)
         return False
+
+
+def mark_under(product_id: int, hold: locks.Hold | None) -> None:
+    """Its stock read 0 under `hold` (the checkout's COMMIT, an adjustment to 0): mark it, with the
+    hold's fence as proof. Without locks (hold None) markers are not used; a hold already lost
+    has nothing left to prove (the next buyer to read 0 marks it)."""
+    if hold is None:
+        return
+    try:
+        hold.check(verify=True)
+    except (locks.LockLost, locks.LockUnavailable):
+        return
+    mark(product_id, fence=hold.fence)
 
 
 def refilled(product_ids: Iterable[int], *, fence: int | None) -> None:

@@ -16,7 +16,6 @@ from datetime import timedelta
 from django.db.models import F
 from django.utils import timezone
 
-import locks
 from shop import errors, rules
 from shop.conf import shop_settings
 from shop.lock_names import product_lock
@@ -113,19 +112,6 @@ def clear_hidden_markers(*, check=None) -> tuple[int, int]:
     return cleared, left
 
 
-def mark_sold_out(product_id: int, hold: locks.Hold | None) -> None:
-    """After a COMMIT that left the product at 0, still under its lock: mark it sold out with the
-    hold's fence as proof (shop/plumbing/soldout.py), as the checkout writer does. Without locks
-    (hold None) markers are not used; a hold already lost proves nothing (the next buyer marks)."""
-    if hold is None:
-        return
-    try:
-        hold.check(verify=True)
-    except (locks.LockLost, locks.LockUnavailable):
-        return
-    soldout.mark(product_id, fence=hold.fence)
-
-
 @dataclass(frozen=True)
 class Adjustment:
     """What an adjustment did: the stock just before and just after it, read under the lock."""
@@ -177,7 +163,7 @@ def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", a
                 row = Product.objects.only("stock", "active").get(pk=product.pk)  # ours, row-locked: exact
                 check_before_commit(holds)
             if row.stock == 0 and row.on_sale:
-                mark_sold_out(product.pk, holds[name])
+                soldout.mark_under(product.pk, holds[name])
             return row.stock
 
     after = with_retries(attempt, what="adjust_stock")
