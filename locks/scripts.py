@@ -56,8 +56,10 @@ def queue_script(pipe: Any, name: str, *, keys: list[str], args: list) -> None:
 
 
 def execute_pipeline(client: Any, pipe: Any) -> list:
-    """`pipe.execute()`; scripts the server did not know (restarted empty, SCRIPT FLUSH) are
-    loaded and those calls sent again, in their order. Raises the first error, as execute does."""
+    """`pipe.execute()`; scripts the server did not know (restarted empty, SCRIPT FLUSH, a
+    promoted replica) are loaded and those calls sent again, in their order. A WAIT after a
+    missing script is sent again after it too: the first one ran before the script wrote anything,
+    so its count says nothing of the write. Raises the first error, as execute does."""
     stack = [(args, options) for args, options in pipe.command_stack]
     results = pipe.execute(raise_on_error=False)
     missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
@@ -65,11 +67,13 @@ def execute_pipeline(client: Any, pipe: Any) -> list:
         by_sha = {script(name).sha: source(name) for name in NAMES}
         for sha in {stack[i][0][1] for i in missing}:
             client.script_load(by_sha[sha])
-        again = client.pipeline(transaction=False)
-        for i in missing:
+        again = [i for i, (args, _) in enumerate(stack)
+                 if i in missing or (i > missing[0] and str(args[0]).upper() == "WAIT")]
+        resend = client.pipeline(transaction=False)
+        for i in again:
             args, options = stack[i]
-            again.execute_command(*args, **options)
-        for i, result in zip(missing, again.execute(raise_on_error=False), strict=True):
+            resend.execute_command(*args, **options)
+        for i, result in zip(again, resend.execute(raise_on_error=False), strict=True):
             results[i] = result
     for result in results:
         if isinstance(result, Exception):

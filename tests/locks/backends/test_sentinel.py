@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadtest.servers.base import wait_for
 from loadtest.servers.sentinel import SentinelSet
 from locks import Lock, LockUnavailable, inspect
 from locks.keys import LockKeys
@@ -50,6 +51,37 @@ def test_two_holders_after_a_failover_never_both_write(settings, own_sentinel_se
     # down-after 1000 ms); a generous liveness bound, not a timing assertion.
     assert outcome.seconds < 15.0
     print(f"\nsentinel failover: kill -> lock acquirable again {outcome.seconds:.2f} s")
+
+
+def test_wait_replicas_counts_the_acquire_even_when_the_script_had_to_be_loaded(settings, sentinel_set, name):
+    """A master without our scripts (new, restarted, or a just-promoted replica: SCRIPT LOAD is
+    not replicated) answers the pipelined EVALSHA with NOSCRIPT and runs the WAIT behind it at
+    once, before any write. The script is loaded and sent again; its WAIT must be sent again after
+    it, or a lock nobody has replicated is granted. Seen as a flaky cluster failover test: the
+    killed master's replica had never had the lock. Here the replica is frozen (connected, so it
+    still counts for offsets it acknowledged before) to make the loss certain."""
+    use_redis_url(settings, sentinel_set.url, WAIT_REPLICAS=1, WAIT_REPLICAS_TIMEOUT=0.25, STATS_FLUSH_INTERVAL=3600)
+    master = sentinel_set.current_master()
+    replica = next(r for r in sentinel_set.redis if r is not master)
+    # WAIT counts the replicas that acknowledged the connection's last write. So the pool's
+    # connection writes (a first lock) and the replica acknowledges it before it freezes: then a
+    # WAIT sent before the acquire's write is satisfied, one sent after it is not.
+    with Lock(f"{name}-first", ttl=5.0):
+        pass
+    client = master.client()
+    client.script_flush()
+    offset = client.info("replication")["master_repl_offset"]
+    wait_for(lambda: client.info("replication")["slave0"]["offset"] >= offset, timeout=10, what="replica acked")
+    replica.freeze()
+    try:
+        with pytest.raises(LockUnavailable, match="replicas acknowledged"):
+            Lock(name, ttl=5.0).acquire(blocking=False)
+    finally:
+        replica.resume()
+    assert not Lock(name).locked(), "the unreplicated lock was not given back"
+    with Lock(name, ttl=5.0) as held:  # the replica is back: granted, and on the replica
+        assert held.fence > 0
+        wait_for(lambda: bool(replica.client().exists(LockKeys.for_name(name).lock)), timeout=5, what="replicated")
 
 
 def test_with_wait_replicas_the_promoted_replica_keeps_the_lock(settings, own_sentinel_set, name):
