@@ -121,6 +121,17 @@ def test_adjust_stock_asks_with_before_and_after_then_goes_through_the_service(a
     assert "crushed box" in ledger and "Damaged" in ledger  # the ledger list shows (and finds) the note
 
 
+@pytest.mark.parametrize(("delta", "reason", "red"), [(-2, "damaged", True), (4, "restock", False)])
+def test_removing_units_is_confirmed_with_the_red_button(admin_client, make_product, delta, reason, red):
+    """Units taken away cannot be sold: its confirm looks like refund's and force release's (the
+    admin's delete confirmation), not like the harmless "No, change it" beside it."""
+    p = make_product(stock=10)
+    page = admin_client.post(f"/admin/shop/product/{p.pk}/adjust/", {"delta": delta, "reason": reason}).content.decode()
+    form = page[page.index('name="confirm"'):]
+    assert ('<div class="delete-confirmation">' in page[:page.index('name="confirm"')]) is red
+    assert "Yes, adjust the stock" in form
+
+
 @pytest.mark.parametrize(("data", "message"), [
     ({"delta": 3, "reason": "damaged"}, "&#x27;Damaged&#x27; cannot add units: give one of restock, correction."),
     ({"delta": 0, "reason": "correction"}, "An adjustment must add or remove at least one unit."),

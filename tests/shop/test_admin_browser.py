@@ -164,14 +164,14 @@ def test_the_sales_views_refresh_bar_and_totals_fit_every_width(live_server, mak
 
 # The confirmation's two buttons: their background colours, the admin's "danger" colour, and
 # whether both are on the screen.
-CONFIRM_BUTTONS = """() => {
+CONFIRM_BUTTONS = """(noLabel) => {
   const probe = document.createElement('div');
   probe.style.background = 'var(--delete-button-bg)';
   document.body.appendChild(probe);
   const danger = getComputedStyle(probe).backgroundColor;
   probe.remove();
   const yes = document.querySelector('#content-main form input[type=submit]');
-  const no = [...document.querySelectorAll('#content-main form a')].find(a => a.textContent.trim() === 'No, keep it');
+  const no = [...document.querySelectorAll('#content-main form a')].find(a => a.textContent.trim() === noLabel);
   const onScreen = el => { const r = el.getBoundingClientRect(); return r.left >= 0 && r.right <= innerWidth; };
   const bg = el => getComputedStyle(el).backgroundColor;
   return {danger, yes: yes.value, yesBg: bg(yes), noBg: bg(no), onScreen: onScreen(yes) && onScreen(no)};
@@ -190,9 +190,29 @@ def test_refund_and_cancel_mark_yes_as_the_dangerous_action(live_server, make_pr
             page.goto(f"{live_server.url}{url}")
             for width in (320, 375, 1280):
                 page.set_viewport_size({"width": width, "height": 800})
-                seen.append((width, page.evaluate(CONFIRM_BUTTONS)))
+                seen.append((width, page.evaluate(CONFIRM_BUTTONS, "No, keep it")))
             page.screenshot(path=str(ARTIFACTS / f"admin-confirm-{url.strip('/').rsplit('/', 1)[-1]}.png"))
     assert [b["yes"] for _, b in seen] == ["Yes, refund it"] * 3 + ["Yes, cancel it"] * 3
     for width, buttons in seen:
+        assert buttons["yesBg"] == buttons["danger"] != buttons["noBg"], (width, buttons)
+        assert buttons["onScreen"], (width, buttons)
+
+
+def test_removing_stock_marks_yes_as_the_dangerous_action(live_server, make_product):
+    """An adjustment that takes units away is confirmed in the same red; "No, change it" is not."""
+    product = make_product(stock=10)
+    url = f"/admin/shop/product/{product.pk}/adjust/"
+    seen = []
+    with _operator_page(live_server.url, url, width=1280, height=800) as page:
+        page.fill("#id_delta", "-2")
+        page.select_option("#id_reason", "damaged")
+        page.click("input[value='Review the adjustment']")
+        page.wait_for_selector("#adjust-preview")
+        for width in (320, 375, 1280):
+            page.set_viewport_size({"width": width, "height": 800})
+            seen.append((width, page.evaluate(CONFIRM_BUTTONS, "No, change it")))
+        page.screenshot(path=str(ARTIFACTS / "admin-confirm-adjust-down.png"))
+    for width, buttons in seen:
+        assert buttons["yes"] == "Yes, adjust the stock"
         assert buttons["yesBg"] == buttons["danger"] != buttons["noBg"], (width, buttons)
         assert buttons["onScreen"], (width, buttons)
