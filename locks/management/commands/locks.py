@@ -137,15 +137,15 @@ class Command(BaseCommand):
         self.stdout.write("")
         self.stdout.write(self.style.MIGRATE_HEADING(f"Lock stats ({len(stats)} families)"))
         header = (f"{'name':<32} {'acquired':>9} {'contend%':>8} {'timeouts':>8} {'lost':>5} {'forced':>6} "
-                  f"{'wait p50':>9} {'wait p99':>9} {'hold p50':>9} {'hold p99':>9}")
-        self.stdout.write(header + "   (times in ms)")
+                  f"{'wait p50 ms':>11} {'wait p99 ms':>11} {'hold p50 ms':>11} {'hold p99 ms':>11}")
+        self.stdout.write(header)
         for s in [*stats[: opts["limit"]], total] if stats else []:
             q = s.quantiles()
             c = s.counters
             self.stdout.write(
                 f"{s.name:<32} {c.get('acquired', 0):>9} {s.contention * 100:>7.1f}% {c.get('timeouts', 0):>8} "
-                f"{c.get('lost', 0):>5} {c.get('force_released', 0):>6} {_ms(q['wait_p50']):>9} "
-                f"{_ms(q['wait_p99']):>9} {_ms(q['hold_p50']):>9} {_ms(q['hold_p99']):>9}"
+                f"{c.get('lost', 0):>5} {c.get('force_released', 0):>6} {_ms(q['wait_p50']):>11} "
+                f"{_ms(q['wait_p99']):>11} {_ms(q['hold_p50']):>11} {_ms(q['hold_p99']):>11}"
             )
             if s.top_names:
                 self.stdout.write("    busiest: " + ", ".join(f"{n} ({a})" for n, a in s.top_names))
