@@ -204,6 +204,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
         messages.error(request, "Your cart is empty.")
     elif any(r.problem for r in rows):
         messages.error(request, "Some lines of your cart can't be bought as they are: fix them first.")
+        status = 409
     else:
         try:
             placed = place_order(
@@ -225,8 +226,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
             messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows},
                                                 staff=request.user.is_staff))
             rows = _cart_rows(request)
-            if isinstance(exc, errors.NotOpenYet | errors.SaleEnded):
-                status = exc.status  # the drop's edge came between the page and the order
+            status = exc.status  # as the API answers it: 409 out of stock, over a cap, a drop's edge...
         else:
             cart.clear(request.session)
             if not placed.replayed:

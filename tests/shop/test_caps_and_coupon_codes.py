@@ -132,7 +132,7 @@ def test_a_refusal_at_checkout_names_the_product_and_hides_place_order(shopper, 
     monkeypatch.setattr(selectors, "units_held", first_blind)
     response = shopper.post("/checkout/", {"idempotency_key": key})
     html = response.content.decode()
-    assert response.status_code == 200 and Order.objects.count() == 1
+    assert response.status_code == 409 and Order.objects.count() == 1
     assert "Sneaker X: limit 1 per customer; you already have 1." in html and f"Product {p.pk}" not in html
     assert 'id="place-order"' not in html and 'class="secondary remove-line"' in html
 

@@ -79,7 +79,8 @@ def test_resubmitting_the_same_key_with_the_cart_refilled_still_orders_once(shop
 
 
 def test_out_of_stock_in_plain_words(shopper, make_product, monkeypatch):
-    """Stock that shrinks between the page and the locks: the service's refusal, in plain words."""
+    """Stock that shrinks between the page and the locks: the service's refusal, in plain words,
+    with its status (409, as the API answers it and as a drop's edge is refused)."""
     from shop import cart
 
     p = make_product(stock=5)
@@ -91,7 +92,7 @@ def test_out_of_stock_in_plain_words(shopper, make_product, monkeypatch):
         cart.Line(product_id=r.product_id, quantity=r.quantity, product=r.product)
         for r in real_review(s, products, held=held)])
     response = shopper.post("/checkout/", {"idempotency_key": key})
-    assert response.status_code == 200
+    assert response.status_code == 409
     assert f"{p.name}: Only 3 left" in response.content.decode()
     assert Order.objects.count() == 0
 
@@ -388,6 +389,7 @@ def test_cart_lines_that_cannot_be_bought_are_flagged_and_fixable(shopper, user,
     assert checkout.context["problems"] and 'id="place-order"' not in checkout.content.decode()
     key = checkout.context["form"].initial["idempotency_key"]
     refused = shopper.post("/checkout/", {"idempotency_key": key})
+    assert refused.status_code == 409  # the cart conflicts with the stock as it is now
     assert "fix them first" in refused.content.decode() and not Order.objects.exists()
 
     # The fixes: reduce to what is left (back to checkout when asked), remove.

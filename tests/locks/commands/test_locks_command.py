@@ -33,7 +33,7 @@ def test_lists_held_locks_and_stats(name):
     stats.flush()
     out = run("--prefix", name)
     assert "Held locks (0)" in out and "(all)" in out and f"busiest: {name} (1)" in out
-    assert "wait p50 ms" in out and "hold p99 ms" in out and "(times in ms)" not in out  # each time column says its unit
+    assert "wait p50 ms" in out and "hold p99 ms" in out and "(times in ms)" not in out  # units per column
 
 
 def test_json_output(name):
