@@ -282,7 +282,7 @@ def test_gunicorn_with_two_workers_serves_the_sum_of_both(tmp_path, make_product
     assert stale.exists()
     users = make_users(8, prefix="mx-gunicorn")
     tokens = [ApiToken.issue(user_id=u.pk, name="mx") for u in users]
-    p = make_product(stock=1000)
+    p = make_product(stock=100_000)
     port = free_port()
     db = connection.settings_dict
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "METRICS_TOKEN": TOKEN,
@@ -307,12 +307,20 @@ def test_gunicorn_with_two_workers_serves_the_sum_of_both(tmp_path, make_product
             return _get(f"{base}/api/orders/", {"Authorization": f"Bearer {tokens[i % len(tokens)]}",
                                                  "Content-Type": "application/json"}, body)[0]
 
+        # Which worker accepts a connection is the kernel's choice, and a worker that is still
+        # loading Django takes none: 40 orders all went to one worker in a CI run (2026-11-27).
+        # So orders are sent in rounds until both workers have taken some (30 s at most).
+        statuses: list[int] = []
+        deadline = time.monotonic() + 30
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            statuses = list(pool.map(buy, range(40)))
+            while True:
+                statuses += pool.map(buy, range(len(statuses), len(statuses) + 16))
+                by_worker = _placed_by_worker(directory)
+                if len([n for n in by_worker.values() if n > 0]) == 2:
+                    break
+                assert time.monotonic() < deadline, f"for 30 s every order went to one worker: {by_worker}"
         placed = statuses.count(201)
-        assert placed >= 30, statuses  # a few may be busy (503) on 2 shared cores
-        by_worker = _placed_by_worker(directory)
-        assert len([n for n in by_worker.values() if n > 0]) == 2, by_worker  # both workers took orders
+        assert placed >= 0.75 * len(statuses), statuses  # a few may be busy (503) on 2 shared cores
         assert sum(by_worker.values()) == placed
 
         victim = max(by_worker, key=by_worker.get)
@@ -342,6 +350,7 @@ def _placed_by_worker(directory: Path) -> dict[int, float]:
     out = {}
     for f in directory.glob("counter_*.db"):
         alone = directory.parent / f"alone-{f.stem}"
+        shutil.rmtree(alone, ignore_errors=True)  # read again on every call: the counts move
         alone.mkdir()
         shutil.copy(f, alone / f.name)
         registry = CollectorRegistry()
