@@ -2,9 +2,8 @@
 
 Quantities are checked against stock, the active flag and the drop window when a product is
 added and whenever the cart is shown (cart and checkout pages); checkout itself re-checks under
-the locks. The
-session stays small: at most SHOP["MAX_CART_LINES"] lines (`CartFull` past it), and the views
-add only products the shopper can see (a hidden one is as unknown as a missing one).
+the locks. The session stays small: at most SHOP["MAX_CART_LINES"] lines (`CartFull` past it),
+and the views add only products the shopper can see (a hidden one is as unknown as a missing one).
 """
 
 from __future__ import annotations
@@ -83,7 +82,7 @@ def unsold_problem(product: Product) -> str:
         return errors.InactiveProduct.default_message
     state = product.drop_state
     if state == UPCOMING:
-        return f"Not on sale yet: opens {rules.shop_time(product.opens_at)}."
+        return rules.opens_message(product.opens_at)
     if state == ENDED:
         return errors.SaleEnded.default_message
     return ""

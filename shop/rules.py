@@ -57,6 +57,11 @@ def shop_time(when: datetime) -> str:
     return timezone.localtime(when).strftime("%Y-%m-%d %H:%M %Z")
 
 
+def opens_message(opens_at: datetime) -> str:
+    """What a shopper is told of a drop not open yet (the cart's flag and the checkout's refusal)."""
+    return f"Not on sale yet: opens {shop_time(opens_at)}."
+
+
 def not_on_sale(product_ids: list[int], rows: dict[int, dict], now: datetime) -> errors.ShopError:
     """Why the lines of `product_ids` (none on sale now) cannot be sold, from their product rows
     (`rows` by id; a missing one is no product). The first reason that applies to any line:
@@ -69,7 +74,7 @@ def not_on_sale(product_ids: list[int], rows: dict[int, dict], now: datetime) ->
     states = {pid: drop_state(rows[pid]["opens_at"], rows[pid]["closes_at"], now) for pid in product_ids}
     if upcoming := [pid for pid in product_ids if states[pid] == UPCOMING]:
         opens = max(rows[pid]["opens_at"] for pid in upcoming)
-        return errors.NotOpenYet(f"Not on sale yet: opens {shop_time(opens)}.",
+        return errors.NotOpenYet(opens_message(opens),
                                  details={"product_ids": upcoming, "opens_at": opens.isoformat()})
     ended = [pid for pid in product_ids if states[pid] == ENDED]
     closed = min(rows[pid]["closes_at"] for pid in ended)
