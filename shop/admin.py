@@ -12,6 +12,8 @@ shop.services.drops, which logs who did it, as the command line's `shop drop` do
 
 from __future__ import annotations
 
+import re
+import uuid
 from functools import partial
 
 from django import forms
@@ -125,6 +127,9 @@ class AdjustStockForm(forms.Form):
     note = forms.CharField(required=False, max_length=rules.MAX_NOTE_LENGTH,
                            help_text="For the ledger, e.g. “box crushed in transit”.")
 
+
+# The one-time token an adjustment's confirmation page carries (uuid4().hex): one page, one adjustment.
+CONFIRMATION = re.compile(r"[0-9a-f]{32}")
 
 WINDOW = ("opens_at", "closes_at")
 
@@ -331,17 +336,21 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
         confirm = False
         if request.method == "POST" and form.is_valid():
             delta, reason, note = (form.cleaned_data[f] for f in ("delta", "reason", "note"))
+            token = request.POST.get("confirmation", "")
             try:
-                if "confirm" not in request.POST:
+                if "confirm" not in request.POST or not CONFIRMATION.fullmatch(token):
                     rules.check_adjustment(delta=delta, reason=reason, note=note)  # refused before asking
                     confirm = True
                 else:
                     done = inventory.adjust_stock(product=product, delta=delta, reason=reason, note=note,
-                                                  actor=f"admin:{request.user.get_username()}")
+                                                  actor=f"admin:{request.user.get_username()}", confirmation=token)
                     label = StockLedger.Reason(done.reason).label
                     messages.success(request, f"{product.name}: {done.delta:+d} ({label}), stock {done.before} → "
                                               f"{done.after}.")
                     return redirect("admin:shop_product_changelist")
+            except errors.AdjustmentAlreadyApplied as exc:  # the same page sent twice: said, not an error
+                messages.warning(request, exc.message)
+                return redirect("admin:shop_product_changelist")
             except errors.ShopError as exc:
                 messages.error(request, exc.message)
         product.refresh_from_db()
@@ -351,6 +360,7 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
             "reserved": reserved_units(product_id=product.pk), "confirm": confirm,
             "after": product.stock + form.cleaned_data["delta"] if confirm else None,
             "reason_label": StockLedger.Reason(form.cleaned_data["reason"]).label if confirm else "",
+            "confirmation": uuid.uuid4().hex if confirm else "",
         })
 
     def restock_view(self, request, product_id: int):

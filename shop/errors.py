@@ -165,6 +165,15 @@ class AdjustmentExceedsStock(ShopError):
     default_message = "Not that many units are left to sell."
 
 
+class AdjustmentAlreadyApplied(ShopError):
+    """details = {"product_id", "ledger_id", "delta"}: this confirmation (its one-time token) was
+    applied already, by the ledger row named; a double-submitted page changes nothing again."""
+
+    code = "adjustment_already_applied"
+    status = 409
+    default_message = "This adjustment was applied already; nothing was changed again."
+
+
 # --- coupons ---------------------------------------------------------------------------------
 class CouponUnknown(ShopError):
     code = "coupon_unknown"

@@ -432,6 +432,9 @@ class StockLedger(models.Model):
     # A default in the database too: the checkout writer's INSERT names its columns and has no note.
     note = models.CharField(max_length=200, blank=True, default="", db_default="",
                             help_text="The operator's words on an adjustment")
+    # The one-time token of the admin's confirmation page that wrote this row: a second submission
+    # of the same page finds it (and the UNIQUE key stops two at once), so it is applied once.
+    confirmation = models.CharField(max_length=32, null=True, blank=True, unique=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     # Stock moved by an operator rather than by an order: what I2 counts as refills (signed).

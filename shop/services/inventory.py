@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -33,7 +34,7 @@ def return_stock(*, product_id: int, quantity: int, hold, reason: str, order=Non
 
 
 def move_stock(*, product_id: int, delta: int, hold, reason: str, order=None, note: str = "",
-               actor: str = "") -> None:
+               actor: str = "", confirmation: str | None = None) -> None:
     """Inside a transaction, under the product's lock: stock + `delta` and a ledger row.
 
     One UPDATE, guarded and fenced in SQL: `stock = stock + delta, fence = :fence WHERE id = :id
@@ -60,7 +61,7 @@ def move_stock(*, product_id: int, delta: int, hold, reason: str, order=None, no
                "and can be removed then." if reserved else ""),
             details={"product_id": product_id, "stock": row.stock, "delta": delta, "reserved": reserved})
     StockLedger.objects.create(product_id=product_id, quantity=delta, reason=reason, order=order,
-                               fence=fence, actor=actor, note=note)
+                               fence=fence, actor=actor, note=note, confirmation=confirmation)
 
 
 def unmark_sold_out(product_ids: list[int], holds: dict) -> None:
@@ -125,7 +126,20 @@ class Adjustment:
 
 
 @connection_errors()
-def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", actor: str) -> Adjustment:
+def _refuse_applied(*, product_id: int, confirmation: str | None) -> None:
+    """The confirmation was applied already (a double-submitted page): say by which ledger row."""
+    if confirmation is None:
+        return
+    entry = StockLedger.objects.filter(confirmation=confirmation).values("pk", "product_id", "quantity").first()
+    if entry is not None:
+        raise errors.AdjustmentAlreadyApplied(
+            f"This adjustment was applied already ({entry['quantity']:+d}, ledger row {entry['pk']}); "
+            "nothing was changed again.",
+            details={"product_id": entry["product_id"], "ledger_id": entry["pk"], "delta": entry["quantity"]})
+
+
+def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", actor: str,
+                 confirmation: str | None = None) -> Adjustment:
     """Add (`delta` > 0) or remove (< 0) units of `product`'s stock, for `reason` (one of
     `shop.rules.ADJUSTMENT_REASONS` that goes that way: "damaged" only removes, "restock" only
     adds, "correction" either), with an optional note; the ledger row names `actor`.
@@ -146,6 +160,10 @@ def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", a
     answer as missing). Refusals (typed, nothing written): ZeroAdjustment, AdjustmentOutOfRange,
     InvalidAdjustmentReason, InvalidInput (note too long), UnknownProduct, AdjustmentExceedsStock,
     LockTimeout / LockUnavailable / Conflict / DatabaseUnavailable.
+
+    `confirmation`: the one-time token of the page that asked (the admin's); a second call with
+    it is refused (AdjustmentAlreadyApplied) and writes nothing. It is looked up under the lock,
+    inside the transaction, and the ledger's UNIQUE key is the last word if two race.
     """
     refuse_outer_transaction("adjust_stock")
     delta, reason, note = rules.check_adjustment(delta=delta, reason=reason, note=note)
@@ -158,8 +176,16 @@ def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", a
             if delta > 0:
                 unmark_sold_out([product.pk], holds)
             with durable_transaction():
-                move_stock(product_id=product.pk, delta=delta, hold=holds[name], reason=reason, note=note,
-                           actor=str(actor))
+                _refuse_applied(product_id=product.pk, confirmation=confirmation)
+                try:
+                    with transaction.atomic():
+                        move_stock(product_id=product.pk, delta=delta, hold=holds[name], reason=reason,
+                                   note=note, actor=str(actor), confirmation=confirmation)
+                except IntegrityError:
+                    if confirmation is None:
+                        raise
+                    _refuse_applied(product_id=product.pk, confirmation=confirmation)
+                    raise
                 row = Product.objects.only("stock", "active").get(pk=product.pk)  # ours, row-locked: exact
                 check_before_commit(holds)
             if row.stock == 0 and row.on_sale:

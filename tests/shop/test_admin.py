@@ -110,8 +110,8 @@ def test_adjust_stock_asks_with_before_and_after_then_goes_through_the_service(a
     assert 'name="confirm"' in page and "Yes, adjust the stock" in page
     assert not StockLedger.objects.filter(product=p, order=None).exists()  # nothing written before confirming
 
-    done = admin_client.post(url, {"delta": -2, "reason": "damaged", "note": "crushed box", "confirm": "1"},
-                             follow=True)
+    done = admin_client.post(url, {"delta": -2, "reason": "damaged", "note": "crushed box", "confirm": "1",
+                                   "confirmation": _confirmation(page)}, follow=True)
     assert "Product" in done.content.decode() and "-2 (Damaged), stock 7 → 5." in done.content.decode()
     p.refresh_from_db()
     assert p.stock == 5 and p.fence > 0
@@ -119,6 +119,37 @@ def test_adjust_stock_asks_with_before_and_after_then_goes_through_the_service(a
     assert (entry.quantity, entry.reason, entry.note, entry.actor) == (-2, "damaged", "crushed box", "admin:root")
     ledger = admin_client.get("/admin/shop/stockledger/?q=crushed").content.decode()
     assert "crushed box" in ledger and "Damaged" in ledger  # the ledger list shows (and finds) the note
+
+
+def _confirmation(page: str) -> str:
+    """The one-time token of an adjustment's confirmation page."""
+    return re.search(r'name="confirmation" value="([0-9a-f]{32})"', page).group(1)
+
+
+def test_a_double_submitted_adjustment_is_applied_once(admin_client, make_product):
+    """Refunds are idempotent; an adjustment's confirmation is too: it carries a one-time token,
+    and the second submission of the same page (a double click, a reload) changes nothing."""
+    p = make_product(stock=10)
+    url = f"/admin/shop/product/{p.pk}/adjust/"
+    asked = admin_client.post(url, {"delta": -2, "reason": "damaged"}).content.decode()
+    confirm = {"delta": -2, "reason": "damaged", "note": "", "confirm": "1", "confirmation": _confirmation(asked)}
+    first = admin_client.post(url, confirm, follow=True).content.decode()
+    again = admin_client.post(url, confirm, follow=True).content.decode()
+    assert "-2 (Damaged), stock 10 → 8." in first
+    assert "This adjustment was applied already" in again and "nothing was changed again" in again
+    p.refresh_from_db()
+    assert p.stock == 8 and StockLedger.objects.filter(product=p).count() == 1
+    asked_again = admin_client.post(url, {"delta": -2, "reason": "damaged"}).content.decode()
+    assert _confirmation(asked_again) != confirm["confirmation"]  # a new page, a new token
+
+
+def test_a_confirmation_without_its_token_asks_again(admin_client, make_product):
+    p = make_product(stock=10)
+    page = admin_client.post(f"/admin/shop/product/{p.pk}/adjust/",
+                             {"delta": -2, "reason": "damaged", "confirm": "1"}).content.decode()
+    assert "Yes, adjust the stock" in page and _confirmation(page)
+    p.refresh_from_db()
+    assert p.stock == 10 and not StockLedger.objects.exists()
 
 
 @pytest.mark.parametrize(("delta", "reason", "red"), [(-2, "damaged", True), (4, "restock", False)])
@@ -140,6 +171,10 @@ def test_removing_units_is_confirmed_with_the_red_button(admin_client, make_prod
 ])
 def test_a_refused_adjustment_says_why_and_writes_nothing(admin_client, make_product, data, message):
     p = make_product(stock=5)
+    if "confirm" in data:
+        unconfirmed = {k: v for k, v in data.items() if k != "confirm"}
+        asked = admin_client.post(f"/admin/shop/product/{p.pk}/adjust/", unconfirmed).content.decode()
+        data = {**data, "confirmation": _confirmation(asked)} if 'name="confirmation"' in asked else data
     page = admin_client.post(f"/admin/shop/product/{p.pk}/adjust/", data)
     assert page.status_code == 200 and message in page.content.decode()
     assert "Yes, adjust the stock" not in page.content.decode()

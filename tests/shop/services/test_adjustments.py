@@ -171,3 +171,37 @@ def test_adjustments_down_racing_buyers_never_oversell_nor_go_below_zero(make_pr
     assert operator.aggregate(n=Sum("quantity"))["n"] == moved
     assert moved < 0 < len(placed)  # both sides got some
     assert check_invariants(product_ids=[p.pk], initial_stock={p.pk: 120}, seen_order_ids=placed) == []
+
+
+def _adjust_once(product_id: int, confirmation: str) -> str:
+    try:
+        adjust_stock(product=Product.objects.get(pk=product_id), delta=-2, reason="damaged", actor="ops",
+                     confirmation=confirmation)
+    except errors.AdjustmentAlreadyApplied:
+        return "already"
+    return "applied"
+
+
+def test_one_confirmation_is_applied_once_even_when_sent_twice_at_once(make_product):
+    """A double-submitted confirmation (two clicks, a browser's retry) reaches the service twice,
+    maybe in two app processes at the same moment: the stock moves once, the other is told."""
+    p = make_product(stock=10)
+    results = run_processes(_adjust_once, [(p.pk, "c0ffee" * 5), (p.pk, "c0ffee" * 5), (p.pk, "c0ffee" * 5)])
+    assert sorted(results) == ["already", "already", "applied"]
+    p.refresh_from_db()
+    assert p.stock == 8
+    assert list(StockLedger.objects.filter(product=p).values_list("quantity", "confirmation")) == [(-2, "c0ffee" * 5)]
+
+
+def test_an_applied_confirmation_says_which_ledger_row_it_wrote(make_product):
+    p = make_product(stock=10)
+    adjust_stock(product=p, delta=3, reason="restock", actor="ops", confirmation="t1")
+    with pytest.raises(errors.AdjustmentAlreadyApplied) as refused:
+        adjust_stock(product=p, delta=3, reason="restock", actor="ops", confirmation="t1")
+    entry = StockLedger.objects.get(product=p)
+    assert refused.value.details == {"product_id": p.pk, "ledger_id": entry.pk, "delta": 3}
+    assert "applied already" in refused.value.message
+    adjust_stock(product=p, delta=3, reason="restock", actor="ops", confirmation="t2")  # another one goes
+    adjust_stock(product=p, delta=1, reason="restock", actor="ops")  # no token (CLI, services): as before
+    p.refresh_from_db()
+    assert p.stock == 17
