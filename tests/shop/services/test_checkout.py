@@ -121,6 +121,16 @@ def test_a_key_with_quotes_backslashes_and_percents_is_written_exactly_and_repla
     assert again.order_id == first.pk and again.replayed
 
 
+@pytest.mark.parametrize("key", ["x RETURNING id", "returning", "' RETURNING 1 --", "idle_transaction_timeout"])
+def test_in_mysql8_mode_a_key_that_spells_sql_is_data(user, make_product, key):
+    """The MySQL 8 emulation refuses MariaDB-only SQL, not a buyer's words inside a literal of the
+    writer's INSERT (loadtest/mysql8)."""
+    p = make_product(stock=5)
+    first = order_of(place_order(user=user, lines=[(p.pk, 1)], idempotency_key=key))
+    assert Order.objects.get(pk=first.pk).idempotency_key == key
+    assert place_order(user=user, lines=[(p.pk, 1)], idempotency_key=key).order_id == first.pk
+
+
 def test_the_same_key_from_another_user_is_another_order(user, other_user, make_product):
     p = make_product(stock=5)
     a = order_of(place_order(user=user, lines=[(p.pk, 1)], idempotency_key="k"))
