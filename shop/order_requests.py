@@ -34,7 +34,7 @@ API_PREFIX = "/api/"
 
 HEAD_MAX = 8 * 1024  # request line and headers: a longer head is not read
 BODY_MAX = 8 * 1024  # an order of MAX_LINES_PER_ORDER lines is well under 2 KiB
-READ_MAX = HEAD_MAX + BODY_MAX  # what the worker reads of a request before it decides
+READ_MAX = HEAD_MAX + 4 + BODY_MAX  # what the worker reads of a request before it decides (+ the blank line)
 MAX_BRACKETS = 64  # "[" and "{" in an order's body: 2 + one per line
 ID_DIGITS = 19  # a product id is a BIGINT: at most 2**63 - 1
 MAX_ID = 2**63 - 1
@@ -108,6 +108,7 @@ def is_order(request: bytes) -> bool:
 def split(request: bytes) -> tuple[dict[bytes, list[bytes]], bytes] | None:
     """The headers (lower-case names, every value) and the body as far as it came, once the head
     came whole within HEAD_MAX bytes; None before that."""
+    request = request[:READ_MAX]
     end = request.find(b"\r\n\r\n", 0, HEAD_MAX + 4)
     if end < 0:
         return None
@@ -115,7 +116,7 @@ def split(request: bytes) -> tuple[dict[bytes, list[bytes]], bytes] | None:
     for line in request[:end].split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         headers.setdefault(name.strip().lower(), []).append(value.strip())
-    return headers, request[end + 4:end + 4 + BODY_MAX + 1]
+    return headers, request[end + 4:]
 
 
 def body(request: bytes) -> bytes | None:
