@@ -40,6 +40,7 @@ ID_DIGITS = 19  # a product id is a BIGINT: at most 2**63 - 1
 MAX_ID = 2**63 - 1
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _TARGET = re.compile(rb"[\x21-\x7e]+")  # printable ASCII: gunicorn refuses any other target
+_PLAIN = {path.encode(): path for path in ORDER_PATHS}  # the usual spellings need no reading
 
 
 class _Unreadable(Exception):
@@ -66,6 +67,8 @@ def clean_path(path: str) -> str:
 def target_path(target: bytes) -> str | None:
     """The path of a request target as the app routes it, cleaned (`clean_path`); None for a
     target gunicorn refuses (not printable ASCII, or neither a path nor an absolute URI)."""
+    if target in _PLAIN:
+        return _PLAIN[target]
     if not 0 < len(target) <= HEAD_MAX or not _TARGET.fullmatch(target):
         return None
     text = target.decode("ascii").split("#", 1)[0].split("?", 1)[0]
@@ -105,35 +108,35 @@ def is_order(request: bytes) -> bool:
     return line is not None and line[1] is not None and is_order_request(line[0], line[1])
 
 
-def split(request: bytes) -> tuple[dict[bytes, list[bytes]], bytes] | None:
-    """The headers (lower-case names, every value) and the body as far as it came, once the head
-    came whole within HEAD_MAX bytes; None before that."""
+def _values(head: bytes, name: bytes) -> list[bytes]:
+    """Every value of a header (`head` lower-cased, `name` lower-case, without its colon)."""
+    values, key = [], b"\r\n" + name + b":"
+    at = head.find(key)
+    while at >= 0:
+        start = at + len(key)
+        end = head.find(b"\r\n", start)
+        values.append(head[start:end if end >= 0 else len(head)].strip())
+        at = head.find(key, start)
+    return values
+
+
+def body(request: bytes) -> bytes | None:
+    """A request's whole body by its Content-Length, at most BODY_MAX bytes; None when its head or
+    body has not all come, it is longer, chunked, or its length is not one plain number."""
     request = request[:READ_MAX]
     end = request.find(b"\r\n\r\n", 0, HEAD_MAX + 4)
     if end < 0:
         return None
-    headers: dict[bytes, list[bytes]] = {}
-    for line in request[:end].split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        headers.setdefault(name.strip().lower(), []).append(value.strip())
-    return headers, request[end + 4:]
-
-
-def body(request: bytes) -> bytes | None:
-    """A request's whole body by its Content-Length, at most BODY_MAX bytes; None when it has not
-    all come, is longer, is chunked, or its length is not one plain number."""
-    parts = split(request)
-    if parts is None:
-        return None
-    headers, rest = parts
-    lengths = headers.get(b"content-length", [])
-    if b"transfer-encoding" in headers or len(lengths) > 1:
+    head = request[:end].lower()
+    lengths = _values(head, b"content-length")
+    if _values(head, b"transfer-encoding") or len(lengths) > 1:
         return None
     if not lengths:
         return b""
     length = lengths[0]
     if not (0 < len(length) <= 5 and length.isdigit()) or int(length) > BODY_MAX:
         return None
+    rest = request[end + 4:]
     return rest[:int(length)] if len(rest) >= int(length) else None
 
 
@@ -163,6 +166,10 @@ def product_ids(request: bytes) -> tuple[int, ...] | None:
     line = request_line(request)
     if line is None or line[0] != "POST" or line[1] != API_ORDERS:
         return None
+    return _ids(request)
+
+
+def _ids(request: bytes) -> tuple[int, ...] | None:
     raw = body(request)
     order = order_json(raw) if raw else None
     lines = order.get("lines") if isinstance(order, dict) else None
@@ -177,10 +184,12 @@ def product_ids(request: bytes) -> tuple[int, ...] | None:
 def to_refuse_while_full(request: bytes, *, known_sold_out: Callable[[Iterable[int]], bool]) -> bool:
     """Whether the worker refuses this request (as far as it came) `busy` while its lines are
     full: an order, unless it names only products known to be sold out (the app answers those
-    "sold out" at once). An order it cannot read is refused: nothing shows it is cheap."""
-    if not is_order(request):
+    "sold out" at once). An order it cannot read is refused: nothing shows it is cheap. A web
+    checkout's products are in its session: it is refused."""
+    line = request_line(request)
+    if line is None or line[1] is None or not is_order_request(line[0], line[1]):
         return False
-    ids = product_ids(request)
+    ids = _ids(request) if line[1] == API_ORDERS else None
     return ids is None or not known_sold_out(ids)
 
 

@@ -280,6 +280,24 @@ def test_whatever_the_app_routes_to_an_order_view_the_worker_calls_an_order(targ
         assert is_order(b"POST " + target + b" HTTP/1.1\r\n"), (target, path)
 
 
+@pytest.mark.parametrize(("headers", "payload", "expected"), [
+    (b"Content-Length: 4", b"abcd", b"abcd"),
+    (b"Content-Length: 2", b"abcd", b"ab"),  # the rest is the next request's
+    (b"content-length:   4  ", b"abcd", b"abcd"),
+    (b"Content-Length: 5", b"abcd", None),  # not all come (or a lie)
+    (b"Content-Length: 4\r\nContent-Length: 4", b"abcd", None),
+    (b"Content-Length: 4\r\nTransfer-Encoding: chunked", b"abcd", None),
+    (b"Transfer-Encoding: chunked", b"4\r\nabcd\r\n0\r\n\r\n", None),
+    (b"Content-Length: -4", b"abcd", None),
+    (b"Content-Length: 1e3", b"abcd", None),
+    (b"Content-Length: " + b"9" * 5000, b"abcd", None),
+    (b"Content-Length: 8193", b"a" * 8193, None),  # over BODY_MAX: not read
+    (b"Host: x", b"abcd", b""),
+])
+def test_a_body_is_read_by_one_plain_content_length_within_the_cap(headers, payload, expected):
+    assert body(request(b"/api/orders/", payload, headers=headers)) == expected
+
+
 def test_json_hooks_refuse_what_is_no_product_id():
     for number in ("1e999", "NaN", "Infinity", "-Infinity", "2.0", str(10**400)):
         assert order_requests.order_json(('{"a":' + number + "}").encode()) is None, number
