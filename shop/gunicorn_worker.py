@@ -21,6 +21,9 @@ at once, 503 `busy` with Retry-After, without the app:
   interval (a standing queue: more arrives than the threads serve); or when the lines filled
   since it was queued.
 
+Its answers carry the security headers Django's middleware gives the site's (read from the
+settings when the app loads) and a Content-Security-Policy of their own.
+
 Every other request is stamped with the time it was queued (`environ["shop.arrived"]`,
 time.monotonic() of this process): its deadline counts from there (shop/deadlines.py). A thread
 of the worker reads the index of sold-out products four times a second and adds the overload
@@ -36,6 +39,7 @@ import contextlib
 import errno
 import hashlib
 import html
+import logging
 import selectors
 import socket
 import threading
@@ -131,22 +135,31 @@ def _busy_checkout(request: bytes) -> bytes | None:
 def busy_response(request: bytes, reason: str) -> bytes:
     """The whole 503 answer to a request (its bytes as far as they came): the checkout's busy page
     (it retries by itself) for a checkout, a short page for other browser pages, JSON (the API's
-    error shape) for everything else; with the site's security headers."""
+    error shape) for everything else; with the site's security headers. It never raises (the
+    main loop calls it): should reading the request fail all the same, the answer is JSON."""
+    try:
+        page, kind, csp = _busy_answer(request, reason)
+    except Exception:
+        logging.getLogger("gunicorn.error").exception("busy answer: the request could not be read")
+        page, kind, csp = _BUSY_JSON[reason], b"application/json", _CSP_JSON
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + kind + b"\r\nRetry-After: "
+            + str(RETRY_AFTER).encode() + b"\r\nCache-Control: no-store\r\n" + _SITE_HEADERS
+            + b"Content-Security-Policy: " + csp + b"\r\nConnection: close\r\nContent-Length: "
+            + str(len(page)).encode() + b"\r\n\r\n" + page)
+
+
+def _busy_answer(request: bytes, reason: str) -> tuple[bytes, bytes, bytes]:
+    """(page, its content type, its Content-Security-Policy)."""
     line = order_requests.request_line(request)
     method, path = line if line is not None and line[1] is not None else ("", "")
     api = order_requests.is_api_path(path) if path else False
     checkout = not api and order_requests.is_order_request(method, path)  # the web checkout
     page = _busy_checkout(request) if checkout else None
     if page is not None:
-        kind, csp = b"text/html; charset=utf-8", _CSP_CHECKOUT
-    elif not api and (checkout or b"text/html" in request[:order_requests.HEAD_MAX].lower()):
-        page, kind, csp = _BUSY_HTML, b"text/html; charset=utf-8", _CSP_PAGE
-    else:
-        page, kind, csp = _BUSY_JSON[reason], b"application/json", _CSP_JSON
-    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + kind + b"\r\nRetry-After: "
-            + str(RETRY_AFTER).encode() + b"\r\nCache-Control: no-store\r\n" + _SITE_HEADERS
-            + b"Content-Security-Policy: " + csp + b"\r\nConnection: close\r\nContent-Length: "
-            + str(len(page)).encode() + b"\r\n\r\n" + page)
+        return page, b"text/html; charset=utf-8", _CSP_CHECKOUT
+    if not api and (checkout or b"text/html" in request[:order_requests.HEAD_MAX].lower()):
+        return _BUSY_HTML, b"text/html; charset=utf-8", _CSP_PAGE
+    return _BUSY_JSON[reason], b"application/json", _CSP_JSON
 
 
 def _whole(request: bytes) -> bool:

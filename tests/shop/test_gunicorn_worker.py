@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import re
 
 import pytest
 from django.test import override_settings
 
+from shop import order_requests
 from shop.gunicorn_worker import busy_response, use_site_headers
 
 
@@ -110,3 +112,16 @@ def test_only_the_web_checkout_gets_the_page_that_orders_again():
     for line in (b"GET /checkout/ HTTP/1.1", b"POST /api/orders/ HTTP/1.1", b"POST /api//orders/ HTTP/1.1"):
         assert b"<form" not in busy_response(line + CHECKOUT.split(b"HTTP/1.1", 1)[1], "full"), line
     assert busy_response(b"\xff\xfe garbage", "full").split(b"\r\n\r\n", 1)[1].startswith(b'{"error"')
+
+
+def test_a_busy_answer_is_sent_even_if_reading_the_request_fails(monkeypatch, caplog):
+    """The main loop's last guard: the property tests show the reading never raises; should it
+    all the same, the client still gets its 503 (JSON) and the log says why."""
+    def broken(request):
+        raise RuntimeError("unreadable")
+
+    monkeypatch.setattr(order_requests, "request_line", broken)
+    with caplog.at_level(logging.ERROR, logger="gunicorn.error"):
+        status, headers, body = _split(busy_response(CHECKOUT, "full"))
+    assert status.endswith("503 Service Unavailable") and json.loads(body)["error"]["code"] == "busy"
+    assert headers["x-content-type-options"] == "nosniff" and "could not be read" in caplog.text
