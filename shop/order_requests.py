@@ -8,7 +8,9 @@ raises:
 - it looks at most at HEAD_MAX bytes of head and BODY_MAX bytes of body (READ_MAX in all);
 - JSON is parsed only when it has at most MAX_BRACKETS brackets (so nesting is shallow), with
   integers of at most ID_DIGITS digits and no floats, NaN or Infinity;
-- whatever it cannot read is "not known" (None), never an error.
+- whatever it cannot read is "not known" (None), never an error. A request not known to be an
+  order goes on to the app (which answers bad input 400); an order whose products are not known
+  is refused like any order while the lines are full (nothing shows it is cheap).
 
 A request target is read as the app reads it (gunicorn, then Django): the query string and the
 fragment go, an absolute URI ("http://host/api/orders/") gives its path, percent-escapes are
