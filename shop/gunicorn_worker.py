@@ -11,12 +11,18 @@ at once, 503 `busy` with Retry-After, without the app:
   (default: the number of threads), or when this process's lines are full (as many buyers wait
   as it admits: shop/admission.py) and the request is an order, unless it orders only products
   known to be sold out (those go on: the app answers "sold out" at once). It looks at the
-  request without taking it off the socket (MSG_PEEK), and never waits for I/O;
+  request without taking it off the socket (MSG_PEEK), and never waits for I/O. What is an
+  order, and which products it names, is shop/order_requests.py's rule: it reads at most
+  READ_MAX (16 KiB) of a request, never raises, and what it cannot read of an order is refused;
+  should it raise all the same, the request goes on to the app (logged), never ends the worker;
 - in the thread that picks a request up, when it waited longer than the queue allows: CoDel's
   rule (Facebook's "controlled delay"): SHOP["QUEUE_INTERVAL"] (100 ms) while the queue drains
   now and then (a burst), SHOP["QUEUE_TARGET"] (20 ms) once it has not been empty for a whole
   interval (a standing queue: more arrives than the threads serve); or when the lines filled
   since it was queued.
+
+Its answers carry the security headers Django's middleware gives the site's (read from the
+settings when the app loads) and a Content-Security-Policy of their own.
 
 Every other request is stamped with the time it was queued (`environ["shop.arrived"]`,
 time.monotonic() of this process): its deadline counts from there (shop/deadlines.py). A thread
@@ -28,19 +34,22 @@ counts to Redis once a second (shop/overload.py: the lock dashboard's panel).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
+import hashlib
 import html
-import json
+import logging
 import selectors
 import socket
 import threading
 import time
 from collections import deque
 from functools import partial
-from urllib.parse import parse_qsl
 
 from gunicorn.workers.gthread import ThreadWorker
+
+from shop import order_requests
 
 RETRY_AFTER = 1  # seconds: a thread frees within milliseconds; a second spreads the retries
 # How long a connection chosen for a "busy" answer may take to send its request.
@@ -52,50 +61,105 @@ def _busy_json(reason: str) -> bytes:
             + reason.encode() + b'"}}}')
 
 
+def _sha256(source: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
+
+
 _BUSY_JSON = {reason: _busy_json(reason) for reason in ("queue_full", "queue_delay", "full")}
-_PAGE = ("<!doctype html><html lang=en><meta charset=utf-8><meta name=viewport "
-         "content='width=device-width,initial-scale=1'><title>Very busy</title>"
-         "<body style='font-family:system-ui,sans-serif;max-width:32em;margin:3em auto;padding:0 1em'>"
-         "<h1>The shop is very busy</h1>{body}</body></html>")
-_BUSY_HTML = _PAGE.format(body="<p>Nothing was done with your request. Please try again in a moment: go back and "
-                               "press the button again (an order is never placed twice).</p>").encode()
+# The pages' one style and one script are inline; the Content-Security-Policy allows exactly them
+# (by hash), and nothing else: no other source, no frame, no base, forms to this site only.
+_STYLE = "body{font-family:system-ui,sans-serif;max-width:32em;margin:3em auto;padding:0 1em}"
+_SCRIPT = ("setTimeout(function(){document.getElementById('again').submit()},"
+           f"{RETRY_AFTER * 1000}+Math.random()*{RETRY_AFTER * 500})")
+
+
+def _page(body: str) -> bytes:
+    return ("<!doctype html><html lang=en><meta charset=utf-8><meta name=viewport "
+            "content='width=device-width,initial-scale=1'><title>Very busy</title>"
+            f"<style>{_STYLE}</style><body><h1>The shop is very busy</h1>{body}</body></html>").encode()
+
+
+_BUSY_HTML = _page("<p>Nothing was done with your request. Please try again in a moment: go back and "
+                   "press the button again (an order is never placed twice).</p>")
+_CSP_JSON = b"default-src 'none'; frame-ancestors 'none'"
+_CSP_PAGE = (f"default-src 'none'; style-src {_sha256(_STYLE)}; base-uri 'none'; form-action 'none'; "
+             "frame-ancestors 'none'").encode()
+_CSP_CHECKOUT = (f"default-src 'none'; style-src {_sha256(_STYLE)}; script-src {_sha256(_SCRIPT)}; "
+                 "base-uri 'none'; form-action 'self'; frame-ancestors 'none'").encode()
 # The checkout form's fields sent again by the busy page (the same idempotency key: never two orders).
 _CHECKOUT_FIELDS = ("csrfmiddlewaretoken", "idempotency_key", "coupon_code")
 
 
-def _busy_checkout(body: bytes) -> bytes:
-    """The checkout's busy page: it sends the same order again by itself in a moment."""
-    try:
-        fields = [(k, v) for k, v in parse_qsl(body.decode("ascii"), keep_blank_values=True)
-                  if k in _CHECKOUT_FIELDS][:len(_CHECKOUT_FIELDS)]
-    except (UnicodeDecodeError, ValueError):
-        fields = []
+def site_headers() -> bytes:
+    """The security headers Django's middleware gives the site's answers (SecurityMiddleware,
+    XFrameOptionsMiddleware), from the settings: the worker's own answers carry them too."""
+    from django.conf import settings
+
+    headers = [b"X-Frame-Options: " + str(getattr(settings, "X_FRAME_OPTIONS", "DENY")).upper().encode()]
+    if getattr(settings, "SECURE_CONTENT_TYPE_NOSNIFF", True):
+        headers.append(b"X-Content-Type-Options: nosniff")
+    referrer = getattr(settings, "SECURE_REFERRER_POLICY", "same-origin")
+    if referrer:
+        referrer = referrer if isinstance(referrer, str) else ",".join(referrer)
+        headers.append(b"Referrer-Policy: " + referrer.encode())
+    opener = getattr(settings, "SECURE_CROSS_ORIGIN_OPENER_POLICY", "same-origin")
+    if opener:
+        headers.append(b"Cross-Origin-Opener-Policy: " + opener.encode())
+    return b"".join(h + b"\r\n" for h in headers)
+
+
+# Django's defaults; the worker reads the site's own when it loads the app (`ShopWorker.load_wsgi`).
+_SITE_HEADERS = (b"X-Frame-Options: DENY\r\nX-Content-Type-Options: nosniff\r\nReferrer-Policy: same-origin\r\n"
+                 b"Cross-Origin-Opener-Policy: same-origin\r\n")
+
+
+def use_site_headers() -> None:
+    global _SITE_HEADERS
+    _SITE_HEADERS = site_headers()
+
+
+def _busy_checkout(request: bytes) -> bytes | None:
+    """The checkout's busy page: it sends the same order again by itself in a moment; None
+    without the order's idempotency key."""
+    fields = order_requests.checkout_form(request, _CHECKOUT_FIELDS)
     if not any(k == "idempotency_key" for k, _ in fields):
-        return _BUSY_HTML
+        return None
     inputs = "".join(f'<input type=hidden name="{html.escape(k)}" value="{html.escape(v)}">' for k, v in fields)
-    return _PAGE.format(body=(
+    return _page(
         "<p id=busy-retry>Nothing was ordered yet. Trying again in a moment with the same order "
         "(it is never placed twice).</p>"
         f"<form method=post action='/checkout/' id=again>{inputs}<button type=submit>Try now</button></form>"
-        "<script>setTimeout(function(){document.getElementById('again').submit()},"
-        f"{RETRY_AFTER * 1000}+Math.random()*{RETRY_AFTER * 500})</script>")).encode()
+        f"<script>{_SCRIPT}</script>")
 
 
 def busy_response(request: bytes, reason: str) -> bytes:
     """The whole 503 answer to a request (its bytes as far as they came): the checkout's busy page
     (it retries by itself) for a checkout, a short page for other browser pages, JSON (the API's
-    error shape) for everything else."""
-    head, _, body = request.partition(b"\r\n\r\n")
-    head = head.lower()
-    if head.startswith(b"post /checkout/ "):
-        page, kind = _busy_checkout(body), b"text/html; charset=utf-8"
-    elif b"text/html" in head and not head.startswith(b"post /api/"):
-        page, kind = _BUSY_HTML, b"text/html; charset=utf-8"
-    else:
-        page, kind = _BUSY_JSON[reason], b"application/json"
+    error shape) for everything else; with the site's security headers. It never raises (the
+    main loop calls it): should reading the request fail all the same, the answer is JSON."""
+    try:
+        page, kind, csp = _busy_answer(request, reason)
+    except Exception:
+        logging.getLogger("gunicorn.error").exception("busy answer: the request could not be read")
+        page, kind, csp = _BUSY_JSON[reason], b"application/json", _CSP_JSON
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + kind + b"\r\nRetry-After: "
-            + str(RETRY_AFTER).encode() + b"\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: "
+            + str(RETRY_AFTER).encode() + b"\r\nCache-Control: no-store\r\n" + _SITE_HEADERS
+            + b"Content-Security-Policy: " + csp + b"\r\nConnection: close\r\nContent-Length: "
             + str(len(page)).encode() + b"\r\n\r\n" + page)
+
+
+def _busy_answer(request: bytes, reason: str) -> tuple[bytes, bytes, bytes]:
+    """(page, its content type, its Content-Security-Policy)."""
+    line = order_requests.request_line(request)
+    method, path = line if line is not None and line[1] is not None else ("", "")
+    api = order_requests.is_api_path(path) if path else False
+    checkout = not api and order_requests.is_order_request(method, path)  # the web checkout
+    page = _busy_checkout(request) if checkout else None
+    if page is not None:
+        return page, b"text/html; charset=utf-8", _CSP_CHECKOUT
+    if not api and (checkout or b"text/html" in request[:order_requests.HEAD_MAX].lower()):
+        return _BUSY_HTML, b"text/html; charset=utf-8", _CSP_PAGE
+    return _BUSY_JSON[reason], b"application/json", _CSP_JSON
 
 
 def _whole(request: bytes) -> bool:
@@ -106,21 +170,9 @@ def _whole(request: bytes) -> bool:
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
-            return value.strip().isdigit() and len(body) >= int(value.strip())
+            value = value.strip()  # at most 9 digits: int() of thousands of digits raises
+            return value.isdigit() and len(value) <= 9 and len(body) >= int(value)
     return True
-
-
-# Orders, as the request line starts: what the worker refuses while this process's lines are full.
-_ORDER_REQUESTS = (b"POST /api/orders/ ", b"POST /checkout/ ")
-
-
-def _product_ids(request: bytes) -> list[int]:
-    """The product ids of an API order (its whole request in bytes); [] if it is not one."""
-    try:
-        lines = json.loads(request.split(b"\r\n\r\n", 1)[1]).get("lines")
-        return [int(line["product_id"]) for line in lines]
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
-        return []
 
 
 class ShopWorker(ThreadWorker):
@@ -145,6 +197,7 @@ class ShopWorker(ThreadWorker):
         self.queue_interval = float(shop_settings.QUEUE_INTERVAL)
         self._count, self._observe = metrics.shed, metrics.queue_waited
         admission.serve_with_threads(int(self.cfg.threads))
+        use_site_headers()
         self._lines_full, self._known_sold_out = admission.full, soldout.known_sold_out
         threading.Thread(target=self._keep_known_sold_out, args=(soldout,), name="shop-worker-chores",
                          daemon=True).start()
@@ -195,7 +248,7 @@ class ShopWorker(ThreadWorker):
         app answers those at once). Never blocks the loop."""
         self._forget_shedding(conn)
         try:
-            head = conn.sock.recv(65536, socket.MSG_PEEK)
+            head = conn.sock.recv(order_requests.READ_MAX, socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
             self._triage_when_readable(conn)
             return
@@ -207,8 +260,7 @@ class ShopWorker(ThreadWorker):
             return
         if self._waiting() >= self.queue_max:
             self._answer_busy(conn, "queue_full")
-        elif (self._lines_full() and head.startswith(_ORDER_REQUESTS)
-              and not self._known_sold_out(_product_ids(head))):
+        elif self._lines_full() and self._order_to_refuse(head):
             self._answer_busy(conn, "full")
         else:
             conn.data_ready = True
@@ -218,8 +270,8 @@ class ShopWorker(ThreadWorker):
         """Read what the client sent, answer 503, close."""
         head = b""
         try:
-            while len(head) < 65536:
-                chunk = conn.sock.recv(65536)
+            while len(head) < order_requests.READ_MAX:  # what it decides on; the rest is not read
+                chunk = conn.sock.recv(order_requests.READ_MAX - len(head))
                 if not chunk:
                     break
                 head += chunk
@@ -283,18 +335,28 @@ class ShopWorker(ThreadWorker):
         shows now without waiting."""
         try:
             conn.sock.setblocking(False)
-            head = conn.sock.recv(65536, socket.MSG_PEEK)
+            head = conn.sock.recv(order_requests.READ_MAX, socket.MSG_PEEK)
         except OSError:
             return False
-        return head.startswith(_ORDER_REQUESTS) and not self._known_sold_out(_product_ids(head))
+        return self._order_to_refuse(head)
+
+    def _order_to_refuse(self, request: bytes) -> bool:
+        """The triage's rule (shop/order_requests.py: bounded, it never raises). Should it raise
+        all the same, the request goes on to the app, which answers it: an exception here would
+        end the worker and every request it serves."""
+        try:
+            return order_requests.to_refuse_while_full(request, known_sold_out=self._known_sold_out)
+        except Exception:
+            self.log.exception("triage failed; the request goes on to the app")
+            return False
 
     def _answer_busy_here(self, conn, reason: str) -> None:
         """In a thread: read the request (briefly), answer 503; the main loop closes it."""
         head = b""
         try:
             conn.sock.settimeout(0.05)
-            while len(head) < 65536 and not _whole(head):
-                chunk = conn.sock.recv(65536)
+            while len(head) < order_requests.READ_MAX and not _whole(head):
+                chunk = conn.sock.recv(order_requests.READ_MAX - len(head))
                 if not chunk:
                     break
                 head += chunk

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from shop import errors
+from shop import errors, order_requests
 from shop.plumbing.transactions import drop_connection, lost_connection
 
 
@@ -31,7 +31,7 @@ class DatabaseUnavailableMiddleware:
             error = errors.DatabaseUnavailable(details={"outcome": "unknown"})
         else:
             return None
-        if request.path.startswith("/api/"):
+        if order_requests.is_api_path(request.path_info):  # the worker's busy answers decide alike
             from shop.api import shop_error_response
 
             return shop_error_response(error)
