@@ -38,7 +38,9 @@ MAX_DRIFT = 500e-6
 DB_NOW_SQL = "UTC_TIMESTAMP(6)"
 # The same when a row is read: a SELECT ... FOR UPDATE that waited for a row lock started before
 # the wait, so its UTC_TIMESTAMP is older than the lock; SYSDATE is the moment itself, but in the
-# session's time zone, so the wait (SYSDATE - NOW, both in that zone) is added to the start.
+# session's time zone, so the wait (SYSDATE - NOW, both in that zone) is added to the start. (A
+# wait across a daylight-saving change of that zone would be off by the change: run the database
+# server in UTC, or a zone without one.)
 ROW_NOW_SQL = f"TIMESTAMPADD(MICROSECOND, TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)), {DB_NOW_SQL})"
 
 

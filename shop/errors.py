@@ -10,6 +10,9 @@ import math
 from datetime import datetime
 from typing import Any
 
+from django.db import DatabaseError
+from django.db.transaction import TransactionManagementError
+
 from shop import clock
 
 # Every error class by its code, filled as the classes are defined (`ShopError.__init_subclass__`):
@@ -345,7 +348,11 @@ def _seconds_until(when: object) -> int | None:
         return None
     if moment.tzinfo is None:
         return None
-    return max(1, math.ceil((moment - clock.now()).total_seconds()))
+    try:
+        now = clock.now()
+    except (DatabaseError, TransactionManagementError):  # no reading yet, and no database: no hint
+        return None
+    return max(1, math.ceil((moment - now).total_seconds()))
 
 
 def as_seen_by(exc: ShopError, *, staff: bool) -> ShopError:
