@@ -80,6 +80,8 @@ def test_the_countdown_counts_from_the_database_clock_whatever_the_servers_clock
     assert before - timedelta(seconds=1) <= server_now <= after + timedelta(seconds=1)  # the clock's reading, ± 1 s
     card = client.get("/").content.decode().split(f'data-product="{p.pk}"')[1]
     assert "Opens in 10 min" in _text(card)
+    response = client.post(f"/products/{p.pk}/", {"quantity": 1})  # the cart's early refusal: the same clock
+    assert response.status_code == 409 and "Not on sale yet" in response.content.decode()
 
 
 def test_end_sale_now_from_an_admin_whose_clock_is_slow_ends_it_at_the_database_clocks_time(admin_client,
@@ -92,6 +94,15 @@ def test_end_sale_now_from_an_admin_whose_clock_is_slow_ends_it_at_the_database_
     p.refresh_from_db()
     assert before <= p.closes_at <= after
     assert p.drop_state == "ended" and "This sale ended" in _text(Client().get(f"/products/{p.pk}/").content.decode())
+
+
+def test_the_admins_drop_filter_and_column_go_by_the_database_clock(admin_client, make_product, monkeypatch):
+    """An admin server 2 min fast would list a sale that closes in 1 min as ended."""
+    p = make_product(stock=5)
+    Product.objects.filter(pk=p.pk).update(closes_at=db_now() + timedelta(seconds=60))
+    skew_app_clock(+120, monkeypatch.setattr)
+    assert p.name in admin_client.get("/admin/shop/product/?drop=open").content.decode()
+    assert p.name not in admin_client.get("/admin/shop/product/?drop=ended").content.decode()
 
 
 def test_adding_a_drop_not_open_yet_is_refused_409_and_the_cart_stays_empty(client, make_product):
