@@ -361,9 +361,9 @@ def test_two_servers_whose_clocks_disagree_sell_only_inside_the_window_by_the_da
     Product.objects.filter(pk=p.pk).update(opens_at=opens, closes_at=closes)
     users = make_users(8)
     until = closes + timedelta(seconds=2.5)
-    fast, slow = run_processes(_buy_as_a_skewed_server, [(+2.0, [u.pk for u in users[:4]], p.pk, until),
-                                                         (-2.0, [u.pk for u in users[4:]], p.pk, until)])
-    for seen in (fast, slow):
+    servers = run_processes(_buy_as_a_skewed_server, [(+2.0, [u.pk for u in users[:4]], p.pk, until),
+                                                      (-2.0, [u.pk for u in users[4:]], p.pk, until)])
+    for seen in servers:  # the fast one and the slow one alike
         placed = [(before, after) for outcome, _, before, after in seen if isinstance(outcome, int)]
         assert placed, "each server sold inside the window"
         assert all(after >= opens for _, after in placed), "an order committed before the opening"
