@@ -125,7 +125,9 @@ def _refresh() -> None:
 
 def _measure() -> _Reading:
     """One reading of the database's clock against ours, taken at the middle of the round trip,
-    so it is right to within half of it."""
+    so it is right to within half of it (connecting first: a new connection's handshake is no
+    part of the round trip)."""
+    connection.ensure_connection()
     start = time.monotonic()
     when = db_now()
     end = time.monotonic()
