@@ -35,7 +35,7 @@ from django.views.decorators.http import require_http_methods
 
 from locks import inspect
 from locks.exceptions import LockUnavailable
-from shop import errors, rules
+from shop import clock, errors, rules
 from shop.conf import shop_settings
 from shop.exports import order_csv
 from shop.models import (
@@ -136,7 +136,7 @@ WINDOW = ("opens_at", "closes_at")
 
 def _check_window(opens_at, closes_at) -> None:
     """The service's own check of a window, as a form error before anything is saved."""
-    if problem := window_problem(opens_at=opens_at, closes_at=closes_at, now=timezone.now()):
+    if problem := window_problem(opens_at=opens_at, closes_at=closes_at, now=clock.now()):
         raise ValidationError(problem)
 
 
@@ -190,7 +190,7 @@ class DropFilter(admin.SimpleListFilter):
                 ("none", "No window")]
 
     def queryset(self, request, queryset):
-        now = timezone.now()
+        now = clock.now()  # the database's clock, which decides the window
         windowed = queryset.exclude(opens_at__isnull=True, closes_at__isnull=True)
         return {
             "upcoming": lambda: queryset.filter(opens_at__gt=now),

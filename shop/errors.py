@@ -7,8 +7,13 @@ status the views map it to, and a `details` dict safe to show to the client.
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
+
+from django.db import DatabaseError
+from django.db.transaction import TransactionManagementError
+
+from shop import clock
 
 # Every error class by its code, filled as the classes are defined (`ShopError.__init_subclass__`):
 # a combined buyer's reply names its error by code, and a new error is found without a list kept
@@ -344,14 +349,19 @@ class Conflict(ShopError):
 
 
 def _seconds_until(when: object) -> int | None:
-    """Whole seconds (at least 1) until an ISO 8601 time, for Retry-After; None if unreadable."""
+    """Whole seconds (at least 1) until an ISO 8601 time, for Retry-After, by the clock that
+    decides drop windows (shop/clock.py); None if unreadable."""
     try:
         moment = datetime.fromisoformat(str(when))
     except ValueError:
         return None
     if moment.tzinfo is None:
         return None
-    return max(1, math.ceil((moment - datetime.now(UTC)).total_seconds()))
+    try:
+        now = clock.now()
+    except (DatabaseError, TransactionManagementError):  # no reading yet, and no database: no hint
+        return None
+    return max(1, math.ceil((moment - now).total_seconds()))
 
 
 def as_seen_by(exc: ShopError, *, staff: bool) -> ShopError:

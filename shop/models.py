@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from shop import lock_names
+from shop import clock, lock_names
 
 
 class ProductQuerySet(models.QuerySet):
@@ -96,16 +96,16 @@ class Product(models.Model):
 
     # --- may it be sold now: the one rule (the checkout writer, the cart, the catalog) --------
     # The writer reads rows with plain SQL: it asks `row_on_sale` of the row's ON_SALE_FIELDS,
-    # with the one `now` it stamps on the orders it writes. Its guarded UPDATE repeats the part
-    # that does not depend on the time as ON_SALE_SQL; the window cannot change under it (the
-    # row is locked FOR UPDATE from the read to the COMMIT).
+    # with the one `now` it stamps on the orders it writes (the database's, read with the rows).
+    # Its guarded UPDATE repeats the part that does not depend on the time as ON_SALE_SQL; the
+    # window cannot change under it (the row is locked FOR UPDATE from the read to the COMMIT).
     ON_SALE_FIELDS = ("active", "opens_at", "closes_at")
     ON_SALE_SQL = "active"
 
     @property
     def drop_state(self) -> str:
-        """UPCOMING, OPEN or ENDED now."""
-        return drop_state(self.opens_at, self.closes_at, timezone.now())
+        """UPCOMING, OPEN or ENDED now, by the database's clock (shop/clock.py), as the writer decides."""
+        return drop_state(self.opens_at, self.closes_at, clock.now())
 
     @property
     def on_sale(self) -> bool:

@@ -24,14 +24,14 @@ from django.db.models.functions import Cast, Coalesce, Mod
 from django.utils import timezone
 from django_redis import get_redis_connection
 
-from shop import errors, redis_keys
+from shop import clock, errors, redis_keys
 from shop.conf import shop_settings
 from shop.models import RESERVING_STATUSES, ApiToken, Coupon, CouponClaim, Order, OrderLine, Product
 
 
 def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
-    """The catalog: listed products, those whose sale has ended last."""
-    ended = Case(When(closes_at__lte=timezone.now(), then=Value(1)), default=Value(0))
+    """The catalog: listed products, those whose sale has ended last (by the database's clock)."""
+    ended = Case(When(closes_at__lte=clock.now(), then=Value(1)), default=Value(0))
     qs = Product.objects.alias(ended=ended).order_by("ended", "id")
     return qs if include_inactive else qs.listed()
 

@@ -9,7 +9,8 @@ one under its sorted product locks (shop/services/checkout.py). One durable tran
     SELECT the batch's product rows FOR UPDATE (sorted ids): what we read is exact until COMMIT;
     a newer holder wrote a row (its fence >= ours): our lock is gone, the batch comes Again;
     hidden products and drops not open or over are refused, against the one time of the attempt
-    that the orders are stamped with (so no order's created_at is outside its product's window);
+    that the orders are stamped with: the database's, read by that SELECT once the rows are
+    locked (so no order's created_at is outside its product's window, whatever our own clock says);
     coupon claims (rows FOR UPDATE in pk order), the unpaid limit, purchase caps;
     allocate FIFO: a request is placed only if every line fits what is left;
     INSERT orders (RETURNING id), lines, ledger rows, request ids (multi-row statements);
@@ -37,7 +38,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 import locks
-from shop import errors, hooks, metrics, rules
+from shop import clock, errors, hooks, metrics, rules
 from shop.checkout import purchase_limits
 from shop.checkout.protocol import AGAIN, Placed, Refused, Request, Result
 from shop.conf import shop_settings
@@ -156,10 +157,9 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
     named = _by_name(holds)
     with durable_transaction():
         hooks.call("before_update", named)
-        rows = _lock_rows(sorted(holds))
-        # The one time of this attempt, read under the row locks: the drop windows are compared
-        # with it and the orders stamped with it.
-        at = timezone.now()
+        # The one time of this attempt, the database's, read with the rows once they are locked:
+        # the drop windows are compared with it and the orders stamped with it (shop/clock.py).
+        rows, at = _lock_rows(sorted(holds))
         if isolate:  # the rare second pass: answer settled ids and known keys before allocating
             live = _drop_settled(live, results)
             live = _drop_replays(live, results)
@@ -198,29 +198,34 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
 _ROW_FIELDS = ("id", "price", *Product.ON_SALE_FIELDS, "stock", "fence", "sku", "name", "max_per_user")
 
 
-def _lock_rows(product_ids: list[int]) -> dict[int, dict]:
+def _lock_rows(product_ids: list[int]) -> tuple[dict[int, dict], datetime]:
     """The products' rows, locked FOR UPDATE in id order (plain SQL: the ORM's compile of this
-    statement was a large share of an order's client CPU). The window's times come back naive
-    (the database's UTC): made aware, as the ORM would."""
+    statement was a large share of an order's client CPU), and the database's time once the last
+    of them was locked, read by the same statement (no round trip of its own). The window's
+    times come back naive (the database's UTC): made aware, as the ORM would."""
     qn = connection.ops.quote_name
     cols = ", ".join(qn(Product._meta.get_field(f).column) for f in _ROW_FIELDS)
     marks = ", ".join(["%s"] * len(product_ids))
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {cols} FROM {qn(Product._meta.db_table)} WHERE {qn('id')} IN ({marks}) "
-                       f"ORDER BY {qn('id')} FOR UPDATE", product_ids)
-        rows = {row[0]: dict(zip(_ROW_FIELDS, row, strict=True)) for row in cursor.fetchall()}
+        cursor.execute(f"SELECT {cols}, {clock.ROW_NOW_SQL} FROM {qn(Product._meta.db_table)} "
+                       f"WHERE {qn('id')} IN ({marks}) ORDER BY {qn('id')} FOR UPDATE", product_ids)
+        fetched = cursor.fetchall()
+    rows = {row[0]: dict(zip(_ROW_FIELDS, row[:-1], strict=True)) for row in fetched}
     for row in rows.values():
         for f in ("opens_at", "closes_at"):
             if row[f] is not None and timezone.is_naive(row[f]):
                 row[f] = timezone.make_aware(row[f], connection.timezone)
-    return rows
+    # No row (every product gone): nothing is on sale, and the time only stamps refusals.
+    at = clock.aware(max(row[-1] for row in fetched)) if fetched else clock.now()
+    return rows, at
 
 
 def _closed_since(rows: dict[int, dict], totals: dict[int, int]) -> bool:
     """Whether a product written in this attempt closed its sale since the window check (a slow
-    batch, a paused writer): then nothing of the attempt may commit."""
+    batch, a paused writer): then nothing of the attempt may commit. The database's clock without
+    a round trip (`clock.now`): this runs just before COMMIT, for every batch."""
     closes = [rows[pid]["closes_at"] for pid in totals if rows[pid]["closes_at"] is not None]
-    return bool(closes) and timezone.now() >= min(closes)
+    return bool(closes) and clock.now() >= min(closes)
 
 
 def _take_stock(totals: dict[int, int], holds: Holds) -> None:

@@ -7,7 +7,10 @@ change is written to the drop log with its actor, as restock writes the stock le
 No Redis lock is taken: the checkout writer reads the window from the product row it locks FOR
 UPDATE until its COMMIT, so an UPDATE here waits for a batch being written, and a batch waits for
 it: every order is decided against the old window or the new one, never a mix. Ending a sale
-takes its "now" once the rows are locked, so no order committed before it has a later time.
+takes its "now" from the database's clock once the rows are locked (`clock.db_now`, the clock the
+writer decides with), so no order committed before it has a later time, whatever this server's
+own clock says. "now" typed by an operator, and the check that a close is not past, read the same
+clock (`clock.now`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from shop import errors
+from shop import clock, errors
 from shop.models import ENDED, DropLog, Product, drop_state
 from shop.plumbing.transactions import connection_errors, durable_transaction
 from shop.rules import shop_time
@@ -33,7 +36,7 @@ def parse_time(text: str) -> datetime:
     ISO 8601 with an offset ("2026-12-01T10:00+02:00", "...Z"), or "now"."""
     text = text.strip()
     if text.lower() == "now":
-        return timezone.now()
+        return clock.now()
     try:
         value = parse_datetime(text)
     except ValueError:  # well formed, impossible (a 13th month)
@@ -66,7 +69,7 @@ def schedule_drop(*, products: Sequence[Product], opens_at: datetime | None, clo
             raise errors.InvalidDropWindow(f"{name} needs a time zone.", details={name: value.isoformat()})
     window = {"opens_at": opens_at.isoformat() if opens_at else None,
               "closes_at": closes_at.isoformat() if closes_at else None}
-    if problem := window_problem(opens_at=opens_at, closes_at=closes_at, now=timezone.now()):
+    if problem := window_problem(opens_at=opens_at, closes_at=closes_at, now=clock.now()):
         raise errors.InvalidDropWindow(problem, details=window)
     return _change(products, action=DropLog.Action.SCHEDULE, actor=actor, window=lambda p, now: (opens_at, closes_at))
 
@@ -102,7 +105,7 @@ def _change(products: Sequence[Product], *, action: str, actor: str,
         rows = {p.pk: p for p in Product.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
         if missing := [pid for pid in ids if pid not in rows]:
             raise errors.UnknownProduct(details={"product_ids": missing})
-        now = timezone.now()  # after the row locks: later than any order already written
+        now = clock.db_now()  # after the row locks: later than any order already written
         log = []
         for product in rows.values():
             new = window(product, now)

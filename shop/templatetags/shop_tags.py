@@ -12,6 +12,8 @@ from django.utils.formats import number_format
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from shop import clock
+
 register = template.Library()
 
 
@@ -82,11 +84,12 @@ def order_note(order, date_only: bool = False) -> SafeString:
 
 @register.filter
 def time_until(value) -> str:
-    """How long until `value`, short, as a drop's countdown says it without JavaScript: "45 s",
-    "12 min", "2 h 5 min", "3 days" ("now" once it passed)."""
+    """How long until `value` by the clock that decides drop windows (shop/clock.py), short, as a
+    drop's countdown says it without JavaScript: "45 s", "12 min", "2 h 5 min", "3 days" ("now"
+    once it passed)."""
     if value is None:
         return ""
-    seconds = math.ceil((value - timezone.now()).total_seconds())
+    seconds = math.ceil((value - clock.now()).total_seconds())
     if seconds <= 0:
         return "now"
     if seconds < 60:
@@ -97,3 +100,11 @@ def time_until(value) -> str:
     if hours < 48:
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
     return f"{hours // 24} days"
+
+
+@register.simple_tag
+def server_now() -> str:
+    """Now by the clock that decides drop windows, in ISO 8601 with microseconds: what a page's
+    script counts a drop's countdown from (`data-server-now`), so neither the buyer's clock nor
+    this app server's moves the opening."""
+    return clock.now().isoformat()

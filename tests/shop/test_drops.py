@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -17,7 +18,7 @@ from django.utils import timezone
 
 from shop import cart
 from shop.models import ApiToken, DropLog, Order, Product, StockLedger
-from tests.shop.services.test_drops import window
+from tests.shop.services.test_drops import db_now, skew_app_clock, window
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,6 +60,49 @@ def test_an_ended_sale_says_so_and_an_open_one_says_until_when(client, make_prod
     running = window(make_product(stock=5), opens_in=-60, closes_in=1800)
     page = client.get(f"/products/{running.pk}/").content.decode()
     assert "On sale until" in _text(page) and "(30 min left)" in _text(page) and 'id="add-to-cart"' in page
+
+
+@pytest.mark.parametrize("skew", [+900, -300])
+def test_the_countdown_counts_from_the_database_clock_whatever_the_servers_clock_says(client, make_product,
+                                                                                      monkeypatch, skew):
+    """A drop opening in 10 min by the database's clock, served by an app server whose clock is 15
+    min fast (it would show the drop open) or 5 min slow: the page and the catalog still count 10
+    min, and the script is given the database's time (data-server-now) to count from."""
+    p = make_product(stock=5)
+    Product.objects.filter(pk=p.pk).update(opens_at=db_now() + timedelta(seconds=600))
+    p.refresh_from_db()
+    skew_app_clock(skew, monkeypatch.setattr)
+    before = db_now()
+    page = client.get(f"/products/{p.pk}/").content.decode()
+    after = db_now()
+    assert "(in 10 min)" in _text(page) and 'id="add-to-cart"' not in page
+    server_now = datetime.fromisoformat(re.search(r'data-server-now="([^"]+)"', page)[1])
+    assert before - timedelta(seconds=1) <= server_now <= after + timedelta(seconds=1)  # the clock's reading, ± 1 s
+    card = client.get("/").content.decode().split(f'data-product="{p.pk}"')[1]
+    assert "Opens in 10 min" in _text(card)
+    response = client.post(f"/products/{p.pk}/", {"quantity": 1})  # the cart's early refusal: the same clock
+    assert response.status_code == 409 and "Not on sale yet" in response.content.decode()
+
+
+def test_end_sale_now_from_an_admin_whose_clock_is_slow_ends_it_at_the_database_clocks_time(admin_client,
+                                                                                            make_product, monkeypatch):
+    p = make_product(stock=5)
+    skew_app_clock(-60, monkeypatch.setattr)
+    before = db_now()
+    admin_client.post("/admin/shop/product/", {"_selected_action": [p.pk], "action": "end_sale_now", "index": 0})
+    after = db_now()
+    p.refresh_from_db()
+    assert before <= p.closes_at <= after
+    assert p.drop_state == "ended" and "This sale ended" in _text(Client().get(f"/products/{p.pk}/").content.decode())
+
+
+def test_the_admins_drop_filter_and_column_go_by_the_database_clock(admin_client, make_product, monkeypatch):
+    """An admin server 2 min fast would list a sale that closes in 1 min as ended."""
+    p = make_product(stock=5)
+    Product.objects.filter(pk=p.pk).update(closes_at=db_now() + timedelta(seconds=60))
+    skew_app_clock(+120, monkeypatch.setattr)
+    assert p.name in admin_client.get("/admin/shop/product/?drop=open").content.decode()
+    assert p.name not in admin_client.get("/admin/shop/product/?drop=ended").content.decode()
 
 
 def test_adding_a_drop_not_open_yet_is_refused_409_and_the_cart_stays_empty(client, make_product):

@@ -5,12 +5,16 @@ the edges are crossed by several processes at once."""
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models import Q
+from django.template import defaulttags
 from django.utils import timezone
 
 from shop import errors, hooks
@@ -301,3 +305,121 @@ def test_eight_processes_across_the_opening_and_closing_edges_write_no_order_out
     violations = check_invariants(product_ids=[big.pk, small.pk], initial_stock={big.pk: 100_000, small.pk: 30},
                                   seen_order_ids=[a[0] for a in placed])
     assert violations == []
+
+
+# --- one clock: the database's ----------------------------------------------------------------
+def db_now() -> datetime:
+    """The database's clock, the one that decides drop windows (a query of its own)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT UTC_TIMESTAMP(6)")
+        return cursor.fetchone()[0].replace(tzinfo=UTC)
+
+
+def skew_app_clock(seconds: float, patch: Callable = setattr) -> None:
+    """Make this process an app server whose clock runs `seconds` ahead of the database's (behind
+    if negative): the wall clock Django reads (timezone.now, the templates' {% now %}) and the
+    shop's errors read. `patch`: monkeypatch.setattr in a test's own process."""
+    real_now, delta = timezone.now, timedelta(seconds=seconds)
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.now(tz) + delta
+
+    patch(timezone, "now", lambda: real_now() + delta)
+    patch(defaulttags, "datetime", Skewed)
+    patch(errors, "datetime", Skewed)
+
+
+def _buy_as_a_skewed_server(skew: float, user_ids: list[int], product_id: int, until: datetime) -> list[tuple]:
+    """An app server whose clock is `skew` seconds off orders one unit at a time until `until`
+    (database time); each attempt as (outcome, Retry-After or None, database time before, after)."""
+    skew_app_clock(skew)
+    users = list(get_user_model().objects.filter(pk__in=user_ids))
+    seen, n = [], 0
+    while (before := db_now()) < until:
+        user, n = users[n % len(users)], n + 1
+        try:
+            outcome, retry = place_order(user=user, lines=[(product_id, 1)]).order_id, None
+        except (errors.NotOpenYet, errors.SaleEnded, errors.LockTimeout, errors.Busy, errors.Conflict) as exc:
+            outcome, retry = exc.code, exc.retry_after
+        seen.append((outcome, retry, before, db_now()))
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("flavour")
+def test_two_servers_whose_clocks_disagree_sell_only_inside_the_window_by_the_database_clock(make_product):
+    """Two app servers, one 2 s fast and one 2 s slow, order across a 1.5 s window set by the
+    database's clock. No order is committed before the opening or after the close by that clock
+    (each attempt is bracketed by database times), none is stamped outside it, `not_open_yet` and
+    `sale_ended` go only to attempts on their side of the edges, and Retry-After counts to the
+    opening by the database's clock, not by the server's."""
+    p = make_product(stock=100_000)
+    opens = db_now() + timedelta(seconds=2.5)
+    closes = opens + timedelta(seconds=1.5)
+    Product.objects.filter(pk=p.pk).update(opens_at=opens, closes_at=closes)
+    users = make_users(8)
+    until = closes + timedelta(seconds=2.5)
+    servers = run_processes(_buy_as_a_skewed_server, [(+2.0, [u.pk for u in users[:4]], p.pk, until),
+                                                      (-2.0, [u.pk for u in users[4:]], p.pk, until)])
+    for seen in servers:  # the fast one and the slow one alike
+        placed = [(before, after) for outcome, _, before, after in seen if isinstance(outcome, int)]
+        assert placed, "each server sold inside the window"
+        assert all(after >= opens for _, after in placed), "an order committed before the opening"
+        assert all(before < closes for before, _ in placed), "an order committed after the close"
+        refused = {outcome: [(r, b, a) for outcome_, r, b, a in seen if outcome_ == outcome]
+                   for outcome in ("not_open_yet", "sale_ended")}
+        assert refused["not_open_yet"] and refused["sale_ended"]  # each server crossed both edges
+        assert all(before < opens for _, before, _ in refused["not_open_yet"])
+        assert all(after >= closes for _, _, after in refused["sale_ended"])
+        slack = 0.05  # the clock's reading between two queries' times, not exactly on them
+        assert all(math.floor((opens - after).total_seconds() - slack) <= retry
+                   <= math.ceil((opens - before).total_seconds() + slack)
+                   for retry, before, after in refused["not_open_yet"])
+    outside = Order.objects.filter(Q(created_at__lt=opens) | Q(created_at__gte=closes))
+    assert not outside.exists(), list(outside.values_list("id", "created_at"))
+
+
+def _end_as_a_skewed_server(skew: float, product_id: int) -> tuple[datetime, datetime, datetime]:
+    """"End sale now" from an app server whose clock is `skew` seconds off: (database time before,
+    the close it stamped, database time after)."""
+    skew_app_clock(skew)
+    before = db_now()
+    [ended] = end_drop(products=[Product.objects.get(pk=product_id)], actor=ACTOR)
+    return before, ended.closes_at, db_now()
+
+
+@pytest.mark.parametrize("skew", [+30.0, -30.0])
+def test_end_now_from_a_server_whose_clock_is_off_closes_at_the_database_clocks_time(make_product, skew):
+    p = make_product(stock=5)
+    [(before, closes, after)] = run_processes(_end_as_a_skewed_server, [(skew, p.pk)])
+    assert before <= closes <= after
+    assert DropLog.objects.get(product=p).closes_at == closes
+
+
+def _hold_the_row_or_buy(role: str, product_id: int, user_id: int) -> object:
+    """"hold": lock the product's row for a second in a transaction of its own, then the database
+    time just before it lets go; "buy": order it meanwhile, the order's id."""
+    if role == "buy":
+        time.sleep(0.3)  # the row is held by then
+        return place_order(user=get_user_model().objects.get(pk=user_id), lines=[(product_id, 1)]).order_id
+    with connection.cursor() as cursor:
+        cursor.execute("START TRANSACTION")
+        cursor.execute("SELECT id FROM shop_product WHERE id = %s FOR UPDATE", [product_id])
+        time.sleep(1.0)
+        released = db_now()
+        cursor.execute("COMMIT")
+    return released
+
+
+@pytest.mark.usefixtures("flavour")
+def test_an_order_is_stamped_with_the_database_time_its_row_was_locked_not_when_it_asked(user, make_product):
+    """The writer's SELECT ... FOR UPDATE may wait for a row (End sale now, a restock) that is
+    changed meanwhile: the time it decides with is read once the lock is granted, so it is never
+    older than a change committed before it (the statement's own start would be)."""
+    p = make_product(stock=5)
+    results = run_processes(_hold_the_row_or_buy, [("hold", p.pk, user.pk), ("buy", p.pk, user.pk)])
+    [released] = [r for r in results if isinstance(r, datetime)]
+    [order_id] = [r for r in results if isinstance(r, int)]
+    assert Order.objects.get(pk=order_id).created_at >= released
