@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import threading
 import time
 
 import MySQLdb
@@ -257,6 +256,19 @@ def _holder_then_other_work(user_id: int, product_id: int, committed, sick, go, 
         queue.put(("killed", exc.args[0] if exc.args else None))
 
 
+def _later_buyer(user_id: int, product_id: int, queue) -> None:
+    queue.put(_timed_buy(user_id, product_id))
+    connections.close_all()
+
+
+def _waits_for_the_row(database: str, other_than: int) -> bool:
+    """Whether a connection (not `other_than`) runs the writer's locking read of the product rows."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE db = %s AND id <> %s "
+                       "AND info LIKE %s", [database, other_than, "SELECT%FROM `shop_product`%FOR UPDATE"])
+        return cursor.fetchone()[0] > 0
+
+
 @pytest.mark.slow
 def test_a_record_that_outlived_its_hold_never_kills_the_connections_next_transaction(settings, make_product, mysql8,
                                                                                       redis_server):
@@ -268,11 +280,12 @@ def test_a_record_that_outlived_its_hold_never_kills_the_connections_next_transa
     assert stale_transactions.mode() == "kill"
     p = make_product(stock=100)
     earlier_buyer, buyer = make_users(1, prefix="earlier")[0], make_users(1, prefix="later")[0]
+    database = connection.settings_dict["NAME"]
     connections.close_all()
-    committed, sick, go, queue = FORK.Event(), FORK.Event(), FORK.Event(), FORK.Queue()
+    committed, sick, go, queue, told = FORK.Event(), FORK.Event(), FORK.Event(), FORK.Queue(), FORK.Queue()
     earlier = FORK.Process(target=_holder_then_other_work, args=(earlier_buyer.pk, p.pk, committed, sick, go, queue))
     earlier.start()
-    timer = threading.Timer(3.0, go.set)
+    later = None
     try:
         assert committed.wait(30), "the earlier buyer never committed"
         redis_server.client().config_set("min-replicas-to-write", 1)  # writes refused: NOREPLICAS
@@ -283,14 +296,24 @@ def test_a_record_that_outlived_its_hold_never_kills_the_connections_next_transa
         records = _holder_records(p)
         assert any(entry.split()[1] == str(earlier_connection) for entry in records), records  # left behind
 
-        timer.start()  # the operator's transaction ends in 3 s; the buyer waits for it meanwhile
-        [(code, _, seconds)] = run_processes(_timed_buy, [(buyer.pk, p.pk)], timeout=60)
+        later = FORK.Process(target=_later_buyer, args=(buyer.pk, p.pk, told))
+        later.start()
+        deadline = time.monotonic() + 20
+        while not _waits_for_the_row(database, earlier_connection):
+            assert time.monotonic() < deadline, "the later buyer never reached the product's row"
+            time.sleep(0.01)
+        # Its row wait (1 s in kill mode) runs out and its next attempt is watched; the operator's
+        # transaction goes on meanwhile, then commits.
+        time.sleep(2.5)
+        go.set()
         assert queue.get(timeout=30) == ("committed", None), "the connection's next transaction was killed"
-        assert code == "placed" and seconds >= 2.0, (code, seconds)  # it did wait on the row, then bought
+        code, _, seconds = told.get(timeout=30)
+        assert code == "placed" and seconds >= 2.5, (code, seconds)
     finally:
         go.set()
-        timer.cancel()
         earlier.join(20)
+        if later is not None:
+            later.join(20)
     p.refresh_from_db()
     assert p.name == "renamed by an operator, twice" and p.stock == 98
 
