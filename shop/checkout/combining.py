@@ -141,17 +141,20 @@ def _end_turn(turn: combining.Turn, replies: dict[str, str], *, also: list[locks
     """Release the product locks a lane's holder took (after COMMIT), reply, then release the
     turn (its hand-off). Not one round trip for all: the buyers answered while the turn is
     still held queue again before it moves on, so batches stay larger and the hot product sells
-    more (docs/benchmarks.md, "Checkout lanes": "Tried and dropped")."""
-    stale_transactions.forget([turn.hold, *also])
-    if also:
-        release_all_safely(also)
+    more (docs/benchmarks.md, "Checkout lanes": "Tried and dropped"). Kill mode's holder records
+    go last, outside the critical section (until then they name an idle connection)."""
     try:
-        if replies:
-            turn.reply(replies)
-    except (RedisError, locks.LockUnavailable):
-        # They wait on; when our hold ends without their reply they queue again, and the next
-        # combiner finds their request ids committed (or not) and answers them.
-        log.warning("combining: replies to %d buyers failed (Redis); they will be answered again", len(replies))
-    release_safely(turn.hold)
-    with contextlib.suppress(locks.LockNotOwned):
-        turn.release()  # the hold is already released: this counts the batch (lock stats, metrics)
+        if also:
+            release_all_safely(also)
+        try:
+            if replies:
+                turn.reply(replies)
+        except (RedisError, locks.LockUnavailable):
+            # They wait on; when our hold ends without their reply they queue again, and the next
+            # combiner finds their request ids committed (or not) and answers them.
+            log.warning("combining: replies to %d buyers failed (Redis); they will be answered again", len(replies))
+        release_safely(turn.hold)
+        with contextlib.suppress(locks.LockNotOwned):
+            turn.release()  # the hold is already released: this counts the batch (lock stats, metrics)
+    finally:
+        stale_transactions.forget([turn.hold, *also])

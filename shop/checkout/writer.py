@@ -73,17 +73,24 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
 
     One result per request id. Deadlocks and lock-wait timeouts are retried here (under the same
     locks); a stale fence or a lost lock answers every request not yet answered `AGAIN`.
+
+    A batch written again because of one request's own trouble (its deadline passed, its rows hit
+    a unique key) uses none of the retries: one request costs only itself (I9). Each such pass
+    drops a request or switches to `isolate`, so there are at most as many as requests, plus one.
     """
     results: dict[str, Result] = {}
     pending = list(requests)
     isolate = False
     retries = int(shop_settings.RETRIES)
-    for n in range(retries + 1):
+    n = 0  # retries used
+    while n <= retries:
         try:
             done, left = _commit(pending, holds=holds, isolate=isolate)
         except IntegrityError:
             # A request's rows hit a unique or foreign key (its key placed an order meanwhile, its
             # buyer gave up, its account is gone): write again, each request on its own (I9).
+            if isolate:  # isolated, no request's rows fail the batch: this one is the batch's own
+                n += 1
             isolate = True
             continue
         except OperationalError as exc:
@@ -93,12 +100,14 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
                 stale_transactions.lock_wait_timed_out()  # a holder paused past its lease may keep the row
             log.info("checkout: retry %d after mysql %s", n + 1, exc.args[0])
             backoff(n)
+            n += 1
             continue
         except (StaleFence, locks.LockLost) as exc:
             if isinstance(exc, StaleFence):
                 fence_refusals.refused(exc.lock, operation="place_order")
             return {**results, **{r.id: AGAIN for r in pending}}
         except _Closed:
+            n += 1
             continue  # written again: now past its close, that product's requests are refused
         except _Late as exc:
             # Their deadline passed while the batch was written: nothing of it committed; the

@@ -73,6 +73,9 @@ def held(names: list[str], *, use_locks: bool | None = None, wait: float | None 
         yield holds
         return
     with ExitStack() as stack:
+        # Runs last, after the locks: kill mode's records and hold lock are not the critical
+        # section's work (until then they name an idle connection, which blocks no one).
+        stack.callback(stale_transactions.forget, holds)
         for name in names:
             if until is not None:
                 wait = max(0.0, until - time.monotonic())
@@ -84,7 +87,6 @@ def held(names: list[str], *, use_locks: bool | None = None, wait: float | None 
             holds[name] = hold
             stack.callback(release_safely, hold)
         stale_transactions.record(holds)
-        stack.callback(stale_transactions.forget, holds)  # runs first: the records go before the locks
         yield holds
 
 

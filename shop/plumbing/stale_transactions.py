@@ -11,16 +11,21 @@ stalls for the whole pause. Two ways to bound it, chosen by SHOP["STALE_TRANSACT
   needed. A live holder is never idle that long: its statements and Redis calls take milliseconds.
 - "kill" (MySQL 8, which has no such timeout): a service transaction waits at most
   `ceil(LOCK_TTL)` s for a row lock (`innodb_lock_wait_timeout`), and each holder records
-  `fence connection-id server` under its lock name in Redis before its transaction, and removes it
-  when its hold ends. A holder whose row wait runs out tries once more while a watcher, on a
-  connection of its own, looks at what blocks it (`sys.innodb_lock_waits`, on MySQL 8 and MariaDB
-  alike) and KILLs that one connection if, and only if, it is recorded under one of our locks with
-  an older fence (its lease is over: ours was issued after it), on this very server (host, port
-  and boot time: connection ids start again after a restart), and its transaction began before
-  our hold did. Anything else blocking the row (an operator's transaction, a forged or stale
-  record pointing elsewhere) is left alone and waited for, as before. Kill mode needs the PROCESS
-  privilege (to see other sessions' transactions) and one MySQL user for every app server, or
-  CONNECTION_ADMIN; a refused KILL (error 1095) is logged and the holder waits as before.
+  `fence connection-id server token` under its lock name in Redis before its transaction, and
+  removes it when its hold ends. A holder whose row wait runs out tries once more while a watcher,
+  on a connection of its own, looks at what blocks it (`sys.innodb_lock_waits`, on MySQL 8 and
+  MariaDB alike) and KILLs that one connection if, and only if, it is recorded under one of our
+  locks with an older fence (its lease is over: ours was issued after it), on this very server
+  (host, port and boot time: connection ids start again after a restart), its transaction began
+  before our hold did, and it is still inside that hold: it holds the record's MySQL named lock
+  (`GET_LOCK('shop-hold:<token>')`, taken with the record and released on that connection when
+  the hold ends, whatever Redis does). The record's removal from Redis is best effort: a record
+  that outlives its hold names a pooled connection that may run anything next, and the named
+  lock says it is no longer the holder's. Anything else blocking the row (an operator's
+  transaction, a forged or stale record) is left alone and waited for, as before. Kill mode needs
+  the PROCESS privilege (to see other sessions' transactions) and one MySQL user for every app
+  server, or CONNECTION_ADMIN; a refused KILL (error 1095) is logged and the holder waits as
+  before.
 
 Either way the paused process, when it runs again, finds its connection gone: its COMMIT fails
 (nothing was written) and its request ids settle what its buyers were told.
@@ -35,8 +40,10 @@ only serves checkouts pays one SET, once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -202,16 +209,24 @@ def _state_holds() -> dict[str, locks.Hold]:
 
 def record(holds: dict[str, locks.Hold | None]) -> None:
     """Kill mode: remember which MySQL connection works under each hold (its fence), until
-    `forget`. One round trip."""
+    `forget`; the connection takes the record's hold lock. One MySQL and one Redis round trip."""
     live = {name: hold for name, hold in holds.items() if hold is not None}
     _state.holds, _state.entries = {}, {}
     if not live or connection.vendor != "mysql" or mode() != "kill":
         return
     connection.ensure_connection()
     raw = connection.connection
+    token = secrets.token_hex(16)
     with connection.wrap_database_errors:
         server = _server_identity(raw)
-    entries = {name: f"{hold.fence} {raw.thread_id()} {server}" for name, hold in live.items()}
+        _end_hold_lock()  # a record() without its forget(): that hold is over
+        with raw.cursor() as cursor:
+            cursor.execute("SELECT GET_LOCK(%s, 0)", [hold_lock_name(token)])
+            if cursor.fetchone()[0] != 1:
+                log.warning("stale transactions: hold lock not taken; a pause of this holder stalls as before")
+                return
+    _state.hold_lock = (raw, hold_lock_name(token))
+    entries = {name: f"{hold.fence} {raw.thread_id()} {server} {token}" for name, hold in live.items()}
     ttl_ms = int(float(shop_settings.LOCK_TTL) * 1000 * 30)
     try:
         pipe = _client().pipeline(transaction=False)
@@ -222,13 +237,37 @@ def record(holds: dict[str, locks.Hold | None]) -> None:
         pipe.execute()
     except RedisError:
         log.warning("stale transactions: holder record not written (Redis); a pause of this holder stalls as before")
+        _end_hold_lock()
         return
     _state.holds, _state.entries = live, entries
 
 
+def hold_lock_name(token: str) -> str:
+    """The MySQL named lock a holder's connection keeps for exactly its hold (random: unguessable
+    without reading the record)."""
+    return f"shop-hold:{token}"
+
+
+def _end_hold_lock() -> None:
+    """Release this thread's hold lock on the connection that took it. If that fails the
+    connection is closed: the server then releases the lock, and the record names no live hold."""
+    raw, name = getattr(_state, "hold_lock", (None, None))
+    _state.hold_lock = (None, None)
+    if raw is None or connection.connection is not raw:
+        return  # that connection was closed (or replaced): its named locks went with it
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute("DO RELEASE_LOCK(%s)", [name])
+    except MySQLdb.Error:
+        log.warning("stale transactions: hold lock not released; the connection is closed")
+        with contextlib.suppress(Exception):  # a broken connection may fail to close: it is gone either way
+            connection.close()
+
+
 def forget(holds: dict[str, locks.Hold | None] | list[locks.Hold]) -> None:
-    """Kill mode: the holds ended; their records go (a record outliving its hold would point a
-    later KILL at whatever the pooled connection does next). One round trip."""
+    """Kill mode: the holds ended; their records go, and the connection releases their hold lock,
+    which voids a record that Redis failed to remove (it would otherwise point a later KILL at
+    whatever the pooled connection does next). One Redis and one MySQL round trip."""
     names = [h.name for h in holds if h is not None] if isinstance(holds, list) else list(holds)
     entries = getattr(_state, "entries", {})
     mine = {name: entries[name] for name in names if name in entries}
@@ -244,6 +283,8 @@ def forget(holds: dict[str, locks.Hold | None] | list[locks.Hold]) -> None:
     for name in mine:
         entries.pop(name, None)
         _state_holds().pop(name, None)
+    if not entries:
+        _end_hold_lock()  # the record is now void, whether or not Redis removed it
 
 
 @dataclass(frozen=True)
@@ -253,10 +294,12 @@ class Candidate:
     thread_id: int
     fence: int
     lock: str
+    token: str = ""
 
 
 def candidates(holds: dict[str, locks.Hold], *, own: int, server: str) -> dict[int, Candidate]:
-    """The connections recorded under `holds`' locks with an older fence, on this server."""
+    """The connections recorded under `holds`' locks with an older fence, on this server. A record
+    without a hold lock's token (an older release's) cannot be checked, so it names no one."""
     found: dict[int, Candidate] = {}
     pipe = _client().pipeline(transaction=False)
     for name in holds:
@@ -264,11 +307,11 @@ def candidates(holds: dict[str, locks.Hold], *, own: int, server: str) -> dict[i
     for (name, hold), entries in zip(holds.items(), pipe.execute(), strict=True):
         for entry in entries:
             parts = (entry.decode() if isinstance(entry, bytes) else entry).split()
-            if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+            if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
                 continue
             fence, thread_id = int(parts[0]), int(parts[1])
             if fence < hold.fence and thread_id != own and _same_server(parts[2], server):
-                found.setdefault(thread_id, Candidate(thread_id=thread_id, fence=fence, lock=name))
+                found.setdefault(thread_id, Candidate(thread_id=thread_id, fence=fence, lock=name, token=parts[3]))
     return found
 
 
@@ -277,7 +320,10 @@ class _Watcher:
     connection if it is a stale holder's (see the module's docstring). A thread with its own
     MySQL connection: ours is busy waiting."""
 
-    _QUERY = ("SELECT blocking_pid, blocking_trx_started <= NOW(6) - INTERVAL %s MICROSECOND "
+    # Per blocker: whether its transaction began before our hold, and whether it still holds the
+    # hold lock of the record that names it (read in the same statement, just before a KILL).
+    _QUERY = ("SELECT blocking_pid, blocking_trx_started <= NOW(6) - INTERVAL %s MICROSECOND, "
+              "IS_USED_LOCK(CASE blocking_pid {cases} END) <=> blocking_pid "
               "FROM sys.innodb_lock_waits WHERE waiting_pid = %s")
 
     def __init__(self, *, params: dict, waiter: int, holds: dict[str, locks.Hold], suspects: dict[int, Candidate],
@@ -326,14 +372,16 @@ class _Watcher:
     def _look(self, db) -> bool:
         """True when done: the blocker was killed, or the row is blocked by someone we leave alone."""
         held_for = min(time.monotonic() - hold.acquired_at for hold in self.holds.values())
+        cases = " ".join(["WHEN %s THEN %s"] * len(self.suspects))
+        names = [arg for s in self.suspects.values() for arg in (s.thread_id, hold_lock_name(s.token))]
         with db.cursor() as cursor:
-            cursor.execute(self._QUERY, [int(held_for * 1_000_000), self.waiter])
+            cursor.execute(self._QUERY.format(cases=cases), [int(held_for * 1_000_000), *names, self.waiter])
             rows = cursor.fetchall()
         if not rows:
             return False  # not waiting (yet, or any more)
-        for blocking_pid, began_before_our_hold in rows:
+        for blocking_pid, began_before_our_hold, still_in_its_hold in rows:
             suspect = self.suspects.get(int(blocking_pid))
-            if suspect is not None and began_before_our_hold:
+            if suspect is not None and began_before_our_hold and still_in_its_hold:
                 self._kill(db, suspect)
                 return True
         log.warning("stale transactions: MySQL connection %s blocks %s but is no stale holder of it; "

@@ -12,12 +12,13 @@ import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.core import checks
-from django.db import OperationalError, connection, connections, transaction
+from django.db import InterfaceError, OperationalError, connection, connections, transaction
 
 from shop import hooks
 from shop.lock_names import product_lock
 from shop.models import Product
 from shop.plumbing import stale_transactions
+from shop.settings import redis_cache
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK
 from tests.shop.services.test_combining import _run_behind_combiner
@@ -137,8 +138,27 @@ def test_a_hold_that_ended_leaves_no_holder_record(settings, user, make_product,
     settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": combining}
     assert stale_transactions.mode() == "kill"
     p = make_product(stock=5)
-    _buy_once(user, p)
+    during = {}
+
+    def hook(stage: str, holds: dict) -> None:
+        if stage == "before_commit":
+            [entry] = _holder_records(p)
+            during["lock"] = stale_transactions.hold_lock_name(entry.split()[3])
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT IS_USED_LOCK(%s), CONNECTION_ID()", [during["lock"]])
+                during["used_by"], during["us"] = cursor.fetchone()
+
+    hooks.checkout_hook = hook
+    try:
+        _buy_once(user, p)
+    finally:
+        hooks.checkout_hook = None
     assert _holder_records(p) == []
+    # The record's hold lock: kept by the holder's connection during the hold, released after it.
+    assert during["used_by"] == during["us"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT IS_USED_LOCK(%s)", [during["lock"]])
+        assert cursor.fetchone()[0] is None
 
 
 def _earlier_holder(user_id: int, product_id: int, go, queue) -> None:
@@ -187,7 +207,7 @@ def test_kill_mode_kills_only_the_stale_holder_that_blocks_the_row(settings, mak
         cursor.execute("SHOW GLOBAL STATUS LIKE 'Uptime'")
         boot = int(now) - int(cursor.fetchone()[1])
     stale_transactions._client().lpush(stale_transactions._key(product_lock(p.pk)),
-                                       f"1 {bystander.thread_id()} {host}:{port}:{boot}")
+                                       f"1 {bystander.thread_id()} {host}:{port}:{boot} {'0' * 32}")
 
     combiner, others, queue = _run_behind_combiner(p, stage="before_commit", action="pause", buyers=1)
     try:
@@ -210,6 +230,94 @@ def test_kill_mode_kills_only_the_stale_holder_that_blocks_the_row(settings, mak
     assert kind in {"placed", "database_unavailable", "lock_timeout"}, kind
 
 
+def _holder_then_other_work(user_id: int, product_id: int, committed, sick, go, queue) -> None:
+    """Buys once, but Redis refuses writes just after its COMMIT, so its holder record outlives
+    the hold; then its pooled connection runs an unrelated transaction on the product's row (an
+    operator renaming it) until `go`, and says whether that transaction committed."""
+    from shop.services import place_order
+
+    def hook(stage: str, holds: dict) -> None:
+        if stage == "after_commit" and hooks.checkout_hook is not None:
+            hooks.checkout_hook = None
+            committed.set()
+            sick.wait(30)
+
+    hooks.checkout_hook = hook
+    user = get_user_model().objects.get(pk=user_id)
+    place_order(user=user, lines=[(product_id, 1)])
+    try:
+        with transaction.atomic():
+            Product.objects.filter(pk=product_id).update(name="renamed by an operator")
+            queue.put(("working", connection.connection.thread_id()))
+            go.wait(60)
+            Product.objects.filter(pk=product_id).update(name="renamed by an operator, twice")
+        queue.put(("committed", None))
+    except (OperationalError, InterfaceError) as exc:
+        queue.put(("killed", exc.args[0] if exc.args else None))
+
+
+def _later_buyer(user_id: int, product_id: int, queue) -> None:
+    queue.put(_timed_buy(user_id, product_id))
+    connections.close_all()
+
+
+def _waits_for_the_row(database: str, other_than: int) -> bool:
+    """Whether a connection (not `other_than`) runs the writer's locking read of the product rows."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE db = %s AND id <> %s "
+                       "AND info LIKE %s", [database, other_than, "SELECT%FROM `shop_product`%FOR UPDATE"])
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.slow
+def test_a_record_that_outlived_its_hold_never_kills_the_connections_next_transaction(settings, make_product, mysql8,
+                                                                                      redis_server):
+    """Its removal is best effort (Redis may refuse it): a record whose hold ended names a pooled
+    connection that now works for someone else. That work, even when it blocks a buyer's row, is
+    waited for, never killed."""
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": True, "LOCK_WAIT": 8.0}
+    settings.CACHES = {**settings.CACHES, "default": redis_cache(redis_server.url)}  # records, markers: a sick Redis
+    assert stale_transactions.mode() == "kill"
+    p = make_product(stock=100)
+    earlier_buyer, buyer = make_users(1, prefix="earlier")[0], make_users(1, prefix="later")[0]
+    database = connection.settings_dict["NAME"]
+    connections.close_all()
+    committed, sick, go, queue, told = FORK.Event(), FORK.Event(), FORK.Event(), FORK.Queue(), FORK.Queue()
+    earlier = FORK.Process(target=_holder_then_other_work, args=(earlier_buyer.pk, p.pk, committed, sick, go, queue))
+    earlier.start()
+    later = None
+    try:
+        assert committed.wait(30), "the earlier buyer never committed"
+        redis_server.client().config_set("min-replicas-to-write", 1)  # writes refused: NOREPLICAS
+        sick.set()
+        kind, earlier_connection = queue.get(timeout=30)
+        assert kind == "working"
+        redis_server.client().config_set("min-replicas-to-write", 0)
+        records = _holder_records(p)
+        assert any(entry.split()[1] == str(earlier_connection) for entry in records), records  # left behind
+
+        later = FORK.Process(target=_later_buyer, args=(buyer.pk, p.pk, told))
+        later.start()
+        deadline = time.monotonic() + 20
+        while not _waits_for_the_row(database, earlier_connection):
+            assert time.monotonic() < deadline, "the later buyer never reached the product's row"
+            time.sleep(0.01)
+        # Its row wait (1 s in kill mode) runs out and its next attempt is watched; the operator's
+        # transaction goes on meanwhile, then commits.
+        time.sleep(2.5)
+        go.set()
+        assert queue.get(timeout=30) == ("committed", None), "the connection's next transaction was killed"
+        code, _, seconds = told.get(timeout=30)
+        assert code == "placed" and seconds >= 2.5, (code, seconds)
+    finally:
+        go.set()
+        earlier.join(20)
+        if later is not None:
+            later.join(20)
+    p.refresh_from_db()
+    assert p.name == "renamed by an operator, twice" and p.stock == 98
+
+
 def test_only_records_of_older_holders_on_this_server_are_suspects():
     class Hold:
         name, fence = "product:suspects", 100
@@ -218,14 +326,16 @@ def test_only_records_of_older_holders_on_this_server_are_suspects():
     client = stale_transactions._client()
     client.delete(key)
     here = "db1:3306:1700000000"
-    client.rpush(key, "90 11 db1:3306:1700000001",  # older, this server (boot time read a second apart)
-                 "95 12 db1:3306:1690000000",  # older, but the server restarted since: ids start again
-                 "99 13 db2:3306:1700000000",  # older, another server
-                 "120 14 db1:3306:1700000000",  # newer than our hold
+    client.rpush(key, "90 11 db1:3306:1700000001 t11",  # older, this server (boot time read a second apart)
+                 "95 12 db1:3306:1690000000 t12",  # older, but the server restarted since: ids start again
+                 "99 13 db2:3306:1700000000 t13",  # older, another server
+                 "120 14 db1:3306:1700000000 t14",  # newer than our hold
                  "98 15",  # an old-style record without a server
-                 "80 77 db1:3306:1700000000")  # ourselves
+                 "97 16 db1:3306:1700000000",  # an old-style record without a hold lock: cannot be checked
+                 "80 77 db1:3306:1700000000 t77")  # ourselves
     try:
         found = stale_transactions.candidates({Hold.name: Hold}, own=77, server=here)
     finally:
         client.delete(key)
     assert set(found) == {11}
+    assert found[11].token == "t11"
