@@ -38,6 +38,7 @@ permissions.
 from __future__ import annotations
 
 import json
+import sys
 from decimal import Decimal
 from typing import Any
 
@@ -266,9 +267,13 @@ class Command(BaseCommand):
                           f"{order.get_status_display().lower()}: {money(order.total)} ({lines}).")
         what = ("Its stock and coupon return." if action == "cancel"
                 else "The payment goes back; its stock and coupon return.")
+        if not sys.stdin.isatty():  # a script: a question nobody can answer would only garble its output
+            raise CommandError(f"not {'cancelled' if action == 'cancel' else 'refunded'}: no terminal to ask on "
+                               f"(add --yes to {action} without asking)")
         try:
             answer = input(f"{action.capitalize()} it? {what} [y/N] ")
-        except EOFError:  # no terminal to ask on
+        except EOFError:  # the terminal closed: end the prompt's line before the error
+            self.stdout.write("")
             answer = ""
         if answer.strip().lower() not in {"y", "yes"}:
             raise CommandError(f"not {'cancelled' if action == 'cancel' else 'refunded'}")

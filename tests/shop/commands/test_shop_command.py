@@ -29,10 +29,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ME = f"cli:{cli_actor_name()}"
 
 
+class _Terminal(io.StringIO):
+    """A stdin that is a terminal, with the operator's answer typed in."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def shop(*args: str, answer: str | None = None, monkeypatch=None) -> str:
     out = io.StringIO()
     if answer is not None:
-        monkeypatch.setattr("builtins.input", lambda prompt="": answer)
+        monkeypatch.setattr("sys.stdin", _Terminal(answer + "\n"))
     call_command("shop", *args, stdout=out)
     return out.getvalue()
 
@@ -221,14 +228,19 @@ def test_sales_shows_the_figures_of_the_admins_sales_view(make_product, make_cou
 
 
 # --- from a shell ------------------------------------------------------------------------------
-def test_exit_status_from_the_command_line(make_product, _lock_key_prefix):
-    """manage.py itself: 0 after a restock, 1 and the service's message after a refusal."""
+def _manage_env(lock_key_prefix: str) -> dict[str, str]:
+    """manage.py in a child process, on the test database."""
     from django.db import connection
 
-    p = make_product(stock=1)
     db = connection.settings_dict
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "LOCKS_KEY_PREFIX": _lock_key_prefix,
-           "DATABASE_URL": f"mysql://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 3306}/{db['NAME']}"}
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "LOCKS_KEY_PREFIX": lock_key_prefix,
+            "DATABASE_URL": f"mysql://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 3306}/{db['NAME']}"}
+
+
+def test_exit_status_from_the_command_line(make_product, _lock_key_prefix):
+    """manage.py itself: 0 after a restock, 1 and the service's message after a refusal."""
+    p = make_product(stock=1)
+    env = _manage_env(_lock_key_prefix)
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "manage.py", "shop", *args], cwd=ROOT, env=env, capture_output=True,
@@ -246,3 +258,18 @@ def test_exit_status_from_the_command_line(make_product, _lock_key_prefix):
     assert removed.returncode == 0 and "stock 5 -> 0" in removed.stdout, removed.stderr
     too_many = run("adjust", p.sku, "-1", "--reason", "damaged")
     assert too_many.returncode == 1 and "CommandError: Only 0 left to sell" in too_many.stderr, too_many.stderr
+
+
+def test_refund_without_a_terminal_asks_nothing_and_says_to_add_yes(make_product, user, _lock_key_prefix):
+    """Run from a script (stdin not a terminal), the question once went out with no answer and the
+    CommandError came glued to its "[y/N]": now no question, one clear line, nothing refunded."""
+    paid = _paid(user, make_product(stock=5))
+    done = subprocess.run([sys.executable, "manage.py", "shop", "refund", str(paid.pk)], cwd=ROOT,
+                          env=_manage_env(_lock_key_prefix), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout
+    assert "[y/N]" not in done.stdout, done.stdout
+    error = [line for line in done.stdout.splitlines() if "CommandError" in line]
+    assert error and error[0].startswith("CommandError: ") and "--yes" in error[0], done.stdout
+    paid.refresh_from_db()
+    assert paid.status == Order.Status.PAID and not Refund.objects.exists()
