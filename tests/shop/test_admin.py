@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from django.utils import timezone
 
 from locks import Lock
 from shop.models import Coupon, Order, Product, StockLedger
@@ -501,11 +503,41 @@ def test_the_sales_page_has_a_totals_row_over_every_selected_product_and_refresh
     assert 'data-action="pause"' in page and 'data-action="refresh"' in page and "shop/admin-sales.js" in page
     footer = page[page.index('<tfoot id="sales-totals">'):page.index("</tfoot>")]
     cells = re.findall(r"<td[^>]*>(.*?)</td>", footer)
-    # name, sku, price, stock, sold, net revenue, units/min, reserved, refunded: every product the filters
-    # select, on every page. 7 units in orders of the last 5 minutes that hold their stock: 1.4 a minute.
-    assert cells == ["Total (3 products)", "", "", "20", "6", "$2,522.00", "1.4", "1", "1"], cells
+    # name, sku, drop, stock, sold, gross, coupons, net revenue, units/min, reserved, refunded (units, and
+    # the money paid back): every product the filters select, on every page. 7 units in orders of the last
+    # 5 minutes that hold their stock: 1.4 a minute.
+    assert cells == ["Total (3 products)", "", "", "20", "6", "$2,524.00", "$2.00", "$2,522.00", "1.4", "1",
+                     '1<br><span class="paid-back">$1,250.00</span>'], cells
     low = admin_client.get("/admin/shop/productsales/?stock=low").content.decode()
     assert "Total (1 product)" in low and "$13.75" in low
+
+
+def test_the_sales_page_shows_each_drop_and_the_money_of_its_sale(admin_client, make_product, make_coupon, user,
+                                                                 other_user):
+    """Issue 37: the drop's state and window, refunded money (not only units), and gross = net +
+    coupons, each against the orders of the fixture."""
+    from shop.services import end_drop, schedule_drop
+
+    a, b, c = _sales_fixture(make_product, make_coupon, user, other_user)
+    end_drop(products=[a], actor="t")
+    schedule_drop(products=[c], opens_at=timezone.now() + timedelta(days=1), closes_at=None, actor="t")
+    page = admin_client.get("/admin/shop/productsales/").content.decode()
+    for title in ("Drop", "Gross", "Coupons", "Net revenue", "Refunded"):
+        assert f">{title}</a>" in page, title
+
+    def row(product) -> dict[str, str]:
+        tr = re.search(rf"<tr>(?:(?!</tr>).)*?{product.sku}.*?</tr>", page, re.S).group(0)
+        cells = re.findall(r'class="field-(\w+)[^"]*">(.*?)</t[dh]>', tr, re.S)
+        return {field: re.sub(r"<[^>]+>", "", html).strip() for field, html in cells}
+
+    ra, rb, rc = row(a), row(b), row(c)
+    assert ra["drop"].startswith("ended ") and rc["drop"].startswith("opens ") and rb["drop"] == "-"
+    # A: 2 sold at $1,250, no coupon; 1 refunded ($1,250 paid back). B: 3 x $5 = $15 less $1.25 of the coupon.
+    assert (ra["gross"], ra["coupons"], ra["revenue"], ra["units_refunded"]) == (
+        "$2,500.00", "$0.00", "$2,500.00", "1$1,250.00")
+    assert (rb["gross"], rb["coupons"], rb["revenue"], rb["units_refunded"]) == ("$15.00", "$1.25", "$13.75", "0")
+    ended = admin_client.get("/admin/shop/productsales/?drop=ended").content.decode()
+    assert a.sku in ended and b.sku not in ended and c.sku not in ended
 
 
 def test_the_sales_page_needs_its_own_view_permission(make_product, user):

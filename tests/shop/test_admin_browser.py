@@ -216,3 +216,33 @@ def test_removing_stock_marks_yes_as_the_dangerous_action(live_server, make_prod
         assert buttons["yes"] == "Yes, adjust the stock"
         assert buttons["yesBg"] == buttons["danger"] != buttons["noBg"], (width, buttons)
         assert buttons["onScreen"], (width, buttons)
+
+
+# How many lines the text of each Sales cell of a column takes (its line boxes).
+CELL_LINES = """(field) => [...document.querySelectorAll(`#result_list tbody td.field-${field}`)].map(td => {
+  const range = document.createRange();
+  range.selectNodeContents(td);
+  const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+  return {text: td.innerText, lines: tops.size};
+})"""
+
+
+@pytest.mark.parametrize("width", [320, 375, 1280])
+def test_the_sales_views_skus_stay_on_one_line(live_server, make_product, width):
+    """Issue 37: at 1280 px the SKU column wrapped letter by letter; a SKU is one word on one line
+    (on a phone the table scrolls in its own box), with the drop and money columns beside it."""
+    from shop.models import Product
+    from shop.services import end_drop
+
+    products = [Product.objects.create(sku=f"DROP-2026-SNEAKER-RED-{size}", name=f"Sneaker red, size {size}",
+                                       price="189.00", stock=30) for size in (41, 42)]
+    end_drop(products=products[:1], actor="test")
+    with _operator_page(live_server.url, "/admin/shop/productsales/", width=width, height=800) as page:
+        overflow = _overflow(page, f"admin-sales-skus-{width}.png")
+        skus = page.evaluate(CELL_LINES, "sku")
+        drops = page.evaluate(CELL_LINES, "drop")
+    assert overflow["page"] == 0, overflow
+    assert width < 1280 or overflow["results"] == 0, overflow
+    assert sorted(s["text"] for s in skus) == sorted(p.sku for p in products)
+    assert all(s["lines"] == 1 for s in skus), skus
+    assert any(d["text"].startswith("ended") for d in drops), drops
