@@ -138,8 +138,9 @@ def _cents(expression) -> ExpressionWrapper:
 
 def _net_revenue(statuses: tuple[str, ...] = SOLD_STATUSES):
     """Per product: what buyers paid for its lines in orders of `statuses` (sold ones by default),
-    the order's discount spread over its lines as `shop.rules.line_shares` does (in proportion to their list amounts, whole cents,
-    rounding the running total in product-id order, so an order's lines add up to its total).
+    the order's discount spread over its lines as `shop.rules.line_shares` does (in proportion to
+    their list amounts, whole cents, rounding the running total in product-id order, so an order's
+    lines add up to its total).
 
     In SQL, per line: share = R(A + a) - R(A), where a is the line's list amount, A the amounts of
     the order's lines of lower product ids (a correlated sum; not needed when the line is the whole
