@@ -55,6 +55,7 @@ from shop.selectors import (
     by_stock_level,
     orders_in_chunks,
     product_sales,
+    reservations,
     reserved_units,
     sales_totals,
     units_per_minute,
@@ -69,6 +70,11 @@ SALES_REFRESH = 5
 
 # Staff changing their own password read that it revoked their API tokens (shop.tokens).
 admin.site.password_change_done_template = "admin/shop/password_change_done.html"
+
+
+def count_of(count: int, noun: str) -> str:
+    """"1 product", "2 products": messages say the number in words that agree with it."""
+    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 def money_column(field: str, description: str):
@@ -253,7 +259,8 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
             except errors.ShopError as exc:
                 self.message_user(request, exc.message, messages.ERROR)
             else:
-                self.message_user(request, f"Drop scheduled for {len(changed)} product(s).", messages.SUCCESS)
+                self.message_user(request, f"Drop scheduled for {count_of(len(changed), 'product')}.",
+                                  messages.SUCCESS)
             return None
         return TemplateResponse(request, "admin/shop/schedule_drop.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "products": queryset, "form": form,
@@ -262,15 +269,30 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
             "media": self.media + form.media,
         })
 
-    @admin.action(description="End sale now for the selected products", permissions=["change"])
+    @admin.action(description="End sale now for the selected products…", permissions=["change"])
     def end_sale_now(self, request, queryset):
-        try:
-            changed = end_drop(products=list(queryset), actor=f"admin:{request.user.get_username()}")
-        except errors.ShopError as exc:
-            self.message_user(request, exc.message, messages.ERROR)
-            return
-        self.message_user(request, f"Sale ended for {len(changed)} product(s): orders are refused from now on.",
-                          messages.SUCCESS)
+        """A confirmation page (what ends, what happens to orders awaiting payment), then the
+        service, once: orders are refused from the moment it runs."""
+        if "confirm" in request.POST:
+            try:
+                changed = end_drop(products=list(queryset), actor=f"admin:{request.user.get_username()}")
+            except errors.ShopError as exc:
+                self.message_user(request, exc.message, messages.ERROR)
+                return None
+            self.message_user(request, f"Sale ended for {count_of(len(changed), 'product')}: orders are "
+                                       f"refused from now on; orders awaiting payment may still be paid until "
+                                       f"their pay-by time.", messages.SUCCESS)
+            return None
+        products = list(queryset.order_by("pk"))
+        held = reservations(product_ids=[p.pk for p in products])
+        for product in products:
+            product.held = held.get(product.pk)
+        return TemplateResponse(request, "admin/shop/end_sale.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "products": products,
+            "title": "End the sale now?", "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "orders": sum(h["orders"] for h in held.values()), "units": sum(h["units"] for h in held.values()),
+            "last_pay_by": max((h["last_pay_by"] for h in held.values()), default=None),
+        })
 
     def _hidden(self, request, product: Product) -> None:
         try:
@@ -640,8 +662,7 @@ class ProductSalesAdmin(ReadOnlyAdmin):
     `shop.selectors.product_sales` and `sales_totals`."""
 
     # No price column (the product list has it): twelve columns did not fit 1280 px beside the menus.
-    list_display = ("name", "sku", "drop", "stock",
-                    _sales_column("units_sold", "Sold"), _sales_column("gross", "Gross", money),
+    list_display = ("name", "sku", "drop", "stock", "units_sold", _sales_column("gross", "Gross", money),
                     _sales_column("coupons", "Coupons", money), _sales_column("revenue", "Net revenue", money),
                     _sales_column("rate", "Units / min", units_per_minute),
                     _sales_column("units_reserved", "Reserved"), "units_refunded")
@@ -653,6 +674,15 @@ class ProductSalesAdmin(ReadOnlyAdmin):
     class Media:
         css = {"all": ["shop/admin-sales.css"]}
         js = ["shop/admin-sales.js"]
+
+    @admin.display(description="Sold", ordering="units_sold")
+    def units_sold(self, obj: Product) -> str:
+        """Units sold and, under them, how many of those were paid after the sale's end (placed
+        before it: the "End sale now" policy)."""
+        if not obj.units_paid_late:
+            return str(obj.units_sold)
+        return format_html('{}<br><span class="paid-late">{} paid after the end</span>', obj.units_sold,
+                           obj.units_paid_late)
 
     @admin.display(description="Refunded", ordering="units_refunded")
     def units_refunded(self, obj: Product) -> str:
@@ -688,8 +718,7 @@ class ProductSalesAdmin(ReadOnlyAdmin):
         """One cell per column shown: the sums of `sales_totals` over every product the list's
         filters and search select (not only this page)."""
         totals = sales_totals(products=cl.queryset)
-        count = totals["products"]
-        cells = {"name": f"Total ({count} product{'s' if count != 1 else ''})", "stock": totals["stock"],
+        cells = {"name": f"Total ({count_of(totals['products'], 'product')})", "stock": totals["stock"],
                  "units_sold": totals["units_sold"], "gross": money(totals["gross"]),
                  "coupons": money(totals["coupons"]), "revenue": money(totals["revenue"]),
                  "rate": units_per_minute(totals["rate"]), "units_reserved": totals["units_reserved"],
@@ -760,4 +789,4 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def revoke_tokens(self, request, queryset):
         for token in queryset:
             revoke(token=token)
-        self.message_user(request, f"Revoked {queryset.count()} token(s).")
+        self.message_user(request, f"Revoked {count_of(queryset.count(), 'token')}.")

@@ -15,6 +15,7 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     Func,
+    Max,
     OuterRef,
     Prefetch,
     QuerySet,
@@ -116,8 +117,8 @@ SOLD_STATUSES = (Order.Status.PAID, Order.Status.PLACED)
 STOCK_LEVELS = {"sold_out": "Sold out", "low": "Low stock", "in_stock": "In stock"}
 # The units-per-minute rate counts the orders placed within this window (the Sales view's "last 5 min").
 RATE_WINDOW = timedelta(minutes=5)
-SALES_FIGURES = ("units_sold", "gross", "coupons", "revenue", "units_recent", "rate", "units_reserved",
-                 "units_refunded", "refunded")
+SALES_FIGURES = ("units_sold", "units_paid_late", "gross", "coupons", "revenue", "units_recent", "rate",
+                 "units_reserved", "units_refunded", "refunded")
 MONEY_FIGURES = ("gross", "coupons", "revenue", "refunded")
 _MONEY = DecimalField(max_digits=14, decimal_places=2)
 _CENTS = DecimalField(max_digits=40, decimal_places=0)
@@ -178,6 +179,15 @@ def reserved_units(*, product_id: int) -> int:
             .aggregate(n=Sum("quantity"))["n"] or 0)
 
 
+def reservations(*, product_ids: Iterable[int]) -> dict[int, dict]:
+    """Per product: the orders awaiting payment that hold its units (`orders`, `units`) and the
+    latest pay-by among them (`last_pay_by`): what "End sale now" leaves in place. One query."""
+    rows = (OrderLine.objects.filter(product_id__in=list(product_ids), order__status=Order.Status.PENDING_PAYMENT)
+            .order_by().values("product_id")
+            .annotate(orders=Count("order_id", distinct=True), units=Sum("quantity"), last_pay_by=Max("order__pay_by")))
+    return {row.pop("product_id"): row for row in rows}
+
+
 def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:
     """Sold out (0 left), low (1 to SHOP["LOW_STOCK"] left) or in stock (more); None: all."""
     low = int(shop_settings.LOW_STOCK)
@@ -205,6 +215,8 @@ def product_sales(*, stock: str | None = None, products: QuerySet[Product] | Non
     - `units_sold` and `revenue`: units in sold orders (paid, and legacy placed) and what their
       buyers paid for them: net of the order's coupon, spread over its lines (`_net_revenue`);
       `gross`: their list amounts, `coupons`: gross - revenue (what coupons took off);
+      `units_paid_late`: those of them paid at or after the sale's end (orders placed before the
+      end keep their units and may be paid until their pay-by time: docs/operations.md);
     - `units_recent` and `rate`: units of the orders placed in the product's rate window that still
       hold their stock (awaiting payment or sold), and those units per minute. The window is the
       last RATE_WINDOW (5 minutes) of the sale's own active time: it starts no earlier than the
@@ -227,6 +239,7 @@ def product_sales(*, stock: str | None = None, products: QuerySet[Product] | Non
                             output_field=DateTimeField()),
     ).annotate(
         units_sold=_lines_total("quantity", SOLD_STATUSES),
+        units_paid_late=_lines_total("quantity", SOLD_STATUSES, order__paid_at__gte=OuterRef("closes_at")),
         gross=_lines_total(F("quantity") * F("unit_price"), SOLD_STATUSES, output_field=_MONEY),
         revenue=_net_revenue(),
         units_recent=_lines_total("quantity", RESERVING_STATUSES, order__created_at__gte=OuterRef("rate_since"),

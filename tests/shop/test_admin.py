@@ -185,8 +185,9 @@ def test_a_view_only_staff_user_cannot_revoke_tokens(user, other_user):
     editor = Client()
     editor.force_login(_staff_with("view_apitoken", "change_apitoken"))
     assert "revoke_tokens" in editor.get("/admin/shop/apitoken/").content.decode()
-    editor.post("/admin/shop/apitoken/", {"action": "revoke_tokens", "_selected_action": ids})
+    done = editor.post("/admin/shop/apitoken/", {"action": "revoke_tokens", "_selected_action": ids}, follow=True)
     assert ApiToken.objects.filter(revoked_at__isnull=False).count() == 2
+    assert "Revoked 2 tokens." in done.content.decode()  # not "token(s)"
 
 
 def test_every_shop_and_locks_admin_action_declares_its_permission_and_view_only_staff_get_none(rf):

@@ -119,7 +119,8 @@ def test_every_figure_and_the_totals_against_the_orders(make_product, make_coupo
     totals = sales_totals(products=product_sales(products=Product.objects.filter(pk__in=[a.pk, b.pk, c.pk])))
     assert totals == {"products": 3, "stock": 25, "units_sold": 7, "revenue": Decimal("36.00"), "units_recent": 9,
                       "units_reserved": 3, "units_refunded": 4, "gross": Decimal("46.00"),
-                      "coupons": Decimal("10.00"), "refunded": Decimal("40.00"), "rate": Decimal("1.8")}
+                      "coupons": Decimal("10.00"), "refunded": Decimal("40.00"), "rate": Decimal("1.8"),
+                      "units_paid_late": 0}
     paid = sum(o.total for o in Order.objects.filter(status=Order.Status.PAID))
     assert totals["revenue"] == paid == Decimal("36.00")  # what buyers paid, to the cent
     assert totals["gross"] == sum(o.subtotal for o in Order.objects.filter(status=Order.Status.PAID))

@@ -205,7 +205,7 @@ def test_sales_shows_the_figures_of_the_admins_sales_view(make_product, make_cou
         (2, "2500.00", "0.6", 1, 1, 17), (3, "13.75", "0.6", 0, 0, 3), (1, "8.25", "0.2", 0, 0, 0)]
     assert data["totals"] == {"products": 3, "stock": 20, "units_sold": 6, "revenue": "2522.00", "units_recent": 7,
                               "units_per_minute": "1.4", "units_reserved": 1, "units_refunded": 1,
-                              "gross": "2524.00", "coupons": "2.00", "refunded": "1250.00"}
+                              "gross": "2524.00", "coupons": "2.00", "refunded": "1250.00", "units_paid_late": 0}
     assert data["rate_window_minutes"] == 5
     # ...and what the admin's selector says, row for row.
     for p in product_sales(products=Product.objects.filter(pk__in=[a.pk, b.pk, c.pk])):
