@@ -35,7 +35,7 @@ from locks import inspect
 from locks.exceptions import LockUnavailable
 from shop import errors, rules
 from shop.conf import shop_settings
-from shop.exports import order_csv
+from shop.exports import line_csv, order_csv
 from shop.models import (
     ApiToken,
     Coupon,
@@ -459,6 +459,26 @@ class OrderStatusFilter(admin.SimpleListFilter):
         return queryset.filter(status=self.value()) if self.value() else queryset
 
 
+class OrderProductFilter(admin.SimpleListFilter):
+    """Orders with a line of one product (the products that have orders): a drop's orders, for
+    the list and its exports."""
+
+    title = "product"
+    parameter_name = "product"
+
+    def lookups(self, request, model_admin):
+        return [(str(p.pk), f"{p.name} ({p.sku})")
+                for p in Product.objects.filter(order_lines__isnull=False).distinct().order_by("name", "pk")]
+
+    def queryset(self, request, queryset):
+        product_id = self.product_id()
+        return queryset if product_id is None else queryset.filter(lines__product_id=product_id).distinct()
+
+    def product_id(self) -> int | None:
+        value = self.value()
+        return int(value) if value and value.isdigit() else None
+
+
 def _short_time(value) -> str:
     """"25 Nov 14:03" in the site's time zone, which may wrap before the time: dates that fit a
     1280 px list."""
@@ -475,9 +495,10 @@ def _short_time(value) -> str:
 class OrderAdmin(admin.ModelAdmin):
     list_display = ("id", "user", "state", "amount", "coupon", "ordered", "order_actions")
     list_display_links = ("id",)
-    list_filter = (OrderStatusFilter,)
+    list_filter = (OrderStatusFilter, OrderProductFilter)
     list_select_related = ("user", "coupon")
-    search_fields = ("id", "user__username", "idempotency_key")
+    # A product's SKU or name finds the orders with a line of it.
+    search_fields = ("id", "user__username", "idempotency_key", "lines__product__sku", "lines__product__name")
     inlines = [OrderLineInline]
     readonly_fields = ("user", "status", "subtotal_money", "discount_money", "total_money", "coupon",
                        "idempotency_key", "created_at", "pay_by", "paid_at", "refunded_at", "cancelled_at")
@@ -554,6 +575,9 @@ class OrderAdmin(admin.ModelAdmin):
             path("<int:order_id>/refund/", operate(self.refund_view), name="shop_order_refund"),
             path("export.csv", self.admin_site.admin_view(require_http_methods(["GET"])(self.export_view)),
                  name="shop_order_export"),
+            path("export-lines.csv",
+                 self.admin_site.admin_view(require_http_methods(["GET"])(partial(self.export_view, lines=True))),
+                 name="shop_order_export_lines"),
             *super().get_urls(),
         ]
 
@@ -566,20 +590,29 @@ class OrderAdmin(admin.ModelAdmin):
         if self.may_export(request):
             query = request.GET.urlencode()
             extra["export_url"] = reverse("admin:shop_order_export") + (f"?{query}" if query else "")
+            extra["export_lines_url"] = reverse("admin:shop_order_export_lines") + (f"?{query}" if query else "")
         return super().changelist_view(request, extra)
 
-    def export_view(self, request):
-        """The orders the list shows (same filters and search), newest first, as a streamed CSV."""
+    def export_view(self, request, lines: bool = False):
+        """The orders the list shows (same filters and search), newest first, as a streamed CSV:
+        one row per order, or (`lines`) one per order line, only the filtered product's if the
+        list is filtered by product, each with what it paid (for the books of a drop)."""
         if not self.may_export(request):
             raise PermissionDenied
         try:
-            orders = self.get_changelist_instance(request).queryset
+            changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
             return HttpResponseBadRequest("Unknown filter in the query string.")
-        response = StreamingHttpResponse(order_csv(orders_in_chunks(orders=orders)),
-                                         content_type="text/csv; charset=utf-8")
+        orders = orders_in_chunks(orders=changelist.queryset)
+        if lines:
+            product = next((f.product_id() for f in changelist.filter_specs if isinstance(f, OrderProductFilter)),
+                           None)
+            rows, name = line_csv(orders, product_id=product), "order-lines"
+        else:
+            rows, name = order_csv(orders), "orders"
+        response = StreamingHttpResponse(rows, content_type="text/csv; charset=utf-8")
         stamp = localtime().strftime("%Y%m%d-%H%M%S")
-        response["Content-Disposition"] = f'attachment; filename="orders-{stamp}.csv"'
+        response["Content-Disposition"] = f'attachment; filename="{name}-{stamp}.csv"'
         return response
 
     def cancel_view(self, request, order_id: int):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -599,3 +600,44 @@ def test_the_export_reads_orders_in_bounded_chunks(make_product, user, django_as
         seen = [(o.pk, [line.quantity for line in o.lines.all()]) for o in
                 orders_in_chunks(orders=Order.objects.all(), chunk_size=2)]
     assert seen == [(pk, [1]) for pk in sorted(placed, reverse=True)]
+
+
+def test_a_drops_orders_can_be_found_by_product_and_exported_line_by_line_for_the_books(
+        admin_client, make_product, make_coupon, user, other_user):
+    """Issue 37: no product filter, a SKU searched found nothing, and the CSV had only an `items`
+    text column. Now the list filters by product and finds a SKU; "Export lines CSV" gives one row
+    per line (only the filtered product's), with what each paid: they add up to the Sales view."""
+    import csv
+    import io
+
+    from shop.selectors import product_sales
+
+    a, b, _c = _sales_fixture(make_product, make_coupon, user, other_user)
+    with_b = set(Order.objects.filter(lines__product=b).values_list("pk", flat=True))
+    page = admin_client.get("/admin/shop/order/").content.decode()
+    assert f"?product={b.pk}" in page  # the filter offers the products that have orders
+
+    def listed(query: str) -> set[int]:
+        text = admin_client.get(f"/admin/shop/order/?{query}").content.decode()
+        return {int(pk) for pk in re.findall(r'<th class="field-id"><a href="/admin/shop/order/(\d+)/', text)}
+
+    assert listed(f"product={b.pk}") == with_b and len(with_b) == 2
+    assert listed(f"q={b.sku}") == with_b
+    assert listed(f"product={a.pk}&status__exact=paid") == set(
+        Order.objects.filter(lines__product=a, status="paid").values_list("pk", flat=True))
+    assert f'href="/admin/shop/order/export-lines.csv?product={b.pk}"' in admin_client.get(
+        f"/admin/shop/order/?product={b.pk}").content.decode()
+
+    response = admin_client.get("/admin/shop/order/export-lines.csv", {"product": b.pk})
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    assert 'filename="order-lines-' in response["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert {r["sku"] for r in rows} == {b.sku} and {int(r["order"]) for r in rows} == with_b  # not C's line
+    paid = [r for r in rows if r["status"] == "paid"]
+    sales = product_sales(products=Product.objects.filter(pk=b.pk)).get()
+    assert sum(int(r["quantity"]) for r in paid) == sales.units_sold
+    assert sum(Decimal(r["amount"]) for r in paid) == sales.gross
+    assert sum(Decimal(r["paid"]) for r in paid) == sales.revenue == Decimal("13.75")
+    assert [r["paid"] for r in rows if r["status"] == "cancelled"] == [""]  # never paid
+    everything = admin_client.get("/admin/shop/order/export-lines.csv")
+    assert len(list(csv.reader(io.StringIO(b"".join(everything.streaming_content).decode())))) == 1 + 6
