@@ -219,6 +219,8 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
         if not change:
             obj.opens_at = obj.closes_at = None  # a new product's window, too, goes through the service
         super().save_model(request, obj, form, change)
+        if not change:
+            inventory.open_stock(product=obj, actor=f"admin:{request.user.get_username()}")
         if moved:
             self._schedule(request, obj, *window)
         if change and "active" in form.changed_data and not obj.active:
@@ -778,9 +780,22 @@ class DropLogAdmin(ReadOnlyAdmin):
 
 @admin.register(StockLedger)
 class StockLedgerAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "product", "quantity", "reason", "note", "order", "fence", "actor")
+    """Every stock movement, opening stock first: a product's rows sum to its stock."""
+
+    list_display = ("created_at", "product", "quantity", "reason", "note", "order", "fence", "by")
     list_filter = ("reason",)
-    search_fields = ("product__sku", "actor", "note")
+    list_select_related = ("product", "order__user")
+    search_fields = ("product__sku", "actor", "note", "order__user__username")
+
+    @admin.display(description="By", ordering="actor")
+    def by(self, obj: StockLedger) -> str:
+        """Who moved it: a buyer by username, linked to the user (the row's actor is "user:<id>");
+        an operator as written ("admin:<user>", "cli:<user>@<host>")."""
+        user = obj.order.user if obj.order is not None else None
+        if user is None or obj.actor != f"user:{user.pk}":
+            return obj.actor
+        return format_html('<a href="{}">{}</a>', reverse("admin:auth_user_change", args=[user.pk]),
+                           user.get_username())
 
 
 @admin.register(Refund)

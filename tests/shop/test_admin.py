@@ -641,3 +641,16 @@ def test_a_drops_orders_can_be_found_by_product_and_exported_line_by_line_for_th
     assert [r["paid"] for r in rows if r["status"] == "cancelled"] == [""]  # never paid
     everything = admin_client.get("/admin/shop/order/export-lines.csv")
     assert len(list(csv.reader(io.StringIO(b"".join(everything.streaming_content).decode())))) == 1 + 6
+
+
+def test_the_ledger_names_buyers_by_username_with_a_link(admin_client, make_product, user):
+    """Issue 37: buyers appeared as `user:6`."""
+    p = make_product(stock=5)
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
+    row = StockLedger.objects.get(order=order)
+    assert row.actor == f"user:{user.pk}"
+    page = admin_client.get("/admin/shop/stockledger/").content.decode()
+    assert f'<a href="/admin/auth/user/{user.pk}/change/">{user.username}</a>' in page
+    assert f"user:{user.pk}" not in page
+    found = admin_client.get(f"/admin/shop/stockledger/?q={user.username}").content.decode()
+    assert f"/admin/auth/user/{user.pk}/change/" in found
