@@ -154,6 +154,13 @@ class ProductForm(forms.ModelForm):
 
     moved: tuple[str, ...] = ()
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        zone = timezone.get_current_timezone_name()
+        for name in WINDOW:  # the time typed is read in the shop's time zone: say which
+            if name in self.fields:
+                self.fields[name].label = f"{self.fields[name].label} ({zone})"
+
     def clean(self):
         data = super().clean()
         self.moved = tuple(f for f in WINDOW if f in data
@@ -172,6 +179,12 @@ class DropForm(forms.Form):
                                         label="Opens at", help_text="Empty: on sale now.")
     closes_at = forms.SplitDateTimeField(required=False, widget=widgets.AdminSplitDateTime,
                                          label="Closes at", help_text="Empty: no end.")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        zone = timezone.get_current_timezone_name()
+        for field in self.fields.values():
+            field.label = f"{field.label} ({zone})"
 
     def clean(self):
         data = super().clean()

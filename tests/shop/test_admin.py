@@ -654,3 +654,23 @@ def test_the_ledger_names_buyers_by_username_with_a_link(admin_client, make_prod
     assert f"user:{user.pk}" not in page
     found = admin_client.get(f"/admin/shop/stockledger/?q={user.username}").content.decode()
     assert f"/admin/auth/user/{user.pk}/change/" in found
+
+
+def test_admin_dates_have_one_style_and_the_window_fields_say_their_time_zone(admin_client, make_product, user):
+    """Issue 37: "Nov. 28, 2026, 8:15 p.m." on some pages, "28 Nov 20:13" on others; the Add
+    product form's "Opens at" did not say in which time zone it is read."""
+    from shop.services import end_drop, pay_order
+
+    p = make_product(stock=5)
+    order = pay_order(order=order_of(place_order(user=user, lines=[(p.pk, 1)])), actor="t")
+    end_drop(products=[p], actor="t")
+    us_style = re.compile(r"\b(Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\. \d|\d (a|p)\.m\.|\bnoon\b|\bmidnight\b")
+    ours = re.compile(r"\b\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d\d:\d\d\b")
+    for url in ("/admin/shop/droplog/", "/admin/shop/stockledger/", f"/admin/shop/order/{order.pk}/change/",
+                f"/admin/shop/product/{p.pk}/change/", "/admin/shop/coupon/"):
+        page = admin_client.get(url).content.decode()
+        assert not us_style.search(page), (url, us_style.search(page).group(0))
+        if "coupon" not in url:
+            assert ours.search(page), url
+    form = admin_client.get("/admin/shop/product/add/").content.decode()
+    assert "Opens at (UTC)" in form and "Closes at (UTC)" in form
