@@ -326,18 +326,19 @@ class Command(BaseCommand):
             return
         # The state has a column of its own: appended to the name, it was cut off with long names.
         self.stdout.write(f"{'id':>6} {'sku':<16} {'name':<28} {'state':<16} {'price':>12} {'stock':>8} {'sold':>8} "
-                          f"{'gross':>14} {'coupons':>12} {'net revenue':>14} {'units/min':>9} {'reserved':>8} "
-                          f"{'refunded':>8} {'paid back':>12}")
+                          f"{'late':>6} {'gross':>14} {'coupons':>12} {'net revenue':>14} {'units/min':>9} "
+                          f"{'reserved':>8} {'refunded':>8} {'paid back':>12}")
         for p in rows:
             self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {p.name[:28]:<28} {_state(p):<16} {money(p.price):>12} "
-                              f"{p.stock:>8} {p.units_sold:>8} {money(p.gross):>14} {money(p.coupons):>12} "
-                              f"{money(p.revenue):>14} {units_per_minute(p.rate):>9} {p.units_reserved:>8} "
-                              f"{p.units_refunded:>8} {money(p.refunded):>12}")
+                              f"{p.stock:>8} {p.units_sold:>8} {p.units_paid_late:>6} {money(p.gross):>14} "
+                              f"{money(p.coupons):>12} {money(p.revenue):>14} {units_per_minute(p.rate):>9} "
+                              f"{p.units_reserved:>8} {p.units_refunded:>8} {money(p.refunded):>12}")
         self.stdout.write(f"{'total':>6} {'':<16} {'':<28} {'':<16} {'':>12} {totals['stock']:>8} "
-                          f"{totals['units_sold']:>8} {money(totals['gross']):>14} {money(totals['coupons']):>12} "
-                          f"{money(totals['revenue']):>14} {units_per_minute(totals['rate']):>9} "
-                          f"{totals['units_reserved']:>8} {totals['units_refunded']:>8} "
-                          f"{money(totals['refunded']):>12}")
+                          f"{totals['units_sold']:>8} {totals['units_paid_late']:>6} {money(totals['gross']):>14} "
+                          f"{money(totals['coupons']):>12} {money(totals['revenue']):>14} "
+                          f"{units_per_minute(totals['rate']):>9} {totals['units_reserved']:>8} "
+                          f"{totals['units_refunded']:>8} {money(totals['refunded']):>12}")
         self.stdout.write(f"Net revenue: what buyers paid (coupons spread over an order's lines, to the cent); gross: "
-                          f"list amounts; coupons: gross less net; paid back: refunded. Units/min: orders that still "
-                          f"hold their stock, over the last {minutes} minutes of the sale's own active time.")
+                          f"list amounts; coupons: gross less net; paid back: refunded; late: sold units paid after "
+                          f"the sale's end (ordered before it). Units/min: orders that still hold their stock, over "
+                          f"the last {minutes} minutes of the sale's own active time.")
