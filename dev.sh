@@ -4,7 +4,9 @@
 #                   on 127.0.0.1:$PORT (default 8000) with the jobs runner beside the server
 #   ./dev.sh test   set everything up the same way, then run the whole test suite
 #   ./dev.sh setup  only the set-up part
-# Idempotent: safe to run again and again.
+#   ./dev.sh where  say which database and Redis db this checkout uses (writes .env.dev if missing)
+# Idempotent: safe to run again and again. Each checkout gets its own database and Redis db
+# (derived from its path, written once into .env.dev): two checkouts never share data.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -74,10 +76,22 @@ ensure_redis() {
   fi
 }
 
-# DEBUG on and a SECRET_KEY generated once for this checkout (kept: sessions survive a re-run).
+# This checkout's own database and Redis db, from its path: "shop_<folder>_<6 hex of the path>"
+# and a db from 1 to 15 (0 is what a checkout without .env.dev entries shares with others).
+checkout_hash() { printf %s "$(pwd -P)" | sha1sum | cut -c1-6; }
+checkout_database() {
+  local folder
+  folder=$(basename "$(pwd -P)")
+  folder=$(printf %s "$folder" | tr 'A-Z' 'a-z' | tr -c 'a-z0-9' '_' | cut -c1-20)
+  echo "shop_${folder}_$(checkout_hash)"
+}
+checkout_redis_db() { echo $(( 1 + 0x$(checkout_hash) % 15 )); }
+
+# DEBUG on, a SECRET_KEY generated once for this checkout (kept: sessions survive a re-run), and
+# this checkout's database and Redis db (a file written before they existed is left as it is).
 ensure_dev_env_file() {
   [ -f "$dev_env_file" ] && return
-  say "writing $dev_env_file (DEBUG=true and a generated SECRET_KEY, for manage.py in any shell)"
+  say "writing $dev_env_file (DEBUG=true, a generated SECRET_KEY, this checkout's database and Redis db)"
   local key
   key=$("$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(50))')
   (umask 077; cat > "$dev_env_file" <<EOF
@@ -85,8 +99,39 @@ ensure_dev_env_file() {
 # shop/settings/environment.py reads it when present, after .env; exported environment variables win.
 DEBUG=true
 SECRET_KEY=$key
+# This checkout's own data (derived from its path), so two checkouts on one machine never share it.
+DATABASE_URL=mysql://root@127.0.0.1:3306/$(checkout_database)
+REDIS_URL=redis://127.0.0.1:6379/$(checkout_redis_db)
 EOF
   )
+}
+
+# A setting as the settings read it: the environment, then .env, then .env.dev, then the default.
+setting() {
+  local name=$1 default=$2 file line
+  if [ -n "${!name:-}" ]; then echo "${!name}"; return; fi
+  for file in .env "$dev_env_file"; do
+    [ -f "$file" ] || continue
+    line=$(grep -E "^[[:space:]]*(export[[:space:]]+)?$name=" "$file" | tail -n 1) || continue
+    line=${line#*=}; line=${line#[\"\']}; line=${line%[\"\']}
+    echo "$line"
+    return
+  done
+  echo "$default"
+}
+
+# Which database and Redis db this checkout uses; loudly when it is what every checkout shares.
+say_where() {
+  local db redis name
+  db=$(setting DATABASE_URL mysql://root@127.0.0.1:3306/shop)
+  redis=$(setting REDIS_URL redis://127.0.0.1:6379/0)
+  name=${db##*/}; name=${name%%\?*}
+  say "this checkout uses the database $name and Redis $(echo "$redis" | sed -E 's#//[^@/]*@#//#')"
+  if [ "$name" = shop ] || [[ $redis =~ ^redis://[^/]*(/0)?$ ]]; then
+    say "  the defaults, shared by every checkout on this machine that keeps them: for this one's own," \
+      "put DATABASE_URL=mysql://root@127.0.0.1:3306/$(checkout_database) and" \
+      "REDIS_URL=redis://127.0.0.1:6379/$(checkout_redis_db) in $dev_env_file"
+  fi
 }
 
 # PORT must be a port number that 127.0.0.1 can listen on now: checked before any set-up, and
@@ -192,6 +237,7 @@ ensure_venv() {
 setup() {
   local mode=${1:-run}
   ensure_dev_env_file
+  say_where
   ensure_packages "$mode"
   ensure_redis
   ensure_mariadb
@@ -226,6 +272,9 @@ case "${1:-}" in
     # The suite's own settings (tests/settings.py: a throwaway key, the fast hasher, the test
     # defaults), not the shop.settings exported above for manage.py.
     export DJANGO_SETTINGS_MODULE=tests.settings
+    # Its own test database per checkout too (the suite does not read .env.dev).
+    export TEST_DATABASE_NAME=${TEST_DATABASE_NAME:-test_$(checkout_database)}
+    say "the tests use the database $TEST_DATABASE_NAME"
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
     # One pass: there is one checkout path (batch size 1 with combining off is tested by the
     # tests parametrized over SHOP["COMBINING"]).
@@ -234,8 +283,12 @@ case "${1:-}" in
   setup)
     setup "${2:-run}"
     ;;
+  where)
+    ensure_dev_env_file
+    say_where
+    ;;
   *)
-    echo "usage: ./dev.sh run | test [pytest args] | setup [run|test]" >&2
+    echo "usage: ./dev.sh run | test [pytest args] | setup [run|test] | where" >&2
     exit 2
     ;;
 esac

@@ -5,11 +5,12 @@ from __future__ import annotations
 from functools import wraps
 
 from django.contrib import admin
+from django.db.models import Count
 from django.urls import path
 from django.views.decorators.http import require_http_methods
 
 from locks import formats, views
-from locks.models import ForceRelease, JobRun, LockDashboard
+from locks.models import ForceRelease, JobIdleRuns, JobRun, LockDashboard
 
 
 class ReadOnlyLockAdmin(admin.ModelAdmin):
@@ -108,8 +109,19 @@ class JobRunAdmin(LockListMedia, ReadOnlyLockAdmin):
     start out (the run's page has them): its columns fit 1280 px beside the filters."""
 
     list_display = ("job", "due_at_text", "runner", "duration_text", "outcome", "takeovers")
-    list_filter = ("job", "outcome")
+    list_filter = ("job", "outcome", "idle")
     search_fields = ("job", "runner")
+    change_list_template = "admin/locks/jobrun_change_list.html"  # beside the others: the wheel ships that folder
+
+    def changelist_view(self, request, extra_context=None):
+        """Above the runs: per job, its idle runs (counted, and those still kept as rows): only
+        runs that did something or failed are kept for long (locks.jobs.fold_idle_runs)."""
+        kept = dict(JobRun.objects.filter(idle=True).values_list("job").annotate(n=Count("pk"))
+                    .values_list("job", "n"))
+        counted = {c.job: c for c in JobIdleRuns.objects.all()}
+        idle = [{"job": job, "runs": (counted[job].runs if job in counted else 0) + kept.get(job, 0)}
+                for job in sorted(set(kept) | set(counted))]
+        return super().changelist_view(request, {"idle_runs": idle, **(extra_context or {})})
     fields = readonly_fields = ("job", "tick", "due_at_text", "runner", "fence", "started_at_text", "lease_until_text",
                                 "finished_at_text", "duration_text", "outcome", "takeovers", "taken_over_from",
                                 "detail", "error")

@@ -44,17 +44,29 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Max
 from django.utils import timezone
 
 from locks.conf import locks_settings
 from locks.exceptions import LockLost, LockNotOwned, LockUnavailable
 from locks.keys import validate_name
 from locks.lock import Hold, Lock
-from locks.models import JobRun
+from locks.models import JobIdleRuns, JobRun
 
 log = logging.getLogger("locks.jobs")
 
 JobFunc = Callable[["JobContext"], Any]
+
+# An idle run's row is deleted (and counted) once its tick is this much older than the oldest a
+# runner still looks at (catch_up ticks back): a runner whose clock is behind by less cannot run
+# the tick again for want of its row.
+CLOCK_SKEW = 300.0
+
+
+class Idle(str):
+    """What a job returns when its tick found nothing to do ("sent 0"): the run is recorded as
+    idle, `run_jobs` says nothing of it (unless -v 2), and its row is later folded into the
+    job's JobIdleRuns count instead of being kept for 30 days."""
 
 
 class TickLost(LockLost):
@@ -161,6 +173,7 @@ class TickResult:
     outcome: str  # ok, error, lost (taken over from us), busy (another runner has it), done (by another)
     took_over: bool = False
     detail: str = ""
+    idle: bool = False  # ok, and the job found nothing to do (it returned `Idle`)
 
 
 def runner_id() -> str:
@@ -309,11 +322,13 @@ class Runner:
         try:
             if job.atomic:
                 with transaction.atomic():
-                    detail = _text(job.func(ctx))
-                    _finish(run, ctx, JobRun.OK, started, detail=detail)
+                    returned = job.func(ctx)
+                    detail, idle = _text(returned), isinstance(returned, Idle)
+                    _finish(run, ctx, JobRun.OK, started, detail=detail, idle=idle)
             else:
-                detail = _text(job.func(ctx))
-                _finish(run, ctx, JobRun.OK, started, detail=detail)
+                returned = job.func(ctx)
+                detail, idle = _text(returned), isinstance(returned, Idle)
+                _finish(run, ctx, JobRun.OK, started, detail=detail, idle=idle)
         except LockLost as exc:  # TickLost too: a newer runner has the tick; we record nothing
             log.warning("job %s: tick %s lost (%s); nothing recorded", job.name, run.tick, exc)
             return TickResult(job.name, run.tick, "lost", took_over)
@@ -325,17 +340,36 @@ class Runner:
             except TickLost:
                 return TickResult(job.name, run.tick, "lost", took_over)
             return TickResult(job.name, run.tick, JobRun.ERROR, took_over, error.strip().splitlines()[-1])
-        return TickResult(job.name, run.tick, JobRun.OK, took_over, detail)
+        if idle:
+            fold_idle_runs(job, before=run.tick)
+        return TickResult(job.name, run.tick, JobRun.OK, took_over, detail, idle)
+
+
+def fold_idle_runs(job: Job, *, before: int) -> int:
+    """Delete the job's idle rows whose tick no runner can look at again (older than `before` by
+    catch_up ticks and CLOCK_SKEW), adding them to its JobIdleRuns count in the same
+    transaction; returns how many. Rows of runs that did something or failed are kept."""
+    oldest_watched = before - job.catch_up - math.ceil(CLOCK_SKEW / job.every)
+    JobIdleRuns.objects.get_or_create(job=job.name)
+    with transaction.atomic():
+        old = JobRun.objects.filter(job=job.name, idle=True, outcome=JobRun.OK, tick__lt=oldest_watched)
+        last = old.aggregate(last=Max("due_at"))["last"]
+        folded, _ = old.delete()
+        if folded:
+            JobIdleRuns.objects.filter(job=job.name).update(runs=F("runs") + folded, last_at=last)
+    return folded
 
 
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _finish(run: JobRun, ctx: JobContext, outcome: str, started: float, *, detail: str = "", error: str = "") -> None:
+def _finish(run: JobRun, ctx: JobContext, outcome: str, started: float, *, detail: str = "", error: str = "",
+            idle: bool = False) -> None:
     """The fenced write: only the runner that still has the tick's fence records a result."""
     updated = JobRun.objects.filter(pk=run.pk, fence=ctx.fence, outcome__in=JobRun.ACTIVE).update(
         outcome=outcome, finished_at=timezone.now(), duration=time.monotonic() - started, detail=detail, error=error,
+        idle=idle,
     )
     if updated != 1:
         raise TickLost(f"tick {ctx.tick} was taken over by a newer runner", name=ctx.job.lock_name)

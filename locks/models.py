@@ -71,6 +71,9 @@ class JobRun(models.Model):
     taken_over_from = models.CharField(max_length=200, blank=True, help_text="the runner (and fence) it was taken from")
     detail = models.TextField(blank=True, help_text="what the job returned")
     error = models.TextField(blank=True)
+    # The job found nothing to do (it returned `jobs.Idle`). Such rows are folded into the job's
+    # JobIdleRuns count once no runner can look at their tick again (locks/jobs.py).
+    idle = models.BooleanField(default=False, help_text="the run found nothing to do")
 
     class Meta:
         ordering = ["-due_at", "job"]
@@ -80,6 +83,24 @@ class JobRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} tick {self.tick}: {self.outcome}"
+
+
+class JobIdleRuns(models.Model):
+    """Per job: how many of its runs found nothing to do and are no longer kept as JobRun rows.
+    A job every 5 s once kept 17,000 rows a day of "sent 0"; only runs that did something or
+    failed are kept now, and the idle ones are counted here."""
+
+    job = models.CharField(max_length=200, unique=True)
+    runs = models.PositiveBigIntegerField(default=0, help_text="idle runs counted (their rows deleted)")
+    last_at = models.DateTimeField(null=True, blank=True, help_text="when the last of them was due")
+
+    class Meta:
+        ordering = ["job"]
+        verbose_name = "job's idle runs"
+        verbose_name_plural = "jobs' idle runs"
+
+    def __str__(self) -> str:
+        return f"{self.job}: {self.runs} idle runs"
 
 
 class LockRow(models.Model):

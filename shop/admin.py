@@ -37,7 +37,7 @@ from locks import inspect
 from locks.exceptions import LockUnavailable
 from shop import clock, errors, rules
 from shop.conf import shop_settings
-from shop.exports import order_csv
+from shop.exports import line_csv, order_csv
 from shop.models import (
     ApiToken,
     Coupon,
@@ -57,6 +57,7 @@ from shop.selectors import (
     by_stock_level,
     orders_in_chunks,
     product_sales,
+    reservations,
     reserved_units,
     sales_totals,
     units_per_minute,
@@ -71,6 +72,11 @@ SALES_REFRESH = 5
 
 # Staff changing their own password read that it revoked their API tokens (shop.tokens).
 admin.site.password_change_done_template = "admin/shop/password_change_done.html"
+
+
+def count_of(count: int, noun: str) -> str:
+    """"1 product", "2 products": messages say the number in words that agree with it."""
+    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 def money_column(field: str, description: str):
@@ -153,6 +159,13 @@ class ProductForm(forms.ModelForm):
 
     moved: tuple[str, ...] = ()
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        zone = timezone.get_current_timezone_name()
+        for name in WINDOW:  # the time typed is read in the shop's time zone: say which
+            if name in self.fields:
+                self.fields[name].label = f"{self.fields[name].label} ({zone})"
+
     def clean(self):
         data = super().clean()
         self.moved = tuple(f for f in WINDOW if f in data
@@ -171,6 +184,12 @@ class DropForm(forms.Form):
                                         label="Opens at", help_text="Empty: on sale now.")
     closes_at = forms.SplitDateTimeField(required=False, widget=widgets.AdminSplitDateTime,
                                          label="Closes at", help_text="Empty: no end.")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        zone = timezone.get_current_timezone_name()
+        for field in self.fields.values():
+            field.label = f"{field.label} ({zone})"
 
     def clean(self):
         data = super().clean()
@@ -218,6 +237,8 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
         if not change:
             obj.opens_at = obj.closes_at = None  # a new product's window, too, goes through the service
         super().save_model(request, obj, form, change)
+        if not change:
+            inventory.open_stock(product=obj, actor=f"admin:{request.user.get_username()}")
         if moved:
             self._schedule(request, obj, *window)
         if change and "active" in form.changed_data and not obj.active:
@@ -258,7 +279,8 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
             except errors.ShopError as exc:
                 self.message_user(request, exc.message, messages.ERROR)
             else:
-                self.message_user(request, f"Drop scheduled for {len(changed)} product(s).", messages.SUCCESS)
+                self.message_user(request, f"Drop scheduled for {count_of(len(changed), 'product')}.",
+                                  messages.SUCCESS)
             return None
         return TemplateResponse(request, "admin/shop/schedule_drop.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "products": queryset, "form": form,
@@ -267,15 +289,30 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
             "media": self.media + form.media,
         })
 
-    @admin.action(description="End sale now for the selected products", permissions=["change"])
+    @admin.action(description="End sale now for the selected products…", permissions=["change"])
     def end_sale_now(self, request, queryset):
-        try:
-            changed = end_drop(products=list(queryset), actor=f"admin:{request.user.get_username()}")
-        except errors.ShopError as exc:
-            self.message_user(request, exc.message, messages.ERROR)
-            return
-        self.message_user(request, f"Sale ended for {len(changed)} product(s): orders are refused from now on.",
-                          messages.SUCCESS)
+        """A confirmation page (what ends, what happens to orders awaiting payment), then the
+        service, once: orders are refused from the moment it runs."""
+        if "confirm" in request.POST:
+            try:
+                changed = end_drop(products=list(queryset), actor=f"admin:{request.user.get_username()}")
+            except errors.ShopError as exc:
+                self.message_user(request, exc.message, messages.ERROR)
+                return None
+            self.message_user(request, f"Sale ended for {count_of(len(changed), 'product')}: orders are "
+                                       f"refused from now on; orders awaiting payment may still be paid until "
+                                       f"their pay-by time.", messages.SUCCESS)
+            return None
+        products = list(queryset.order_by("pk"))
+        held = reservations(product_ids=[p.pk for p in products])
+        for product in products:
+            product.held = held.get(product.pk)
+        return TemplateResponse(request, "admin/shop/end_sale.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "products": products,
+            "title": "End the sale now?", "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "orders": sum(h["orders"] for h in held.values()), "units": sum(h["units"] for h in held.values()),
+            "last_pay_by": max((h["last_pay_by"] for h in held.values()), default=None),
+        })
 
     def _hidden(self, request, product: Product) -> None:
         try:
@@ -447,6 +484,26 @@ class OrderStatusFilter(admin.SimpleListFilter):
         return queryset.filter(status=self.value()) if self.value() else queryset
 
 
+class OrderProductFilter(admin.SimpleListFilter):
+    """Orders with a line of one product (the products that have orders): a drop's orders, for
+    the list and its exports."""
+
+    title = "product"
+    parameter_name = "product"
+
+    def lookups(self, request, model_admin):
+        return [(str(p.pk), f"{p.name} ({p.sku})")
+                for p in Product.objects.filter(order_lines__isnull=False).distinct().order_by("name", "pk")]
+
+    def queryset(self, request, queryset):
+        product_id = self.product_id()
+        return queryset if product_id is None else queryset.filter(lines__product_id=product_id).distinct()
+
+    def product_id(self) -> int | None:
+        value = self.value()
+        return int(value) if value and value.isdigit() else None
+
+
 def _short_time(value) -> str:
     """"25 Nov 14:03" in the site's time zone, which may wrap before the time: dates that fit a
     1280 px list."""
@@ -463,9 +520,10 @@ def _short_time(value) -> str:
 class OrderAdmin(admin.ModelAdmin):
     list_display = ("id", "user", "state", "amount", "coupon", "ordered", "order_actions")
     list_display_links = ("id",)
-    list_filter = (OrderStatusFilter,)
+    list_filter = (OrderStatusFilter, OrderProductFilter)
     list_select_related = ("user", "coupon")
-    search_fields = ("id", "user__username", "idempotency_key")
+    # A product's SKU or name finds the orders with a line of it.
+    search_fields = ("id", "user__username", "idempotency_key", "lines__product__sku", "lines__product__name")
     inlines = [OrderLineInline]
     readonly_fields = ("user", "status", "subtotal_money", "discount_money", "total_money", "coupon",
                        "idempotency_key", "created_at", "pay_by", "paid_at", "refunded_at", "cancelled_at")
@@ -542,6 +600,9 @@ class OrderAdmin(admin.ModelAdmin):
             path("<int:order_id>/refund/", operate(self.refund_view), name="shop_order_refund"),
             path("export.csv", self.admin_site.admin_view(require_http_methods(["GET"])(self.export_view)),
                  name="shop_order_export"),
+            path("export-lines.csv",
+                 self.admin_site.admin_view(require_http_methods(["GET"])(partial(self.export_view, lines=True))),
+                 name="shop_order_export_lines"),
             *super().get_urls(),
         ]
 
@@ -554,20 +615,29 @@ class OrderAdmin(admin.ModelAdmin):
         if self.may_export(request):
             query = request.GET.urlencode()
             extra["export_url"] = reverse("admin:shop_order_export") + (f"?{query}" if query else "")
+            extra["export_lines_url"] = reverse("admin:shop_order_export_lines") + (f"?{query}" if query else "")
         return super().changelist_view(request, extra)
 
-    def export_view(self, request):
-        """The orders the list shows (same filters and search), newest first, as a streamed CSV."""
+    def export_view(self, request, lines: bool = False):
+        """The orders the list shows (same filters and search), newest first, as a streamed CSV:
+        one row per order, or (`lines`) one per order line, only the filtered product's if the
+        list is filtered by product, each with what it paid (for the books of a drop)."""
         if not self.may_export(request):
             raise PermissionDenied
         try:
-            orders = self.get_changelist_instance(request).queryset
+            changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
             return HttpResponseBadRequest("Unknown filter in the query string.")
-        response = StreamingHttpResponse(order_csv(orders_in_chunks(orders=orders)),
-                                         content_type="text/csv; charset=utf-8")
+        orders = orders_in_chunks(orders=changelist.queryset)
+        if lines:
+            product = next((f.product_id() for f in changelist.filter_specs if isinstance(f, OrderProductFilter)),
+                           None)
+            rows, name = line_csv(orders, product_id=product), "order-lines"
+        else:
+            rows, name = order_csv(orders), "orders"
+        response = StreamingHttpResponse(rows, content_type="text/csv; charset=utf-8")
         stamp = localtime().strftime("%Y%m%d-%H%M%S")
-        response["Content-Disposition"] = f'attachment; filename="orders-{stamp}.csv"'
+        response["Content-Disposition"] = f'attachment; filename="{name}-{stamp}.csv"'
         return response
 
     def cancel_view(self, request, order_id: int):
@@ -633,27 +703,62 @@ def _sales_column(field: str, description: str, render=None):
     return column
 
 
+def _refunded(units: int, amount) -> str:
+    """Units refunded and, under them, the money paid back for them."""
+    return format_html('{}<br><span class="paid-back">{}</span>', units, money(amount)) if units else "0"
+
+
 @admin.register(ProductSales)
 class ProductSalesAdmin(ReadOnlyAdmin):
-    """Shop > Sales by product, to watch a sale: per product, units sold and net revenue (what buyers
-    paid), units per minute (orders of the last 5 minutes), units reserved by orders awaiting
-    payment, units refunded, stock left; a totals row over every product the filters select; the
-    figures refresh every SALES_REFRESH seconds (a small script: "updated at", Pause, Refresh now).
-    Filter sold out / low stock. Read-only, its own view permission (`view_productsales`); the
-    reading is `shop.selectors.product_sales` and `sales_totals`."""
+    """Shop > Sales by product, to watch a sale: per product, its drop (state and window), units
+    sold, their gross (list) amount, what coupons took off and the net revenue (what buyers paid),
+    units per minute (over the sale's own active time within the last 5 minutes), units reserved
+    by orders awaiting payment, units refunded and the money paid back, stock left; a totals row
+    over every product the filters select; the figures refresh every SALES_REFRESH seconds (a
+    small script: "updated at", Pause, Refresh now). Filter sold out / low stock / drop state.
+    Read-only, its own view permission (`view_productsales`); the reading is
+    `shop.selectors.product_sales` and `sales_totals`."""
 
-    list_display = ("name", "sku", _sales_column("price", "Price", money), "stock",
-                    _sales_column("units_sold", "Sold"), _sales_column("revenue", "Net revenue", money),
-                    _sales_column("units_recent", "Units / min", units_per_minute),
-                    _sales_column("units_reserved", "Reserved"), _sales_column("units_refunded", "Refunded"))
+    # No price column (the product list has it): twelve columns did not fit 1280 px beside the menus.
+    list_display = ("name", "sku", "drop", "stock", "units_sold", _sales_column("gross", "Gross", money),
+                    _sales_column("coupons", "Coupons", money), _sales_column("revenue", "Net revenue", money),
+                    _sales_column("rate", "Units / min", units_per_minute),
+                    _sales_column("units_reserved", "Reserved"), "units_refunded")
     list_display_links = None
-    list_filter = (StockLevelFilter, "active")
+    list_filter = (StockLevelFilter, DropFilter, "active")
     search_fields = ("name", "sku")
     list_per_page = 50
 
     class Media:
         css = {"all": ["shop/admin-sales.css"]}
         js = ["shop/admin-sales.js"]
+
+    @admin.display(description="Sold", ordering="units_sold")
+    def units_sold(self, obj: Product) -> str:
+        """Units sold and, under them, how many of those were paid after the sale's end (placed
+        before it: the "End sale now" policy)."""
+        if not obj.units_paid_late:
+            return str(obj.units_sold)
+        return format_html('{}<br><span class="paid-late">{} paid after the end</span>', obj.units_sold,
+                           obj.units_paid_late)
+
+    @admin.display(description="Refunded", ordering="units_refunded")
+    def units_refunded(self, obj: Product) -> str:
+        return _refunded(obj.units_refunded, obj.refunded)
+
+    @admin.display(description="Drop", ordering="closes_at")
+    def drop(self, obj: Product) -> str:
+        """Where its drop stands, with the window: "open until …", "ended …", "opens …"; "-": none."""
+        state = obj.drop_state
+        if obj.opens_at is None and obj.closes_at is None:
+            return "-"
+        if state == "upcoming":
+            return format_html("opens {}", _short_time(obj.opens_at))
+        if state == "ended":
+            return format_html("ended {}", _short_time(obj.closes_at))
+        since = format_html(" since {}", _short_time(obj.opens_at)) if obj.opens_at else ""
+        until = format_html(" until {}", _short_time(obj.closes_at)) if obj.closes_at else ""
+        return format_html("open{}{}", since, until)
 
     def get_queryset(self, request):
         return product_sales(products=super().get_queryset(request))
@@ -671,11 +776,11 @@ class ProductSalesAdmin(ReadOnlyAdmin):
         """One cell per column shown: the sums of `sales_totals` over every product the list's
         filters and search select (not only this page)."""
         totals = sales_totals(products=cl.queryset)
-        count = totals["products"]
-        cells = {"name": f"Total ({count} product{'s' if count != 1 else ''})", "stock": totals["stock"],
-                 "units_sold": totals["units_sold"], "revenue": money(totals["revenue"]),
-                 "units_recent": units_per_minute(totals["units_recent"]),
-                 "units_reserved": totals["units_reserved"], "units_refunded": totals["units_refunded"]}
+        cells = {"name": f"Total ({count_of(totals['products'], 'product')})", "stock": totals["stock"],
+                 "units_sold": totals["units_sold"], "gross": money(totals["gross"]),
+                 "coupons": money(totals["coupons"]), "revenue": money(totals["revenue"]),
+                 "rate": units_per_minute(totals["rate"]), "units_reserved": totals["units_reserved"],
+                 "units_refunded": _refunded(totals["units_refunded"], totals["refunded"])}
         return [str(cells.get(getattr(column, "__name__", column), "")) for column in cl.list_display]
 
 
@@ -698,9 +803,22 @@ class DropLogAdmin(ReadOnlyAdmin):
 
 @admin.register(StockLedger)
 class StockLedgerAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "product", "quantity", "reason", "note", "order", "fence", "actor")
+    """Every stock movement, opening stock first: a product's rows sum to its stock."""
+
+    list_display = ("created_at", "product", "quantity", "reason", "note", "order", "fence", "by")
     list_filter = ("reason",)
-    search_fields = ("product__sku", "actor", "note")
+    list_select_related = ("product", "order__user")
+    search_fields = ("product__sku", "actor", "note", "order__user__username")
+
+    @admin.display(description="By", ordering="actor")
+    def by(self, obj: StockLedger) -> str:
+        """Who moved it: a buyer by username, linked to the user (the row's actor is "user:<id>");
+        an operator as written ("admin:<user>", "cli:<user>@<host>")."""
+        user = obj.order.user if obj.order is not None else None
+        if user is None or obj.actor != f"user:{user.pk}":
+            return obj.actor
+        return format_html('<a href="{}">{}</a>', reverse("admin:auth_user_change", args=[user.pk]),
+                           user.get_username())
 
 
 @admin.register(Refund)
@@ -742,4 +860,4 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def revoke_tokens(self, request, queryset):
         for token in queryset:
             revoke(token=token)
-        self.message_user(request, f"Revoked {queryset.count()} token(s).")
+        self.message_user(request, f"Revoked {count_of(queryset.count(), 'token')}.")

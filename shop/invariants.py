@@ -23,7 +23,8 @@ def check_invariants(
     check_locks: bool = True,
 ) -> list[str]:
     """I1-I6 for these products/coupons. `initial_stock`: stock before the run; what operators
-    moved since (restocks and adjustments, signed) is read from the ledger. `seen_order_ids`: the
+    moved since (restocks and adjustments, signed) is read from the ledger. A product with an
+    opening row (shop.services.inventory.open_stock) must also have rows that sum to its stock. `seen_order_ids`: the
     orders the clients were told succeeded (I5).
     """
     product_ids = list(product_ids)
@@ -33,8 +34,13 @@ def check_invariants(
         OrderLine.objects.filter(product_id__in=product_ids, order__status__in=RESERVING_STATUSES)
         .values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n")
     )
+    # Movements only: the opening row is the stock a product started with, not a movement.
     ledger = dict(
-        StockLedger.objects.filter(product_id__in=product_ids)
+        StockLedger.objects.filter(product_id__in=product_ids).exclude(reason=StockLedger.Reason.OPENING)
+        .values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n")
+    )
+    opening = dict(
+        StockLedger.objects.filter(product_id__in=product_ids, reason=StockLedger.Reason.OPENING)
         .values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n")
     )
     refills = dict(
@@ -58,6 +64,9 @@ def check_invariants(
             )
         if moved != units:
             violations.append(f"I2: product {pid}: the ledger records {moved} units out, orders hold {units}")
+        if pid in opening and opening[pid] + (ledger.get(pid) or 0) != current:
+            violations.append(f"I2: product {pid}: its ledger rows sum to {opening[pid] + (ledger.get(pid) or 0)}, "
+                              f"its stock is {current}")
         if units > start + (refills.get(pid) or 0):
             violations.append(f"I1: product {pid}: sold {units} units of {start + (refills.get(pid) or 0)}")
 

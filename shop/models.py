@@ -403,14 +403,18 @@ class CouponClaim(models.Model):
 
 
 class StockLedger(models.Model):
-    """Append-only record of every stock movement; its sum per product explains the stock.
+    """Append-only record of every stock movement; its sum per product is the product's stock.
 
+    A product's first row is its opening stock (reason opening; none when it started at 0).
     Orders move stock with the reasons order / cancel / expire / refund (each row names its
     order); an operator moves it with `shop.services.inventory.adjust_stock`, for one of
     OPERATOR_REASONS (no order), with a note and the operator as actor.
     """
 
     class Reason(models.TextChoices):
+        # The stock a product started with (or, for products from before it, the stock its rows did
+        # not explain): with it, a product's rows sum to its stock.
+        OPENING = "opening", "Opening stock"
         ORDER = "order", "Order"
         CANCEL = "cancel", "Cancel"
         EXPIRE = "expire", "Expired unpaid"

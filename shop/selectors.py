@@ -7,11 +7,15 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db.models import (
+    BigIntegerField,
     Case,
     Count,
+    DateTimeField,
     DecimalField,
     ExpressionWrapper,
     F,
+    Func,
+    Max,
     OuterRef,
     Prefetch,
     QuerySet,
@@ -20,7 +24,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Cast, Coalesce, Mod
+from django.db.models.functions import Cast, Coalesce, Greatest, Least, Mod
 from django.utils import timezone
 from django_redis import get_redis_connection
 
@@ -113,9 +117,12 @@ SOLD_STATUSES = (Order.Status.PAID, Order.Status.PLACED)
 STOCK_LEVELS = {"sold_out": "Sold out", "low": "Low stock", "in_stock": "In stock"}
 # The units-per-minute rate counts the orders placed within this window (the Sales view's "last 5 min").
 RATE_WINDOW = timedelta(minutes=5)
-SALES_FIGURES = ("units_sold", "revenue", "units_recent", "units_reserved", "units_refunded")
+SALES_FIGURES = ("units_sold", "units_paid_late", "gross", "coupons", "revenue", "units_recent", "rate",
+                 "units_reserved", "units_refunded", "refunded")
+MONEY_FIGURES = ("gross", "coupons", "revenue", "refunded")
 _MONEY = DecimalField(max_digits=14, decimal_places=2)
 _CENTS = DecimalField(max_digits=40, decimal_places=0)
+_RATE = DecimalField(max_digits=20, decimal_places=4)
 
 
 def _lines_total(expression, statuses: tuple[str, ...], output_field=None, **line_filter):
@@ -130,10 +137,11 @@ def _cents(expression) -> ExpressionWrapper:
     return ExpressionWrapper(expression * 100, output_field=_CENTS)
 
 
-def _net_revenue():
-    """Per product: what buyers paid for its lines in sold orders, the order's discount spread over
-    its lines as `shop.rules.line_shares` does (in proportion to their list amounts, whole cents,
-    rounding the running total in product-id order, so an order's lines add up to its total).
+def _net_revenue(statuses: tuple[str, ...] = SOLD_STATUSES):
+    """Per product: what buyers paid for its lines in orders of `statuses` (sold ones by default),
+    the order's discount spread over its lines as `shop.rules.line_shares` does (in proportion to
+    their list amounts, whole cents, rounding the running total in product-id order, so an order's
+    lines add up to its total).
 
     In SQL, per line: share = R(A + a) - R(A), where a is the line's list amount, A the amounts of
     the order's lines of lower product ids (a correlated sum; not needed when the line is the whole
@@ -158,7 +166,7 @@ def _net_revenue():
         default=ExpressionWrapper(rounded(before + amount) - rounded(before), output_field=_CENTS),
         output_field=_CENTS,
     )
-    lines = (OrderLine.objects.filter(product=OuterRef("pk"), order__status__in=SOLD_STATUSES)
+    lines = (OrderLine.objects.filter(product=OuterRef("pk"), order__status__in=statuses)
              .order_by().values("product").annotate(n=Sum(share, output_field=_CENTS)).values("n"))
     cents = Coalesce(Subquery(lines, output_field=_CENTS), Value(0), output_field=_CENTS)
     return Cast(ExpressionWrapper(cents / 100, output_field=_MONEY), output_field=_MONEY)
@@ -169,6 +177,15 @@ def reserved_units(*, product_id: int) -> int:
     units at checkout), back in it if they are not paid (`units_reserved` of `product_sales`)."""
     return (OrderLine.objects.filter(product_id=product_id, order__status=Order.Status.PENDING_PAYMENT)
             .aggregate(n=Sum("quantity"))["n"] or 0)
+
+
+def reservations(*, product_ids: Iterable[int]) -> dict[int, dict]:
+    """Per product: the orders awaiting payment that hold its units (`orders`, `units`) and the
+    latest pay-by among them (`last_pay_by`): what "End sale now" leaves in place. One query."""
+    rows = (OrderLine.objects.filter(product_id__in=list(product_ids), order__status=Order.Status.PENDING_PAYMENT)
+            .order_by().values("product_id")
+            .annotate(orders=Count("order_id", distinct=True), units=Sum("quantity"), last_pay_by=Max("order__pay_by")))
+    return {row.pop("product_id"): row for row in rows}
 
 
 def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:
@@ -183,44 +200,75 @@ def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySe
     return products
 
 
+class _Micros(Func):
+    """Microseconds from one time to another (MySQL and MariaDB)."""
+
+    template = "TIMESTAMPDIFF(MICROSECOND, %(expressions)s)"
+    arg_joiner = ", "
+    output_field = BigIntegerField()
+
+
 def product_sales(*, stock: str | None = None, products: QuerySet[Product] | None = None,
                   now: datetime | None = None) -> QuerySet[Product]:
     """Products annotated with what an operator watches during a sale:
 
     - `units_sold` and `revenue`: units in sold orders (paid, and legacy placed) and what their
       buyers paid for them: net of the order's coupon, spread over its lines (`_net_revenue`);
-    - `units_recent`: units of the orders placed in the last RATE_WINDOW (5 minutes) that still
-      hold their stock (awaiting payment or sold): the rate is `units_recent / 5` per minute;
-    - `units_reserved` (awaiting payment: they return if unpaid) and `units_refunded`;
+      `gross`: their list amounts, `coupons`: gross - revenue (what coupons took off);
+      `units_paid_late`: those of them paid at or after the sale's end (orders placed before the
+      end keep their units and may be paid until their pay-by time: docs/operations.md);
+    - `units_recent` and `rate`: units of the orders placed in the product's rate window that still
+      hold their stock (awaiting payment or sold), and those units per minute. The window is the
+      last RATE_WINDOW (5 minutes) of the sale's own active time: it starts no earlier than the
+      drop opened and ends when it closed (or now), and is at least a second long, so a drop that
+      sold 10 units in its first second reads 600 a minute, not 2;
+    - `units_reserved` (awaiting payment: they return if unpaid), `units_refunded` and `refunded`
+      (what was paid back for them, spread as revenue is);
     - `stock`, the model's own: what is left to sell.
 
     `stock`: a key of STOCK_LEVELS, or None for all. Totals: `sales_totals`.
     """
-    since = (now or timezone.now()) - RATE_WINDOW
+    now = now or timezone.now()
+    at_now = Value(now, output_field=DateTimeField())
     products = Product.objects.all() if products is None else products
-    products = products.annotate(
+    products = products.alias(  # not selected: MariaDB returns LEAST() of a parameter and a column as text
+        rate_until=Least(at_now, Coalesce(F("closes_at"), at_now), output_field=DateTimeField()),
+    ).alias(
+        rate_since=Greatest(ExpressionWrapper(F("rate_until") - Value(RATE_WINDOW), output_field=DateTimeField()),
+                            Coalesce(F("opens_at"), F("rate_until") - Value(RATE_WINDOW)),
+                            output_field=DateTimeField()),
+    ).annotate(
         units_sold=_lines_total("quantity", SOLD_STATUSES),
+        units_paid_late=_lines_total("quantity", SOLD_STATUSES, order__paid_at__gte=OuterRef("closes_at")),
+        gross=_lines_total(F("quantity") * F("unit_price"), SOLD_STATUSES, output_field=_MONEY),
         revenue=_net_revenue(),
-        units_recent=_lines_total("quantity", RESERVING_STATUSES, order__created_at__gte=since),
+        units_recent=_lines_total("quantity", RESERVING_STATUSES, order__created_at__gte=OuterRef("rate_since"),
+                                  order__created_at__lte=OuterRef("rate_until")),
         units_reserved=_lines_total("quantity", (Order.Status.PENDING_PAYMENT,)),
         units_refunded=_lines_total("quantity", (Order.Status.REFUNDED,)),
+        refunded=_net_revenue((Order.Status.REFUNDED,)),
+    ).annotate(
+        coupons=ExpressionWrapper(F("gross") - F("revenue"), output_field=_MONEY),
+        rate=ExpressionWrapper(F("units_recent") * Value(60_000_000) / Greatest(
+            _Micros(F("rate_since"), F("rate_until")), Value(1_000_000)), output_field=_RATE),
     )
     return by_stock_level(products, level=stock).order_by("id")
 
 
-def units_per_minute(units_recent: int) -> Decimal:
-    """The rate of a product (or of the totals) from its `units_recent`, one decimal."""
-    return (Decimal(units_recent) * 60 / Decimal(RATE_WINDOW.total_seconds())).quantize(Decimal("0.1"))
+def units_per_minute(rate: Decimal | int) -> Decimal:
+    """A `rate` of `product_sales` (or of the totals) to one decimal."""
+    return Decimal(rate).quantize(Decimal("0.1"))
 
 
 def sales_totals(*, products: QuerySet[Product]) -> dict[str, int | Decimal]:
     """The totals row of `product_sales(...)` (every product it lists, on every page): the sums of
-    its figures and of the stock, and the count of products. One query."""
+    its figures and of the stock, and the count of products; the rate is the sum of the products'
+    rates. One query."""
     sums = products.order_by().aggregate(total_products=Count("pk"), total_stock=Sum("stock"),
                                          **{f"total_{f}": Sum(f) for f in SALES_FIGURES})
     totals = {k.removeprefix("total_"): v for k, v in sums.items()}
     money = Decimal("0.00")
-    return {k: (v if v is not None else (money if k == "revenue" else 0)) for k, v in totals.items()}
+    return {k: (v if v is not None else (money if k in MONEY_FIGURES else 0)) for k, v in totals.items()}
 
 
 def orders_in_chunks(*, orders: QuerySet[Order], chunk_size: int = 1000) -> Iterator[Order]:

@@ -1,5 +1,6 @@
 """Stock moved by hand: an operator's adjustment up or down with a reason (`adjust_stock`;
-`restock` is one, up); the stock half of cancel_order; hiding a product.
+`restock` is one, up); a new product's opening stock; the stock half of cancel_order; hiding a
+product.
 
 Every movement takes the product lock and writes one fenced, guarded UPDATE plus a ledger row in
 one transaction. A refill (stock up) removes the sold-out marker and raises the product's refill
@@ -26,6 +27,15 @@ from shop.plumbing.locking import StaleFence, check_before_commit, held, refuse_
 from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
 from shop.selectors import reserved_units
 from shop.validation import validate_quantity
+
+
+def open_stock(*, product: Product, actor: str) -> None:
+    """Write a new product's opening stock to the ledger (none for 0), so that its rows sum to its
+    stock from the start. In the transaction that creates the product (the admin's save, seed_demo):
+    no order can reach a product before it exists, so no lock is needed."""
+    if product.stock:
+        StockLedger.objects.create(product=product, quantity=product.stock, reason=StockLedger.Reason.OPENING,
+                                   actor=str(actor))
 
 
 def return_stock(*, product_id: int, quantity: int, hold, reason: str, order=None, actor: str = "") -> None:

@@ -70,6 +70,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# One date style in the admin ("28 Nov 2026 20:15"), not Django's en-us "Nov. 28, 2026, 8:15 p.m.".
+FORMAT_MODULE_PATH = ["shop.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"

@@ -6,7 +6,9 @@ the job's transaction, so a result that should not exist would show there as a s
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import signal
 import time
 import uuid
@@ -277,6 +279,59 @@ def test_registration_rules(make_job):
     with pytest.raises(ValueError):
         jobs.register("t.zero", record, every=0)
     assert registry.get("locks.prune").every == 3600
+
+
+# --- idle runs: counted, not kept (issue 37) ------------------------------------------------
+def test_idle_runs_are_counted_and_their_rows_not_kept_while_busy_and_failed_runs_are(make_job):
+    """A 5-second job wrote ~17,000 rows a day, nearly all "sent 0", kept 30 days. Now an idle
+    run's row is deleted and counted once no runner can look at its tick again (catch_up ticks
+    and CLOCK_SKEW back); runs that did something or failed keep theirs."""
+    from locks.models import JobIdleRuns
+
+    outcome = {}
+
+    def sometimes(ctx: JobContext):
+        if outcome.get(ctx.tick) == "boom":
+            raise ValueError("boom")
+        return outcome.get(ctx.tick) or jobs.Idle("sent 0")
+
+    job = make_job(sometimes, every=5, lease=5.0)
+    runner = Runner([job])
+    window = job.catch_up + math.ceil(jobs.CLOCK_SKEW / job.every)  # ticks a runner may still look at
+    outcome.update({3: "sent 2", 4: "boom"})
+    ticks = range(1, 2 * window + 11)
+    for tick in ticks:
+        result = runner.run_tick(job, tick)
+        assert result.outcome in ("ok", "error") and result.idle == (tick not in (3, 4)), result
+    last = ticks[-1]
+    kept = dict(JobRun.objects.filter(job=job.name).values_list("tick", "outcome"))
+    assert kept[3] == "ok" and kept[4] == "error"  # what did something or failed stays
+    idle_kept = sorted(t for t in kept if t not in (3, 4))
+    assert idle_kept == list(range(last - window, last + 1)), (idle_kept[:3], idle_kept[-3:])
+    counted = JobIdleRuns.objects.get(job=job.name)
+    assert counted.runs == len(ticks) - 2 - len(idle_kept)
+    assert counted.last_at == JobRun.objects.filter(job=job.name, tick=idle_kept[0]).get().due_at - timedelta(
+        seconds=job.every)
+    # Each tick ran once, idle or not: a folded tick is never run again by a runner.
+    assert Runner([job]).run_due(now=job.tick_start(last)) == []
+
+
+def test_the_job_runs_page_shows_each_jobs_idle_runs(make_job):
+    from locks.models import JobIdleRuns
+
+    job = make_job(lambda ctx: jobs.Idle("nothing"), every=5, lease=5.0)
+    runner = Runner([job])
+    for tick in (1, 2):
+        runner.run_tick(job, tick)
+    JobIdleRuns.objects.filter(job=job.name).update(runs=17_000)
+    admin = get_user_model().objects.create_superuser("jobs-admin", "j@example.com", "pw")
+    client = Client()
+    client.force_login(admin)
+    page = client.get("/admin/locks/jobrun/").content.decode()
+    summary = page[page.index('id="job-idle-runs"'):]
+    summary = summary[:summary.index("</table>")]
+    row = re.search(rf"<td>{re.escape(job.name)}</td>\s*<td[^>]*>([\d,]+)</td>", summary)
+    assert row and row.group(1).replace(",", "") == str(17_000 + 2), summary
 
 
 # --- the locks app's own job ---------------------------------------------------------------

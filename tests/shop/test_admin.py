@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from django.utils import timezone
 
 from locks import Lock
 from shop.models import Coupon, Order, Product, StockLedger
@@ -218,8 +221,9 @@ def test_a_view_only_staff_user_cannot_revoke_tokens(user, other_user):
     editor = Client()
     editor.force_login(_staff_with("view_apitoken", "change_apitoken"))
     assert "revoke_tokens" in editor.get("/admin/shop/apitoken/").content.decode()
-    editor.post("/admin/shop/apitoken/", {"action": "revoke_tokens", "_selected_action": ids})
+    done = editor.post("/admin/shop/apitoken/", {"action": "revoke_tokens", "_selected_action": ids}, follow=True)
     assert ApiToken.objects.filter(revoked_at__isnull=False).count() == 2
+    assert "Revoked 2 tokens." in done.content.decode()  # not "token(s)"
 
 
 def test_every_shop_and_locks_admin_action_declares_its_permission_and_view_only_staff_get_none(rf):
@@ -536,11 +540,41 @@ def test_the_sales_page_has_a_totals_row_over_every_selected_product_and_refresh
     assert 'data-action="pause"' in page and 'data-action="refresh"' in page and "shop/admin-sales.js" in page
     footer = page[page.index('<tfoot id="sales-totals">'):page.index("</tfoot>")]
     cells = re.findall(r"<td[^>]*>(.*?)</td>", footer)
-    # name, sku, price, stock, sold, net revenue, units/min, reserved, refunded: every product the filters
-    # select, on every page. 7 units in orders of the last 5 minutes that hold their stock: 1.4 a minute.
-    assert cells == ["Total (3 products)", "", "", "20", "6", "$2,522.00", "1.4", "1", "1"], cells
+    # name, sku, drop, stock, sold, gross, coupons, net revenue, units/min, reserved, refunded (units, and
+    # the money paid back): every product the filters select, on every page. 7 units in orders of the last
+    # 5 minutes that hold their stock: 1.4 a minute.
+    assert cells == ["Total (3 products)", "", "", "20", "6", "$2,524.00", "$2.00", "$2,522.00", "1.4", "1",
+                     '1<br><span class="paid-back">$1,250.00</span>'], cells
     low = admin_client.get("/admin/shop/productsales/?stock=low").content.decode()
     assert "Total (1 product)" in low and "$13.75" in low
+
+
+def test_the_sales_page_shows_each_drop_and_the_money_of_its_sale(admin_client, make_product, make_coupon, user,
+                                                                 other_user):
+    """Issue 37: the drop's state and window, refunded money (not only units), and gross = net +
+    coupons, each against the orders of the fixture."""
+    from shop.services import end_drop, schedule_drop
+
+    a, b, c = _sales_fixture(make_product, make_coupon, user, other_user)
+    end_drop(products=[a], actor="t")
+    schedule_drop(products=[c], opens_at=timezone.now() + timedelta(days=1), closes_at=None, actor="t")
+    page = admin_client.get("/admin/shop/productsales/").content.decode()
+    for title in ("Drop", "Gross", "Coupons", "Net revenue", "Refunded"):
+        assert f">{title}</a>" in page, title
+
+    def row(product) -> dict[str, str]:
+        tr = re.search(rf"<tr>(?:(?!</tr>).)*?{product.sku}.*?</tr>", page, re.S).group(0)
+        cells = re.findall(r'class="field-(\w+)[^"]*">(.*?)</t[dh]>', tr, re.S)
+        return {field: re.sub(r"<[^>]+>", "", html).strip() for field, html in cells}
+
+    ra, rb, rc = row(a), row(b), row(c)
+    assert ra["drop"].startswith("ended ") and rc["drop"].startswith("opens ") and rb["drop"] == "-"
+    # A: 2 sold at $1,250, no coupon; 1 refunded ($1,250 paid back). B: 3 x $5 = $15 less $1.25 of the coupon.
+    assert (ra["gross"], ra["coupons"], ra["revenue"], ra["units_refunded"]) == (
+        "$2,500.00", "$0.00", "$2,500.00", "1$1,250.00")
+    assert (rb["gross"], rb["coupons"], rb["revenue"], rb["units_refunded"]) == ("$15.00", "$1.25", "$13.75", "0")
+    ended = admin_client.get("/admin/shop/productsales/?drop=ended").content.decode()
+    assert a.sku in ended and b.sku not in ended and c.sku not in ended
 
 
 def test_the_sales_page_needs_its_own_view_permission(make_product, user):
@@ -601,3 +635,77 @@ def test_the_export_reads_orders_in_bounded_chunks(make_product, user, django_as
         seen = [(o.pk, [line.quantity for line in o.lines.all()]) for o in
                 orders_in_chunks(orders=Order.objects.all(), chunk_size=2)]
     assert seen == [(pk, [1]) for pk in sorted(placed, reverse=True)]
+
+
+def test_a_drops_orders_can_be_found_by_product_and_exported_line_by_line_for_the_books(
+        admin_client, make_product, make_coupon, user, other_user):
+    """Issue 37: no product filter, a SKU searched found nothing, and the CSV had only an `items`
+    text column. Now the list filters by product and finds a SKU; "Export lines CSV" gives one row
+    per line (only the filtered product's), with what each paid: they add up to the Sales view."""
+    import csv
+    import io
+
+    from shop.selectors import product_sales
+
+    a, b, _c = _sales_fixture(make_product, make_coupon, user, other_user)
+    with_b = set(Order.objects.filter(lines__product=b).values_list("pk", flat=True))
+    page = admin_client.get("/admin/shop/order/").content.decode()
+    assert f"?product={b.pk}" in page  # the filter offers the products that have orders
+
+    def listed(query: str) -> set[int]:
+        text = admin_client.get(f"/admin/shop/order/?{query}").content.decode()
+        return {int(pk) for pk in re.findall(r'<th class="field-id"><a href="/admin/shop/order/(\d+)/', text)}
+
+    assert listed(f"product={b.pk}") == with_b and len(with_b) == 2
+    assert listed(f"q={b.sku}") == with_b
+    assert listed(f"product={a.pk}&status__exact=paid") == set(
+        Order.objects.filter(lines__product=a, status="paid").values_list("pk", flat=True))
+    assert f'href="/admin/shop/order/export-lines.csv?product={b.pk}"' in admin_client.get(
+        f"/admin/shop/order/?product={b.pk}").content.decode()
+
+    response = admin_client.get("/admin/shop/order/export-lines.csv", {"product": b.pk})
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    assert 'filename="order-lines-' in response["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert {r["sku"] for r in rows} == {b.sku} and {int(r["order"]) for r in rows} == with_b  # not C's line
+    paid = [r for r in rows if r["status"] == "paid"]
+    sales = product_sales(products=Product.objects.filter(pk=b.pk)).get()
+    assert sum(int(r["quantity"]) for r in paid) == sales.units_sold
+    assert sum(Decimal(r["amount"]) for r in paid) == sales.gross
+    assert sum(Decimal(r["paid"]) for r in paid) == sales.revenue == Decimal("13.75")
+    assert [r["paid"] for r in rows if r["status"] == "cancelled"] == [""]  # never paid
+    everything = admin_client.get("/admin/shop/order/export-lines.csv")
+    assert len(list(csv.reader(io.StringIO(b"".join(everything.streaming_content).decode())))) == 1 + 6
+
+
+def test_the_ledger_names_buyers_by_username_with_a_link(admin_client, make_product, user):
+    """Issue 37: buyers appeared as `user:6`."""
+    p = make_product(stock=5)
+    order = order_of(place_order(user=user, lines=[(p.pk, 2)]))
+    row = StockLedger.objects.get(order=order)
+    assert row.actor == f"user:{user.pk}"
+    page = admin_client.get("/admin/shop/stockledger/").content.decode()
+    assert f'<a href="/admin/auth/user/{user.pk}/change/">{user.username}</a>' in page
+    assert f"user:{user.pk}" not in page
+    found = admin_client.get(f"/admin/shop/stockledger/?q={user.username}").content.decode()
+    assert f"/admin/auth/user/{user.pk}/change/" in found
+
+
+def test_admin_dates_have_one_style_and_the_window_fields_say_their_time_zone(admin_client, make_product, user):
+    """Issue 37: "Nov. 28, 2026, 8:15 p.m." on some pages, "28 Nov 20:13" on others; the Add
+    product form's "Opens at" did not say in which time zone it is read."""
+    from shop.services import end_drop, pay_order
+
+    p = make_product(stock=5)
+    order = pay_order(order=order_of(place_order(user=user, lines=[(p.pk, 1)])), actor="t")
+    end_drop(products=[p], actor="t")
+    us_style = re.compile(r"\b(Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\. \d|\d (a|p)\.m\.|\bnoon\b|\bmidnight\b")
+    ours = re.compile(r"\b\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d\d:\d\d\b")
+    for url in ("/admin/shop/droplog/", "/admin/shop/stockledger/", f"/admin/shop/order/{order.pk}/change/",
+                f"/admin/shop/product/{p.pk}/change/", "/admin/shop/coupon/"):
+        page = admin_client.get(url).content.decode()
+        assert not us_style.search(page), (url, us_style.search(page).group(0))
+        if "coupon" not in url:
+            assert ours.search(page), url
+    form = admin_client.get("/admin/shop/product/add/").content.decode()
+    assert "Opens at (UTC)" in form and "Closes at (UTC)" in form

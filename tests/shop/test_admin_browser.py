@@ -216,3 +216,65 @@ def test_removing_stock_marks_yes_as_the_dangerous_action(live_server, make_prod
         assert buttons["yes"] == "Yes, adjust the stock"
         assert buttons["yesBg"] == buttons["danger"] != buttons["noBg"], (width, buttons)
         assert buttons["onScreen"], (width, buttons)
+
+
+# How many lines the text of each Sales cell of a column takes (its line boxes).
+CELL_LINES = """(field) => [...document.querySelectorAll(`#result_list tbody td.field-${field}`)].map(td => {
+  const range = document.createRange();
+  range.selectNodeContents(td);
+  const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+  return {text: td.innerText, lines: tops.size};
+})"""
+
+
+@pytest.mark.parametrize("width", [320, 375, 1280])
+def test_the_sales_views_skus_stay_on_one_line(live_server, make_product, width):
+    """Issue 37: at 1280 px the SKU column wrapped letter by letter; a SKU is one word on one line
+    (on a phone the table scrolls in its own box), with the drop and money columns beside it."""
+    from shop.models import Product
+    from shop.services import end_drop
+
+    products = [Product.objects.create(sku=f"DROP-2026-SNEAKER-RED-{size}", name=f"Sneaker red, size {size}",
+                                       price="189.00", stock=30) for size in (41, 42)]
+    end_drop(products=products[:1], actor="test")
+    with _operator_page(live_server.url, "/admin/shop/productsales/", width=width, height=800) as page:
+        overflow = _overflow(page, f"admin-sales-skus-{width}.png")
+        skus = page.evaluate(CELL_LINES, "sku")
+        drops = page.evaluate(CELL_LINES, "drop")
+    assert overflow["page"] == 0, overflow
+    assert width < 1280 or overflow["results"] == 0, overflow
+    assert sorted(s["text"] for s in skus) == sorted(p.sku for p in products)
+    assert all(s["lines"] == 1 for s in skus), skus
+    assert any(d["text"].startswith("ended") for d in drops), drops
+
+
+def test_end_sale_now_asks_in_red_before_it_ends_anything(live_server, make_product, user):
+    """Issue 37: "End sale now" ended the sale on one click. Now a page says what ends and what
+    happens to orders awaiting payment, "Yes, end the sale" in the admin's danger red and "No, keep
+    it on sale" not, both on the screen at every width; only Yes ends it."""
+    from shop.models import Product
+
+    product = make_product(stock=10)
+    order_of(place_order(user=user, lines=[(product.pk, 2)]))
+    seen = []
+    with _operator_page(live_server.url, "/admin/shop/product/", width=1280, height=800) as page:
+        page.check(f"#result_list input.action-select[value='{product.pk}']")
+        page.select_option("select[name=action]", "end_sale_now")
+        page.click("#changelist-form button[name=index]")
+        page.wait_for_selector("#end-sale-reserved")
+        assert Product.objects.get(pk=product.pk).closes_at is None  # asked, nothing ended
+        reserved = page.inner_text("#end-sale-reserved")
+        for width in (320, 375, 1280):
+            page.set_viewport_size({"width": width, "height": 800})
+            seen.append((width, page.evaluate(CONFIRM_BUTTONS, "No, keep it on sale"), page.evaluate(OVERFLOW)))
+            page.screenshot(path=str(ARTIFACTS / f"admin-confirm-end-sale-{width}.png"), full_page=True)
+        page.click("input[value='Yes, end the sale']")
+        page.wait_for_selector(".messagelist .success")
+        message = page.inner_text(".messagelist")
+    assert "1 order awaiting payment (2 units) was placed" in reserved and "its pay-by" in reserved
+    for width, buttons, overflow in seen:
+        assert buttons["yes"] == "Yes, end the sale"
+        assert buttons["yesBg"] == buttons["danger"] != buttons["noBg"], (width, buttons)
+        assert buttons["onScreen"] and overflow["page"] == 0, (width, buttons, overflow)
+    assert "Sale ended for 1 product:" in message
+    assert Product.objects.get(pk=product.pk).drop_state == "ended"

@@ -261,16 +261,19 @@ def test_the_schedule_action_moves_every_selected_product_and_end_now_ends_them(
     assert not DropLog.objects.exists()
     done = admin_client.post("/admin/shop/product/", {**selected, "action": "schedule_drop_action", "apply": "1",
                                                       **when, "closes_at_1": "11:00:00"}, follow=True)
-    assert "Drop scheduled for 2 product(s)." in done.content.decode()
+    assert "Drop scheduled for 2 products." in done.content.decode()
     assert {p.opens_at.isoformat() for p in Product.objects.filter(pk__in=[a.pk, b.pk])} == {
         "2030-12-01T10:00:00+00:00"}
     assert Product.objects.get(pk=other.pk).opens_at is None
     upcoming = admin_client.get("/admin/shop/product/?drop=upcoming").content.decode()
     assert a.name in upcoming and other.name not in upcoming
 
-    ended = admin_client.post("/admin/shop/product/", {**selected, "action": "end_sale_now", "index": 0},
-                              follow=True)
-    assert "Sale ended for 2 product(s)" in ended.content.decode()
+    asked = admin_client.post("/admin/shop/product/", {**selected, "action": "end_sale_now", "index": 0})
+    assert asked.status_code == 200 and "Yes, end the sale" in asked.content.decode()
+    assert not DropLog.objects.filter(action="end").exists()  # one click only asks
+    ended = admin_client.post("/admin/shop/product/", {**selected, "action": "end_sale_now", "index": 0,
+                                                       "confirm": "1"}, follow=True)
+    assert "Sale ended for 2 products" in ended.content.decode()
     assert all(p.drop_state == "ended" for p in Product.objects.filter(pk__in=[a.pk, b.pk]))
     assert set(DropLog.objects.filter(action="end").values_list("product_id", "actor")) == {
         (a.pk, "admin:root"), (b.pk, "admin:root")}
@@ -285,3 +288,36 @@ def test_staff_who_may_only_view_products_get_no_drop_actions(make_product):
     client.force_login(viewer)
     page = client.get("/admin/shop/product/").content.decode()
     assert "schedule_drop_action" not in page and "end_sale_now" not in page
+
+
+def test_end_sale_now_asks_first_and_says_what_happens_to_orders_awaiting_payment(admin_client, make_product, user,
+                                                                                   other_user):
+    """Issue 37: "End sale now" acted on one click. It now asks, in red like refund and cancel, and
+    says the policy: orders placed while the sale was open keep their units and may be paid until
+    their pay-by time, then count as sold (marked as paid after the end); unpaid, they expire."""
+    from shop.selectors import product_sales
+    from shop.services import pay_order, place_order
+    from tests.helpers import order_of
+
+    drop = make_product(stock=10)
+    waiting = order_of(place_order(user=user, lines=[(drop.pk, 2)]))
+    order_of(place_order(user=other_user, lines=[(drop.pk, 1)]))
+    selected = {"_selected_action": [drop.pk], "action": "end_sale_now", "index": 0}
+    page = admin_client.post("/admin/shop/product/", selected).content.decode()
+    assert "End the sale now?" in page and "delete-confirmation" in page
+    assert "7 left to sell, 3 reserved by 2 orders awaiting payment" in page
+    start = page.index('id="end-sale-reserved"')
+    reserved = " ".join(re.sub(r"<[^>]+>", "", page[start:page.index("</p>", start)]).split())
+    assert "2 orders awaiting payment (3 units) were placed" in reserved
+    assert "may still be paid until their pay-by" in reserved
+    assert "count as sold" in reserved and "expire" in reserved
+    assert Product.objects.get(pk=drop.pk).closes_at is None  # nothing changed yet
+
+    admin_client.post("/admin/shop/product/", {**selected, "confirm": "1"})
+    assert Product.objects.get(pk=drop.pk).drop_state == "ended"
+    paid = pay_order(order=waiting, actor="t")  # after the end, before its pay-by: the policy
+    assert paid.status == Order.Status.PAID
+    row = product_sales(products=Product.objects.filter(pk=drop.pk)).get()
+    assert (row.units_sold, row.units_paid_late, row.units_reserved) == (2, 2, 1)
+    sales = admin_client.get("/admin/shop/productsales/").content.decode()
+    assert "2 paid after the end" in sales

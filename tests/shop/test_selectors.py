@@ -118,8 +118,65 @@ def test_every_figure_and_the_totals_against_the_orders(make_product, make_coupo
     }
     totals = sales_totals(products=product_sales(products=Product.objects.filter(pk__in=[a.pk, b.pk, c.pk])))
     assert totals == {"products": 3, "stock": 25, "units_sold": 7, "revenue": Decimal("36.00"), "units_recent": 9,
-                      "units_reserved": 3, "units_refunded": 4}
+                      "units_reserved": 3, "units_refunded": 4, "gross": Decimal("46.00"),
+                      "coupons": Decimal("10.00"), "refunded": Decimal("40.00"), "rate": Decimal("1.8"),
+                      "units_paid_late": 0}
     paid = sum(o.total for o in Order.objects.filter(status=Order.Status.PAID))
     assert totals["revenue"] == paid == Decimal("36.00")  # what buyers paid, to the cent
-    assert units_per_minute(totals["units_recent"]) == Decimal("1.8")  # 9 units in 5 minutes
+    assert totals["gross"] == sum(o.subtotal for o in Order.objects.filter(status=Order.Status.PAID))
+    assert totals["refunded"] == refunded.total
+    assert units_per_minute(totals["rate"]) == Decimal("1.8")  # 9 units in 5 minutes
     assert units_per_minute(0) == Decimal("0.0")
+
+
+# --- issue 37: the money of a sale, and the rate of a drop ---------------------------------------
+def test_gross_coupons_and_refunded_money_against_the_orders(make_product, make_coupon, user, other_user):
+    """Gross (list amounts of what sold) = net revenue + what coupons took off, per product and in
+    total; refunded money is what was paid back for a product's units, spread as revenue is."""
+    a = make_product(stock=20, price="10.00")
+    b = make_product(stock=10, price="3.00")
+    coupon = make_coupon(total=5, discount="5.00")
+    claim_coupon(user=user, code=coupon.code)
+    pay_order(order=order_of(place_order(user=user, lines=[(a.pk, 2), (b.pk, 3)], coupon_code=coupon.code)),
+              actor="t")  # $29 of lines, paid $24: a $16.55, b $7.45
+    claim_coupon(user=other_user, code=coupon.code)
+    back = pay_order(order=order_of(place_order(user=other_user, lines=[(a.pk, 1), (b.pk, 1)],
+                                                coupon_code=coupon.code)), actor="t")  # $13, paid $8
+    refund_order(order=back, actor="t")  # a round(1000 x 800 / 1300) = 615, b 185
+    rows = {p.pk: p for p in product_sales(products=Product.objects.filter(pk__in=[a.pk, b.pk]))}
+    assert [(r.gross, r.coupons, r.revenue, r.units_refunded, r.refunded) for r in (rows[a.pk], rows[b.pk])] == [
+        (Decimal("20.00"), Decimal("3.45"), Decimal("16.55"), 1, Decimal("6.15")),
+        (Decimal("9.00"), Decimal("1.55"), Decimal("7.45"), 1, Decimal("1.85"))]
+    totals = sales_totals(products=product_sales(products=Product.objects.filter(pk__in=[a.pk, b.pk])))
+    paid = Order.objects.filter(status=Order.Status.PAID)
+    assert totals["gross"] == sum(o.subtotal for o in paid) == Decimal("29.00")
+    assert totals["coupons"] == sum(o.discount for o in paid) == Decimal("5.00")
+    assert totals["refunded"] == back.total == Decimal("8.00")
+
+
+def test_a_drops_rate_is_over_its_own_active_time(make_product, user, other_user):
+    """10 units sold in a drop's first seconds once read "2.0 a minute" (10 over 5 minutes): the
+    rate is over the part of the last 5 minutes the sale was open, so it reads hundreds."""
+    from shop.services import end_drop, schedule_drop
+
+    drop, plain = make_product(stock=50), make_product(stock=50)
+    schedule_drop(products=[drop], opens_at=timezone.now() - timedelta(seconds=1), closes_at=None, actor="t")
+    for buyer in (user, other_user):
+        place_order(user=buyer, lines=[(drop.pk, 5)])
+    place_order(user=user, lines=[(plain.pk, 5)])
+    (drop,) = end_drop(products=[drop], actor="t")
+    active = (drop.closes_at - drop.opens_at).total_seconds()
+    assert active < 30, active  # generous: the machine is shared
+    later = timezone.now() + timedelta(minutes=20)  # read long after the end: still the drop's rate
+    rows = {p.pk: p for p in product_sales(products=Product.objects.filter(pk__in=[drop.pk, plain.pk]), now=later)}
+    assert rows[drop.pk].units_recent == 10
+    assert units_per_minute(rows[drop.pk].rate) >= Decimal(10 * 60 / 30), rows[drop.pk].rate
+    expected = Decimal(10 * 60) / Decimal(max(active, 1.0))
+    assert abs(rows[drop.pk].rate - expected) <= Decimal("0.01") * expected, (rows[drop.pk].rate, expected)
+    # No window: the last 5 minutes, as before (read now: 5 units, 1.0 a minute; 20 minutes later: 0).
+    assert units_per_minute(rows[plain.pk].rate) == Decimal("0.0")
+    now = {p.pk: p for p in product_sales(products=Product.objects.filter(pk__in=[plain.pk]))}
+    assert units_per_minute(now[plain.pk].rate) == Decimal("1.0")
+    totals = sales_totals(products=product_sales(products=Product.objects.filter(pk__in=[drop.pk, plain.pk]),
+                                                 now=later))
+    assert totals["rate"] == rows[drop.pk].rate  # the sum of the products' rates

@@ -128,3 +128,46 @@ def test_dev_sh_run_refuses_a_port_that_is_not_one(port):
     result = dev_sh("run", PORT=port)
     assert result.returncode == 2
     assert "PORT=" in result.stderr and "serving on" not in result.stderr, result.stderr
+
+
+# --- issue 37: two checkouts on one machine shared the database `shop` and Redis db 0, silently ---
+def _checkout(parent: Path) -> Path:
+    """A copy of dev.sh where a clone would have it (a fresh clone: no .env.dev)."""
+    parent.mkdir(parents=True)
+    (parent / "dev.sh").write_bytes((ROOT / "dev.sh").read_bytes())
+    (parent / "dev.sh").chmod(0o755)
+    return parent
+
+
+def _where(checkout: Path, **env: str) -> subprocess.CompletedProcess:
+    shell = {k: v for k, v in fresh_shell(**env).items() if k not in {"DATABASE_URL", "REDIS_URL"} or k in env}
+    return subprocess.run(["./dev.sh", "where"], cwd=checkout, env=shell, capture_output=True, text=True, timeout=60)
+
+
+def test_each_checkout_gets_its_own_database_and_redis_db_and_dev_sh_says_which(tmp_path):
+    one, two = _checkout(tmp_path / "a" / "shop"), _checkout(tmp_path / "b" / "shop")
+    said = {}
+    for checkout in (one, two):
+        first = _where(checkout)
+        assert first.returncode == 0, first.stderr
+        written = (checkout / ".env.dev").read_text()
+        db = re.search(r"^DATABASE_URL=mysql://root@127\.0\.0\.1:3306/(shop_shop_[0-9a-f]{6})$", written, re.M)
+        redis = re.search(r"^REDIS_URL=redis://127\.0\.0\.1:6379/(\d+)$", written, re.M)
+        assert db and redis and 1 <= int(redis.group(1)) <= 15, written
+        assert f"the database {db.group(1)} and Redis redis://127.0.0.1:6379/{redis.group(1)}" in first.stderr
+        again = _where(checkout)  # idempotent: the same file, the same answer
+        assert (checkout / ".env.dev").read_text() == written and again.stderr.splitlines()[-1] == \
+            first.stderr.splitlines()[-1]
+        said[checkout] = (db.group(1), redis.group(1))
+    assert said[one][0] != said[two][0]  # same folder name, two checkouts: two databases
+
+    # A file from before (no DATABASE_URL): kept as it is, and dev.sh says it is the shared default.
+    old = _checkout(tmp_path / "c" / "shop")
+    (old / ".env.dev").write_text("DEBUG=true\nSECRET_KEY=" + "k" * 50 + "\n")
+    shared = _where(old)
+    assert "the database shop and Redis redis://127.0.0.1:6379/0" in shared.stderr
+    assert "shared by every checkout" in shared.stderr and "DATABASE_URL=mysql://" in shared.stderr
+    assert "DATABASE_URL" not in (old / ".env.dev").read_text()
+    # The environment wins, as in the settings.
+    mine = _where(one, DATABASE_URL="mysql://root@127.0.0.1:3306/elsewhere")
+    assert "the database elsewhere and Redis" in mine.stderr

@@ -33,6 +33,7 @@ class Command(BaseCommand):
         parser.add_argument("--limit", type=int, default=10, help="--list: runs shown per job (default 10)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        self.verbosity = opts["verbosity"]
         if opts["ticks"] is not None and opts["ticks"] < 1:
             raise CommandError("--ticks must be at least 1")
         try:
@@ -50,13 +51,19 @@ class Command(BaseCommand):
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.stdout.write(f"running {len(jobs)} job(s): {', '.join(j.name for j in jobs) or 'none'}")
+            self.stdout.write(f"running {len(jobs)} job{'s' if len(jobs) != 1 else ''}: "
+                              f"{', '.join(j.name for j in jobs) or 'none'} (idle ticks are not printed; -v 2 "
+                              f"prints them)")
             runner.run(ticks=opts["ticks"], stop=stop, on_result=self._report)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
     def _report(self, result: TickResult) -> None:
+        """One line per tick that did something or failed; an idle tick ("sent 0", every 5 s) only
+        with -v 2: in a terminal shared with the dev server's mail, it drowned the mail."""
+        if result.idle and self.verbosity < 2:
+            return
         took = " (taken over)" if result.took_over else ""
         detail = f": {result.detail}" if result.detail else ""
         self.stdout.write(f"{result.job} tick {result.tick}: {result.outcome}{took}{detail}")

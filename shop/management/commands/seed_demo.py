@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from shop.models import Coupon, Product
+from shop.services.inventory import open_stock
 
 PRODUCTS = [
     ("FLASH-001", "Limited sneaker drop", "The last 100 pairs. One size fits the queue.", "129.00", 100),
@@ -44,9 +45,11 @@ class Command(BaseCommand):
         created = 0
         with transaction.atomic():
             for sku, name, description, price, stock in PRODUCTS:
-                _, new = Product.objects.get_or_create(
+                product, new = Product.objects.get_or_create(
                     sku=sku, defaults={"name": name, "description": description, "price": Decimal(price),
                                        "stock": stock})
+                if new:
+                    open_stock(product=product, actor="seed_demo")
                 created += new
             now = timezone.now()
             for code, description, discount, total in COUPONS:

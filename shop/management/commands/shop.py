@@ -9,11 +9,12 @@
                                               it): "Cancel…"; stock and coupon return
     manage.py shop refund ORDER               refund a paid order after confirmation (--yes to skip it):
                                               "Refund…"; the payment goes back, stock and coupon return
-    manage.py shop sales                      per product: units sold and net revenue (paid orders: what
-                                              buyers paid), units per minute (last 5 minutes), units
-                                              reserved (awaiting payment), refunded, stock left, and
-                                              their totals: the admin's Sales view (--product P ...,
-                                              --stock low)
+    manage.py shop sales                      per product: its state (open, upcoming, ended, hidden),
+                                              units sold, gross, coupons and net revenue (paid orders:
+                                              what buyers paid), units per minute (the sale's last 5
+                                              active minutes), units reserved (awaiting payment),
+                                              refunded units and money, stock left, and their totals:
+                                              the admin's Sales view (--product P ..., --stock low)
     manage.py shop drop PRODUCT... --opens WHEN [--closes WHEN]
                                               schedule or move a drop: the products are on sale from
                                               WHEN ("2026-12-01 10:00" in the shop's time zone, ISO
@@ -38,6 +39,7 @@ permissions.
 from __future__ import annotations
 
 import json
+import sys
 from decimal import Decimal
 from typing import Any
 
@@ -46,8 +48,16 @@ from django.db.models import Q
 
 from locks.services import cli_actor_name
 from shop import errors, rules
-from shop.models import OPEN, Order, Product, StockLedger
-from shop.selectors import RATE_WINDOW, SALES_FIGURES, STOCK_LEVELS, product_sales, sales_totals, units_per_minute
+from shop.models import Order, Product, StockLedger
+from shop.selectors import (
+    MONEY_FIGURES,
+    RATE_WINDOW,
+    SALES_FIGURES,
+    STOCK_LEVELS,
+    product_sales,
+    sales_totals,
+    units_per_minute,
+)
 from shop.services import adjust_stock, cancel_order, clear_drop, end_drop, refund_order, restock, schedule_drop
 from shop.services.drops import parse_time
 from shop.templatetags.shop_tags import money
@@ -81,6 +91,11 @@ def _window(product: Product) -> str:
     opens = f"opens {rules.shop_time(product.opens_at)}" if product.opens_at else "open"
     closes = f"closes {rules.shop_time(product.closes_at)}" if product.closes_at else "no end"
     return f"{opens}, {closes} ({product.drop_state})"
+
+
+def _state(product: Product) -> str:
+    """Where the product stands: "open", "upcoming" or "ended" (its drop), and "hidden" if not active."""
+    return product.drop_state if product.active else f"hidden, {product.drop_state}"
 
 
 def _order_dict(order: Order) -> dict[str, Any]:
@@ -266,9 +281,13 @@ class Command(BaseCommand):
                           f"{order.get_status_display().lower()}: {money(order.total)} ({lines}).")
         what = ("Its stock and coupon return." if action == "cancel"
                 else "The payment goes back; its stock and coupon return.")
+        if not sys.stdin.isatty():  # a script: a question nobody can answer would only garble its output
+            raise CommandError(f"not {'cancelled' if action == 'cancel' else 'refunded'}: no terminal to ask on "
+                               f"(add --yes to {action} without asking)")
         try:
             answer = input(f"{action.capitalize()} it? {what} [y/N] ")
-        except EOFError:  # no terminal to ask on
+        except EOFError:  # the terminal closed: end the prompt's line before the error
+            self.stdout.write("")
             answer = ""
         if answer.strip().lower() not in {"y", "yes"}:
             raise CommandError(f"not {'cancelled' if action == 'cancel' else 'refunded'}")
@@ -289,12 +308,13 @@ class Command(BaseCommand):
         minutes = int(RATE_WINDOW.total_seconds() // 60)
         if opts["json"]:
             def figures(source: dict[str, Any]) -> dict[str, Any]:
-                return {**{f: _amount(source[f]) if f == "revenue" else source[f] for f in SALES_FIGURES},
-                        "units_per_minute": str(units_per_minute(source["units_recent"]))}
+                return {**{f: _amount(source[f]) if f in MONEY_FIGURES else source[f]
+                           for f in SALES_FIGURES if f != "rate"},
+                        "units_per_minute": str(units_per_minute(source["rate"]))}
 
             self.stdout.write(json.dumps({
                 "stock": opts["stock"], "rate_window_minutes": minutes,
-                "products": [{**_product_dict(p), "price": _amount(p.price),
+                "products": [{**_drop_dict(p), "state": _state(p), "price": _amount(p.price),
                               **figures({f: getattr(p, f) for f in SALES_FIGURES})} for p in rows],
                 "totals": {"products": totals["products"], "stock": totals["stock"], **figures(totals)},
             }, indent=2))
@@ -304,17 +324,21 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write("  none")
             return
-        self.stdout.write(f"{'id':>6} {'sku':<16} {'name':<28} {'price':>12} {'stock':>8} {'sold':>8} "
-                          f"{'net revenue':>14} {'units/min':>9} {'reserved':>8} {'refunded':>8}")
+        # The state has a column of its own: appended to the name, it was cut off with long names.
+        self.stdout.write(f"{'id':>6} {'sku':<16} {'name':<28} {'state':<16} {'price':>12} {'stock':>8} {'sold':>8} "
+                          f"{'late':>6} {'gross':>14} {'coupons':>12} {'net revenue':>14} {'units/min':>9} "
+                          f"{'reserved':>8} {'refunded':>8} {'paid back':>12}")
         for p in rows:
-            name = p.name if p.active else f"{p.name} (hidden)"
-            name = name if p.drop_state == OPEN else f"{name} ({p.drop_state})"
-            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {name[:28]:<28} {money(p.price):>12} {p.stock:>8} "
-                              f"{p.units_sold:>8} {money(p.revenue):>14} {units_per_minute(p.units_recent):>9} "
-                              f"{p.units_reserved:>8} {p.units_refunded:>8}")
-        self.stdout.write(f"{'total':>6} {'':<16} {'':<28} {'':>12} {totals['stock']:>8} "
-                          f"{totals['units_sold']:>8} {money(totals['revenue']):>14} "
-                          f"{units_per_minute(totals['units_recent']):>9} "
-                          f"{totals['units_reserved']:>8} {totals['units_refunded']:>8}")
-        self.stdout.write(f"Net revenue: what buyers paid (coupons spread over an order's lines, to the cent). "
-                          f"Units/min: orders placed in the last {minutes} minutes that still hold their stock.")
+            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {p.name[:28]:<28} {_state(p):<16} {money(p.price):>12} "
+                              f"{p.stock:>8} {p.units_sold:>8} {p.units_paid_late:>6} {money(p.gross):>14} "
+                              f"{money(p.coupons):>12} {money(p.revenue):>14} {units_per_minute(p.rate):>9} "
+                              f"{p.units_reserved:>8} {p.units_refunded:>8} {money(p.refunded):>12}")
+        self.stdout.write(f"{'total':>6} {'':<16} {'':<28} {'':<16} {'':>12} {totals['stock']:>8} "
+                          f"{totals['units_sold']:>8} {totals['units_paid_late']:>6} {money(totals['gross']):>14} "
+                          f"{money(totals['coupons']):>12} {money(totals['revenue']):>14} "
+                          f"{units_per_minute(totals['rate']):>9} {totals['units_reserved']:>8} "
+                          f"{totals['units_refunded']:>8} {money(totals['refunded']):>12}")
+        self.stdout.write(f"Net revenue: what buyers paid (coupons spread over an order's lines, to the cent); gross: "
+                          f"list amounts; coupons: gross less net; paid back: refunded; late: sold units paid after "
+                          f"the sale's end (ordered before it). Units/min: orders that still hold their stock, over "
+                          f"the last {minutes} minutes of the sale's own active time.")

@@ -67,11 +67,30 @@ def test_list_shows_errors_takeovers_and_unregistered_jobs(job_name):
     assert "locks.prune (every 3600s, lease 300s)" in listing
 
 
+def test_an_idle_tick_prints_nothing_unless_asked_with_v2(job_name):
+    """Issue 37: 2-4 "ok: sent 0" lines every 5 s drowned the dev server's mail in the terminal they
+    share. A tick that found nothing to do (the job returned `jobs.Idle`) is quiet; -v 2 shows it;
+    one that did something or failed is always printed."""
+    other = f"{job_name}-busy"
+    jobs.register(job_name, lambda ctx: jobs.Idle("sent 0, failed 0"), every=3600, lease=30)
+    jobs.register(other, lambda ctx: "sent 2, failed 0", every=3600, lease=30)
+    try:
+        out = run("--once", "--job", job_name, "--job", other)
+        assert "sent 0" not in out and f"{other} tick" in out and "ok: sent 2, failed 0" in out, out
+        JobRun.objects.filter(job__in=[job_name, other]).delete()
+        loud = io.StringIO()
+        call_command("run_jobs", "--once", "--job", job_name, verbosity=2, stdout=loud)
+        assert f"{job_name} tick" in loud.getvalue() and "ok: sent 0, failed 0" in loud.getvalue()
+        assert JobRun.objects.get(job=job_name).idle is True
+    finally:
+        registry.unregister(other)
+
+
 def test_ticks_runs_consecutive_ticks_then_stops(job_name):
     ran: list[int] = []
     jobs.register(job_name, lambda ctx: ran.append(ctx.tick), every=0.1, lease=1.0)
     out = run("--ticks", "3", "--job", job_name)
-    assert out.startswith(f"running 1 job(s): {job_name}")
+    assert out.startswith(f"running 1 job: {job_name}")
     assert len(ran) >= 3 and ran == list(range(ran[0], ran[0] + len(ran)))
     assert list(JobRun.objects.filter(job=job_name).order_by("tick").values_list("tick", flat=True)) == ran
 

@@ -11,10 +11,12 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from locks.services import cli_actor_name
 from shop.models import Order, Product, Refund, StockLedger
@@ -29,10 +31,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ME = f"cli:{cli_actor_name()}"
 
 
+class _Terminal(io.StringIO):
+    """A stdin that is a terminal, with the operator's answer typed in."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def shop(*args: str, answer: str | None = None, monkeypatch=None) -> str:
     out = io.StringIO()
     if answer is not None:
-        monkeypatch.setattr("builtins.input", lambda prompt="": answer)
+        monkeypatch.setattr("sys.stdin", _Terminal(answer + "\n"))
     call_command("shop", *args, stdout=out)
     return out.getvalue()
 
@@ -195,7 +204,8 @@ def test_sales_shows_the_figures_of_the_admins_sales_view(make_product, make_cou
              rows[p.pk]["units_reserved"], rows[p.pk]["units_refunded"], rows[p.pk]["stock"]) for p in (a, b, c)] == [
         (2, "2500.00", "0.6", 1, 1, 17), (3, "13.75", "0.6", 0, 0, 3), (1, "8.25", "0.2", 0, 0, 0)]
     assert data["totals"] == {"products": 3, "stock": 20, "units_sold": 6, "revenue": "2522.00", "units_recent": 7,
-                              "units_per_minute": "1.4", "units_reserved": 1, "units_refunded": 1}
+                              "units_per_minute": "1.4", "units_reserved": 1, "units_refunded": 1,
+                              "gross": "2524.00", "coupons": "2.00", "refunded": "1250.00", "units_paid_late": 0}
     assert data["rate_window_minutes"] == 5
     # ...and what the admin's selector says, row for row.
     for p in product_sales(products=Product.objects.filter(pk__in=[a.pk, b.pk, c.pk])):
@@ -209,26 +219,55 @@ def test_sales_shows_the_figures_of_the_admins_sales_view(make_product, make_cou
     table = shop("sales", *mine)
     assert "Sales by product (3)" in table and "$2,500.00" in table and "$13.75" in table
     total = next(line for line in table.splitlines() if line.lstrip().startswith("total"))
-    assert total.split() == ["total", "20", "6", "$2,522.00", "1.4", "1", "1"], total
+    assert total.split() == ["total", "20", "6", "0", "$2,524.00", "$2.00", "$2,522.00", "1.4", "1", "1",
+                             "$1,250.00"], total
     assert "last 5 minutes" in table
     assert a.name in table and c.sku in table
     one = shop("sales", "--product", str(c.pk))  # a totals row for one product too
     assert [line.split() for line in one.splitlines() if line.lstrip().startswith("total")] == [
-        ["total", "0", "1", "$8.25", "0.2", "0", "0"]]
+        ["total", "0", "1", "0", "$9.00", "$0.75", "$8.25", "0.2", "0", "0", "$0.00"]]
     assert "none" in shop("sales", "--stock", "in_stock", "--product", str(c.pk))
     with pytest.raises(CommandError, match="No product 'NOPE'"):
         shop("sales", "--product", str(a.pk), "NOPE")
 
 
+def test_sales_says_each_products_state_in_a_column_of_its_own(make_product, user):
+    """Issue 37: "(ended)", "(upcoming)", "(hidden)" were appended to the name and then cut off with
+    it for names over ~20 characters."""
+    from shop.services import end_drop, schedule_drop
+
+    long = "A rather long product name for a drop"
+    ended, upcoming, _hidden = (Product.objects.create(sku=f"LONG-{i}", name=f"{long} {i}", price="5.00", stock=3,
+                                                      active=i != 3) for i in (1, 2, 3))
+    end_drop(products=[ended], actor="t")
+    schedule_drop(products=[upcoming], opens_at=timezone.now() + timedelta(days=1), closes_at=None, actor="t")
+    table = shop("sales", "--product", "LONG-1", "LONG-2", "LONG-3")
+    header = next(line for line in table.splitlines() if line.split()[:1] == ["id"])
+    assert header.split()[:4] == ["id", "sku", "name", "state"], header
+    rows = {line.split()[1]: line for line in table.splitlines() if line.split()[1:2] and
+            line.split()[1].startswith("LONG-")}
+    at = header.index("state")
+    assert {sku: line[at:].split("  ")[0].strip() for sku, line in rows.items()} == {
+        "LONG-1": "ended", "LONG-2": "upcoming", "LONG-3": "hidden, open"}
+    data = json.loads(shop("sales", "--json", "--product", "LONG-1", "LONG-2", "LONG-3"))
+    assert [(p["sku"], p["state"], p["drop"]) for p in data["products"]] == [
+        ("LONG-1", "ended", "ended"), ("LONG-2", "upcoming", "upcoming"), ("LONG-3", "hidden, open", "open")]
+
+
 # --- from a shell ------------------------------------------------------------------------------
-def test_exit_status_from_the_command_line(make_product, _lock_key_prefix):
-    """manage.py itself: 0 after a restock, 1 and the service's message after a refusal."""
+def _manage_env(lock_key_prefix: str) -> dict[str, str]:
+    """manage.py in a child process, on the test database."""
     from django.db import connection
 
-    p = make_product(stock=1)
     db = connection.settings_dict
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "LOCKS_KEY_PREFIX": _lock_key_prefix,
-           "DATABASE_URL": f"mysql://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 3306}/{db['NAME']}"}
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "LOCKS_KEY_PREFIX": lock_key_prefix,
+            "DATABASE_URL": f"mysql://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 3306}/{db['NAME']}"}
+
+
+def test_exit_status_from_the_command_line(make_product, _lock_key_prefix):
+    """manage.py itself: 0 after a restock, 1 and the service's message after a refusal."""
+    p = make_product(stock=1)
+    env = _manage_env(_lock_key_prefix)
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "manage.py", "shop", *args], cwd=ROOT, env=env, capture_output=True,
@@ -246,3 +285,18 @@ def test_exit_status_from_the_command_line(make_product, _lock_key_prefix):
     assert removed.returncode == 0 and "stock 5 -> 0" in removed.stdout, removed.stderr
     too_many = run("adjust", p.sku, "-1", "--reason", "damaged")
     assert too_many.returncode == 1 and "CommandError: Only 0 left to sell" in too_many.stderr, too_many.stderr
+
+
+def test_refund_without_a_terminal_asks_nothing_and_says_to_add_yes(make_product, user, _lock_key_prefix):
+    """Run from a script (stdin not a terminal), the question once went out with no answer and the
+    CommandError came glued to its "[y/N]": now no question, one clear line, nothing refunded."""
+    paid = _paid(user, make_product(stock=5))
+    done = subprocess.run([sys.executable, "manage.py", "shop", "refund", str(paid.pk)], cwd=ROOT,
+                          env=_manage_env(_lock_key_prefix), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout
+    assert "[y/N]" not in done.stdout, done.stdout
+    error = [line for line in done.stdout.splitlines() if "CommandError" in line]
+    assert error and error[0].startswith("CommandError: ") and "--yes" in error[0], done.stdout
+    paid.refresh_from_db()
+    assert paid.status == Order.Status.PAID and not Refund.objects.exists()

@@ -205,3 +205,56 @@ def test_an_applied_confirmation_says_which_ledger_row_it_wrote(make_product):
     adjust_stock(product=p, delta=1, reason="restock", actor="ops")  # no token (CLI, services): as before
     p.refresh_from_db()
     assert p.stock == 17
+
+
+# --- issue 37: the ledger opens with the stock ------------------------------------------------
+def _ledger_sum(product: Product) -> int:
+    return StockLedger.objects.filter(product=product).aggregate(n=Sum("quantity"))["n"] or 0
+
+
+def test_the_migration_gives_each_product_an_opening_row_so_its_rows_sum_to_its_stock(make_product, user):
+    """The tester's product: stock 1 after 12 sold and 1 adjusted away... its rows summed to -11.
+    The migration writes the stock they do not explain as the opening row (none for 0)."""
+    import importlib
+
+    from django.apps import apps
+
+    sold, empty = make_product(stock=13), make_product(stock=0)
+    for _ in range(3):
+        place_order(user=user, lines=[(sold.pk, 4)])
+    adjust_stock(product=sold, delta=-1, reason="damaged", actor="t")
+    sold.refresh_from_db()
+    assert (sold.stock, _ledger_sum(sold)) == (0, -13)
+    restock(product=sold, quantity=1, actor="t")
+    sold.refresh_from_db()
+    assert (sold.stock, _ledger_sum(sold)) == (1, -12)
+    importlib.import_module("shop.migrations.0017_opening_stock").opening_rows(apps, None)
+    opening = StockLedger.objects.get(product=sold, reason=StockLedger.Reason.OPENING)
+    assert opening.quantity == 13 and opening.created_at == sold.created_at
+    assert _ledger_sum(sold) == sold.stock == 1
+    assert not StockLedger.objects.filter(product=empty).exists()  # nothing to explain: no row
+    assert check_invariants(product_ids=[sold.pk], initial_stock={sold.pk: 13}, check_locks=False) == []
+
+
+def test_a_product_added_in_the_admin_opens_its_ledger_and_the_check_holds_it_to_its_stock(user):
+    from django.test import Client
+
+    staff = get_user_model().objects.create_superuser("opener", "opener@example.com", "pw")
+    client = Client()
+    client.force_login(staff)
+    response = client.post("/admin/shop/product/add/", {
+        "sku": "NEW-1", "name": "New", "description": "", "price": "5.00", "stock": "20", "active": "on",
+        "max_per_user": "", "opens_at_0": "", "opens_at_1": "", "closes_at_0": "", "closes_at_1": ""})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    product = Product.objects.get(sku="NEW-1")
+    opening = StockLedger.objects.get(product=product)
+    assert (opening.reason, opening.quantity, opening.actor) == ("opening", 20, "admin:opener")
+    place_order(user=user, lines=[(product.pk, 3)])
+    adjust_stock(product=product, delta=-2, reason="lost", actor="t")
+    product.refresh_from_db()
+    assert _ledger_sum(product) == product.stock == 15
+    assert check_invariants(product_ids=[product.pk], initial_stock={product.pk: 20}, check_locks=False) == []
+    # A unit that leaves with no row: the check says the rows no longer sum to the stock.
+    Product.objects.filter(pk=product.pk).update(stock=14)
+    found = check_invariants(product_ids=[product.pk], initial_stock={product.pk: 20}, check_locks=False)
+    assert f"I2: product {product.pk}: its ledger rows sum to 15, its stock is 14" in found
