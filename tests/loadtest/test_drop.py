@@ -1,0 +1,185 @@
+"""A drop's crowd (loadtest/drop.py): the figures on small made-up results, then one tiny drop
+against a real server (gunicorn with the shop's worker, the real MariaDB and Redis)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connections
+
+from loadtest import appservers, drop, openloop, report
+from loadtest.drop import GAVE_UP, LOST, PERSON, SCRIPT, WON, Attempt, Record
+from shop.models import ApiToken, Order, Product
+
+
+def rec(index: int, kind: str, arrival: float, result: str, final_at: float | None = None,
+        first_status: int = 409) -> Record:
+    return Record(index, kind, arrival, arrival, result, final_at, first_status)
+
+
+# --- the crowd -------------------------------------------------------------------------------------
+def test_the_crowd_arrives_evenly_over_the_window_in_a_shuffled_order_of_kinds():
+    buyers = drop.crowd(people=30, scripts=10, arrival_seconds=2.0, seed=1)
+    assert [b.index for b in buyers] == list(range(40))
+    assert [b.arrival for b in buyers] == [2.0 * i / 40 for i in range(40)]
+    kinds = [b.kind for b in buyers]
+    assert kinds.count(PERSON) == 30 and kinds.count(SCRIPT) == 10
+    assert kinds != sorted(kinds, key=lambda k: k != PERSON)  # not all the people first
+    assert drop.crowd(people=30, scripts=10, arrival_seconds=2.0, seed=1) == buyers  # the seed decides
+
+
+def test_a_pre_queue_spreads_the_arrivals_before_the_opening():
+    buyers = drop.crowd(people=8, scripts=2, arrival_seconds=1.0, prequeue_seconds=10.0)
+    assert buyers[0].arrival == -10.0 and max(b.arrival for b in buyers) == -1.0
+
+
+def test_a_load_is_a_multiple_of_the_capacity_split_in_the_ratio_of_people_to_scripts():
+    assert drop.split_load(4, 250.0, 1.0, people=3000, scripts=500) == (857, 143)
+    assert drop.split_load(10, 300.0, 2.0, people=1, scripts=0) == (6000, 0)
+
+
+# --- the answers -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("status", "code", "final"), [
+    (201, "", True), (200, "", True), (409, "out_of_stock", True), (409, "purchase_limit", True),
+    (404, "unknown_product", True), (409, "not_open_yet", False), (503, "busy:server:queue", False),
+    (202, "", False), (429, "rate_limited", False), (500, "500", False),
+])
+def test_which_answers_end_a_persons_trying(status, code, final):
+    assert drop.is_final(status, code) is final
+
+
+def test_retry_after_in_seconds_and_one_second_when_unreadable():
+    assert drop.retry_after({"retry-after": "3"}) == 3.0
+    assert drop.retry_after({"retry-after": "0.5"}) == 0.5
+    assert drop.retry_after({"retry-after": "Wed, 21 Oct 2026 07:28:00 GMT"}) == drop.NO_RETRY_AFTER
+
+
+def test_a_person_keeps_every_cookie_it_is_given_and_drops_an_emptied_one():
+    jar = {"old": "1", "gone": "x"}
+    head = ("HTTP/1.1 202 Accepted\r\nSet-Cookie: line=abc; Path=/; HttpOnly\r\nRetry-After: 2\r\n"
+            "set-cookie: place=42; Max-Age=60\r\nSet-Cookie: gone=; Max-Age=0")
+    drop.set_cookies(head, jar)
+    assert jar == {"old": "1", "line": "abc", "place": "42"}
+
+
+def test_a_persons_request_sends_back_its_cookies_and_line_ticket():
+    raw = drop._request(host="h:1", product_id=7, token="t", key="k", cookies={"a": "1", "b": "2"},
+                        ticket="T.42").decode()
+    assert "Cookie: a=1; b=2\r\n" in raw and "Line-Ticket: T.42\r\n" in raw and "Idempotency-Key: k\r\n" in raw
+    bare = drop._request(host="h:1", product_id=7, token="t", key="k").decode()
+    assert "Cookie" not in bare and "Line-Ticket" not in bare
+    assert json.loads(bare.split("\r\n\r\n", 1)[1]) == {"lines": [{"product_id": 7, "quantity": 1}]}
+
+
+# --- the figures -----------------------------------------------------------------------------------
+def test_fifo_share_counts_the_winners_among_the_first_arrivals():
+    records = [rec(0, PERSON, 0.0, WON, 0.1), rec(1, PERSON, 0.1, LOST, 0.3), rec(2, SCRIPT, 0.2, WON, 0.3),
+               rec(3, PERSON, 0.3, WON, 0.4), rec(4, PERSON, 0.4, LOST, 0.5)]
+    assert drop.fifo_share(records, 2) == pytest.approx(1 / 3)  # first two: 0 and 1; winners 0, 2, 3
+    assert drop.fifo_share(records, 4) == 1.0
+    assert drop.fifo_share([rec(0, PERSON, 0.0, LOST, 1.0)], 1) is None
+
+
+def test_fifo_share_goes_by_when_buyers_really_arrived_not_their_index():
+    records = [rec(0, PERSON, 0.5, WON, 0.6), rec(1, PERSON, 0.1, LOST, 0.9)]
+    assert drop.fifo_share(records, 1) == 0.0
+
+
+def test_script_advantage_is_the_scripts_win_rate_over_the_peoples():
+    records = ([rec(i, PERSON, 0.0, WON if i < 2 else LOST, 1.0) for i in range(10)]
+               + [rec(10 + i, SCRIPT, 0.0, WON if i < 2 else LOST, 1.0) for i in range(5)])
+    assert drop.win_rate(records, PERSON) == 0.2 and drop.win_rate(records, SCRIPT) == 0.4
+    assert drop.advantage(records) == pytest.approx(2.0)
+    assert drop.advantage([r for r in records if r.kind == SCRIPT]) is None
+    assert drop.advantage([rec(0, PERSON, 0, LOST, 1), rec(1, SCRIPT, 0, WON, 1)]) is None  # people never won
+
+
+def test_time_to_the_final_answer_apart_by_kind_and_result():
+    records = [rec(0, PERSON, 1.0, WON, 1.5), rec(1, PERSON, 0.0, LOST, 4.0), rec(2, PERSON, 0.0, LOST, 2.0),
+               rec(3, PERSON, 0.0, GAVE_UP), rec(4, SCRIPT, 0.0, LOST, 3.0)]
+    assert drop.time_to_final(records, kind=PERSON, result=WON) == [0.5]
+    assert sorted(drop.time_to_final(records, kind=PERSON, result=LOST)) == [2.0, 4.0]
+    assert drop.p50_p99([2.0, 4.0]) == (2.0, 4.0)
+    assert drop.p50_p99(list(range(1, 101))) == (50, 99)
+    assert drop.p50_p99([]) == (None, None)
+
+
+def attempt(buyer: int, sent: float, answered: float | None, status: int, code: str = "",
+            order_id: int | None = None) -> Attempt:
+    outcome = openloop.classify(status, json.dumps({"id": order_id} if order_id else
+                                                   {"error": {"code": code}}).encode())[0] if status else "conn_error"
+    return Attempt(buyer, f"k{buyer}", sent, answered, status, outcome, code, order_id)
+
+
+def test_sales_requests_per_unit_answers_and_goodput():
+    attempts = [attempt(0, 0.0, 0.2, 201, order_id=1), attempt(1, 0.1, 0.3, 503, "busy:server:queue"),
+                attempt(1, 1.2, 1.4, 201, order_id=2), attempt(0, 1.3, 1.5, 200, order_id=1),
+                attempt(2, 0.5, None, 0), attempt(3, 1.0, 2.2, 201, order_id=3),
+                attempt(4, 2.0, 2.1, 409, "out_of_stock")]
+    sold_at = drop.sales(attempts)
+    assert sold_at == [0.2, 1.4, 2.2]  # one time per order: the replay is not a sale
+    assert drop.requests_per_unit(attempts, len(sold_at)) == pytest.approx(7 / 3)
+    assert drop.requests_per_unit(attempts, 0) is None
+    assert drop.answers(attempts) == {"200": 1, "201": 3, "409 out_of_stock": 1, "503 busy:server:queue": 1,
+                                      "no answer": 1}
+    assert drop.goodput(sold_at) == pytest.approx(2 / 2.0)
+    assert drop.goodput([0.2]) is None
+    first = drop.first_second(attempts, sold_at)
+    assert first == {"units": 1, "sent": 3, "p50": pytest.approx(0.2), "p99": pytest.approx(0.2)}
+
+
+def test_losers_told_within_a_second_of_the_last_sale_and_people_who_waited_then_won():
+    records = [rec(0, PERSON, 0.0, LOST, 2.5), rec(1, PERSON, 0.0, LOST, 3.5), rec(2, SCRIPT, 0.0, LOST, 2.9),
+               rec(3, PERSON, 0.0, WON, 2.0, first_status=503), rec(4, PERSON, 0.0, WON, 2.0, first_status=201),
+               rec(5, SCRIPT, 0.0, WON, 1.0, first_status=503), rec(6, PERSON, 0.0, GAVE_UP, None, 503)]
+    assert drop.losers_told_within(records, 2.0, 1.0) == pytest.approx(2 / 3)
+    assert drop.losers_told_within(records, None, 1.0) is None
+    assert drop.waited_then_won(records) == 1  # people only
+
+
+def test_send_lag_is_how_late_the_first_request_went():
+    records = [Record(0, PERSON, 0.0, 0.01, LOST, 1.0, 409), Record(1, PERSON, 0.5, 0.7, LOST, 1.0, 409),
+               Record(2, SCRIPT, 0.9, None, GAVE_UP, None, 0)]
+    assert drop.send_lag(records) == (pytest.approx(0.2), pytest.approx(0.2))
+
+
+def test_the_books_name_every_problem():
+    ok = drop.DropBooks(units=10, sold=10, orders=10, seen=10, accounts_over_cap=0, not_orders=0, unseen=0, late=0)
+    assert ok.problems == []
+    bad = drop.DropBooks(units=10, sold=11, orders=11, seen=9, accounts_over_cap=1, not_orders=2, unseen=2, late=1)
+    assert len(bad.problems) == 6
+
+
+# --- a real server ---------------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_a_tiny_drop_against_a_real_server_sells_out_and_the_books_balance():
+    connections.close_all()
+    server = appservers.AppServer(workers=2, threads=4)
+    server.start()
+    try:
+        run = drop.drop(server.url, units=20, people=60, scripts=10, arrival_seconds=1.0, capacity=100.0,
+                        patience=15.0, clients=2, lead=1.5)
+    finally:
+        server.stop()
+    b = run.books
+    assert b.problems == [] and b.sold == b.orders == b.seen == 20
+    f = run.figures()
+    records = run.result.records
+    assert len(records) == 70 and all(r.arrival is not None for r in records)
+    assert sum(1 for r in records if r.result == WON) == 20
+    assert f["last_sale_at"] is not None and f["first_sale_at"] >= 0  # nothing sold before the opening
+    assert f["requests"] >= 70 and f["requests_per_unit"] >= 70 / 20
+    assert 0 <= f["fifo_share"] <= 1 and f["script_advantage"] is not None
+    assert f["answers"].get("409 out_of_stock", 0) > 0
+    scripts = [r for r in records if r.kind == SCRIPT]
+    assert all(len({a.key for a in run.result.attempts if a.buyer == r.index}) >= 3 for r in scripts)
+    people = [r for r in records if r.kind == PERSON]
+    assert all(len({a.key for a in run.result.attempts if a.buyer == r.index}) == 1 for r in people)
+    text = report.drop_report(run)
+    assert "FIFO share" in text and "books:" in text and ": OK" in text
+    json.dumps(run.as_dict(), default=str)
+    # Cleaned up: the run's products, accounts and tokens are gone.
+    assert not Product.objects.filter(sku__startswith=f"lt-{run.result.plan.run_id}-").exists()
+    assert not Order.objects.filter(user__username__startswith=f"lt-{run.result.plan.run_id}-").exists()
+    assert not ApiToken.objects.filter(name="drop").exists()
