@@ -12,13 +12,14 @@
 #   ... --profile drop --capacity C --prequeue-seconds 10   the issue's crowd arriving in 10 s before
 #                                                       the opening
 # Pinning as docs/bench_crowd.sh: the server, MariaDB and Redis on SERVER_CPUS, the generator on
-# CLIENT_CPUS. JSON in OUT (default /tmp/bench-drop).
+# CLIENT_CPUS (PIN_SHARED=no: MariaDB and Redis are left alone, for a machine others use too).
+# JSON in OUT (default /tmp/bench-drop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AFTER=$(pwd)
 BEFORE=${BEFORE:-}
 ROUNDS=${ROUNDS:-1} WORKERS=${WORKERS:-4} THREADS=${THREADS:-16} OUT=${OUT:-/tmp/bench-drop}
-SERVER_CPUS=${SERVER_CPUS-0} CLIENT_CPUS=${CLIENT_CPUS-1} PORT=${PORT:-8076}
+SERVER_CPUS=${SERVER_CPUS-0} CLIENT_CPUS=${CLIENT_CPUS-1} PIN_SHARED=${PIN_SHARED:-yes} PORT=${PORT:-8076}
 export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false DEV_ENV_FILE=
 export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=shop.settings LOCKS_KEY_PREFIX=${LOCKS_KEY_PREFIX:-bench:}
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
@@ -27,7 +28,7 @@ mkdir -p "$OUT"
 $py manage.py createdb >/dev/null && $py manage.py migrate --no-input -v 0
 shared=$(pgrep -x mariadbd; pgrep -f 'redis-server .*:6379')
 all_cpus=$(taskset -p $$ | awk '{print $NF}')
-if [ -n "$SERVER_CPUS" ]; then
+if [ -n "$SERVER_CPUS" ] && [ "$PIN_SHARED" = yes ]; then
   for pid in $shared; do taskset -a -p -c "$SERVER_CPUS" "$pid" >/dev/null; done
 fi
 server=

@@ -98,6 +98,7 @@ class Attempt:
     outcome: str = openloop.CONN_ERROR
     code: str = ""
     order_id: int | None = None
+    retry_after: str | None = None  # the Retry-After it was given
 
 
 @dataclass(frozen=True)
@@ -205,20 +206,22 @@ async def _buy(plan: DropPlan, mine: list[Buyer], t_open: float) -> tuple[list[R
                            key=key, cookies=cookies, ticket=ticket)
         sent = now()
         done = loop.create_future()
+        transport = None
         try:
-            transport, _ = await asyncio.wait_for(loop.create_connection(
-                lambda: _Exchange(request, done), host, port,
-                local_addr=(sources[rand.randrange(len(sources))], 0) if sources[0] else None),
-                timeout=max(until - sent, 0.001))
-            try:
-                status, headers, body, head = await asyncio.wait_for(done, timeout=max(until - now(), 0.001))
-            finally:
-                transport.close()
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError):
-            attempts.append(Attempt(buyer.index, key, sent, None))
+            async with asyncio.timeout(max(until - sent, 0.001)):  # one timer for the whole exchange
+                transport, _ = await loop.create_connection(
+                    lambda: _Exchange(request, done), host, port,
+                    local_addr=(sources[rand.randrange(len(sources))], 0) if sources[0] else None)
+                status, headers, body, head = await done
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+            attempts.append(Attempt(buyer.index, key, sent, None, code=type(exc).__name__))
             return None
+        finally:
+            if transport is not None:
+                transport.close()
         outcome, code, order_id = openloop.classify(status, body)
-        attempts.append(Attempt(buyer.index, key, sent, now(), status, outcome, code, order_id))
+        attempts.append(Attempt(buyer.index, key, sent, now(), status, outcome, code, order_id,
+                                headers.get("retry-after")))
         return status, headers, code, head
 
     async def person(buyer: Buyer) -> None:
@@ -371,7 +374,7 @@ def requests_per_unit(attempts: Sequence[Attempt], sold: int) -> float | None:
 
 def answers(attempts: Sequence[Attempt]) -> dict[str, int]:
     """Every answer by status, and by the shop's code where there is one ("409 out_of_stock")."""
-    counts = Counter(f"{a.status} {a.code}".strip() if a.status else "no answer" for a in attempts)
+    counts = Counter(f"{a.status} {a.code}".strip() if a.status else f"no answer {a.code}".strip() for a in attempts)
     return dict(sorted(counts.items()))
 
 
@@ -395,10 +398,16 @@ def first_second(attempts: Sequence[Attempt], sold_at: Sequence[float]) -> dict[
             "p50": p50, "p99": p99}
 
 
-def send_lag(records: Sequence[Record]) -> tuple[float | None, float | None]:
-    """(p99, max) of how late the generator sent a buyer's first request against its schedule."""
+def send_lag(records: Sequence[Record]) -> tuple[float | None, float | None, float | None]:
+    """(p50, p99, max) of how late the generator sent a buyer's first request against its schedule."""
     lags = [r.arrival - r.scheduled for r in records if r.arrival is not None]
-    return percentile(lags, 0.99), max(lags, default=None)
+    return percentile(lags, 0.50), percentile(lags, 0.99), max(lags, default=None)
+
+
+def retry_afters(attempts: Sequence[Attempt]) -> dict[str, int]:
+    """The Retry-After values the buyers were given, and how often."""
+    counts = Counter(a.retry_after for a in attempts if a.retry_after is not None)
+    return dict(sorted(counts.items(), key=lambda kv: (len(kv[0]), kv[0])))
 
 
 # --- the books ---------------------------------------------------------------------------------
@@ -476,7 +485,7 @@ class DropRun:
         times = {f"{kind}s {result}": p50_p99(time_to_final(rec, kind=kind, result=result))
                  for kind in (PERSON, SCRIPT) for result in (WON, LOST)}
         good = goodput(sold_at)
-        lag_p99, lag_max = send_lag(rec)
+        lag_p50, lag_p99, lag_max = send_lag(rec)
         return {
             "fifo_share": fifo_share(rec, self.result.plan.units),
             "chance": self.result.plan.units / max(len(rec), 1),
@@ -491,10 +500,12 @@ class DropRun:
             "requests": len(att),
             "requests_per_unit": requests_per_unit(att, len(sold_at)),
             "answers": answers(att),
+            "retry_after": retry_afters(att),
             "waited_then_won": waited_then_won(rec),
             "goodput": good,
             "goodput_x_capacity": good / self.capacity if good and self.capacity else None,
             "first_second": first_second(att, sold_at),
+            "send_lag_p50": lag_p50,
             "send_lag_p99": lag_p99,
             "send_lag_max": lag_max,
             "client_cpu": self.result.client_cpu,

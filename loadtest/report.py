@@ -469,7 +469,7 @@ def drop_report(d: drop.DropRun) -> str:
             f"{load} arriving {window}; C = {d.capacity:,.0f} orders/s"
             f"{' (closed loop, 32 buyers)' if d.capacity_measured else ' (given)'}; a buyer tries for "
             f"{plan.patience:g} s; {plan.clients} client processes used {f['client_cpu']:.1f} CPU s, sent first "
-            f"requests late by p99 {_s(f['send_lag_p99'])} (max {_s(f['send_lag_max'])})")
+            f"requests late by p50 {_s(f['send_lag_p50'])}, p99 {_s(f['send_lag_p99'])} (max {_s(f['send_lag_max'])})")
     rate = f["win_rate"]
     lines = [head,
              f"FIFO share: {_x(f['fifo_share'])} (first come, first served 1.0; chance {f['chance']:.2f})",
@@ -484,6 +484,7 @@ def drop_report(d: drop.DropRun) -> str:
         f"losers told within 1 s of the last: {_x(f['losers_told_within_1s_of_last_sale'])}",
         f"requests: {f['requests']:,}, {_x(f['requests_per_unit'], 1)} per unit sold; answers: "
         + ", ".join(f"{k} {v:,}" for k, v in f["answers"].items()),
+        "Retry-After given: " + (", ".join(f"{k} s {v:,}" for k, v in f["retry_after"].items()) or "none"),
         f"people told \"not now\" (503/202) first who still won: {f['waited_then_won']:,}",
         f"goodput while stock lasted: {_x(f['goodput'], 0)} units/s = {_x(f['goodput_x_capacity'])}x C",
         f"the first second: {f['first_second']['units']:,} units sold, {f['first_second']['sent']:,} requests sent, "

@@ -123,6 +123,8 @@ def test_sales_requests_per_unit_answers_and_goodput():
     assert drop.requests_per_unit(attempts, 0) is None
     assert drop.answers(attempts) == {"200": 1, "201": 3, "409 out_of_stock": 1, "503 busy:server:queue": 1,
                                       "no answer": 1}
+    told = [Attempt(0, "k", 0.0, 0.1, 503, openloop.BUSY, "busy", retry_after=after) for after in ("1", "12", "1")]
+    assert drop.retry_afters([*told, *attempts]) == {"1": 2, "12": 1}
     assert drop.goodput(sold_at) == pytest.approx(2 / 2.0)
     assert drop.goodput([0.2]) is None
     first = drop.first_second(attempts, sold_at)
@@ -141,7 +143,7 @@ def test_losers_told_within_a_second_of_the_last_sale_and_people_who_waited_then
 def test_send_lag_is_how_late_the_first_request_went():
     records = [Record(0, PERSON, 0.0, 0.01, LOST, 1.0, 409), Record(1, PERSON, 0.5, 0.7, LOST, 1.0, 409),
                Record(2, SCRIPT, 0.9, None, GAVE_UP, None, 0)]
-    assert drop.send_lag(records) == (pytest.approx(0.2), pytest.approx(0.2))
+    assert drop.send_lag(records) == (pytest.approx(0.01), pytest.approx(0.2), pytest.approx(0.2))
 
 
 def test_the_books_name_every_problem():
