@@ -217,6 +217,8 @@ async def _buy(plan: DropPlan, mine: list[Buyer], t_open: float) -> tuple[list[R
             attempts.append(Attempt(buyer.index, key, sent, None, code=type(exc).__name__))
             return None
         finally:
+            if not done.done():  # cut short: nobody reads what the connection's end would set
+                done.cancel()
             if transport is not None:
                 transport.close()
         outcome, code, order_id = openloop.classify(status, body)
@@ -420,7 +422,11 @@ class DropBooks:
     accounts_over_cap: int  # accounts with more than one order
     not_orders: int  # placed answers naming no order of the product
     unseen: int  # orders whose buyer never saw them placed
-    late: int  # orders committed more than the server's budget (+ LATE_SLACK) after their request was sent
+    # Orders committed more than the server's budget + LATE_SLACK after their request was last sent.
+    # The client's clock: the server's deadline starts later, when a worker takes the connection,
+    # so on a starved machine this counts orders that kept their deadline. Shown, not a failure:
+    # what a buyer is owed (an order is never placed for one who left) is `unseen`.
+    late: int
 
     @property
     def problems(self) -> list[str]:
@@ -429,13 +435,13 @@ class DropBooks:
             out.append(f"units sold {self.sold} != orders {self.orders} (stock {self.units})")
         if self.orders != self.seen:
             out.append(f"orders {self.orders} != placed answers seen {self.seen}")
-        for name in ("accounts_over_cap", "not_orders", "unseen", "late"):
+        for name in ("accounts_over_cap", "not_orders", "unseen"):
             if getattr(self, name):
                 out.append(f"{name.replace('_', ' ')}: {getattr(self, name)}")
         return out
 
 
-LATE_SLACK = 1.0  # seconds allowed between a request's send and the server's arrival stamp
+LATE_SLACK = 1.0  # seconds
 
 
 def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:

@@ -493,6 +493,7 @@ def drop_report(d: drop.DropRun) -> str:
     b = d.books
     books = (f"books: {b.units:,} units, {b.sold:,} sold, {b.orders:,} orders, {b.seen:,} seen placed; "
              f"{b.accounts_over_cap} accounts over the cap, {b.not_orders} placed answers without an order, "
-             f"{b.unseen} orders never seen, {b.late} committed after their deadline")
+             f"{b.unseen} orders never seen ({b.late} committed more than {d.deadline + drop.LATE_SLACK:g} s after "
+             f"their request was sent, by the client's clock)")
     lines.append(books + (": OK" if not b.problems else ": FAIL " + "; ".join(b.problems)))
     return "\n".join(lines)
