@@ -427,6 +427,7 @@ class DropBooks:
     # so on a starved machine this counts orders that kept their deadline. Shown, not a failure:
     # what a buyer is owed (an order is never placed for one who left) is `unseen`.
     late: int
+    committed: tuple[float, ...] = ()  # when each order was placed (created_at), seconds from the opening, in order
 
     @property
     def problems(self) -> list[str]:
@@ -466,7 +467,8 @@ def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
     per_user = Counter(user for _, user, _, _ in rows)
     return DropBooks(units=plan.units, sold=plan.units - stock, orders=len(rows), seen=len(seen & ids),
                      accounts_over_cap=sum(1 for n in per_user.values() if n > 1), not_orders=len(seen - ids),
-                     unseen=len(ids - seen), late=late)
+                     unseen=len(ids - seen), late=late,
+                     committed=tuple(sorted(created.timestamp() - wall_open for *_, created in rows)))
 
 
 # --- a whole run ---------------------------------------------------------------------------------
@@ -486,7 +488,9 @@ class DropRun:
     def figures(self) -> dict[str, object]:
         """Every figure of the report (what --json writes beside the setup)."""
         rec, att = self.result.records, self.result.attempts
-        sold_at = sales(att)
+        answered = sales(att)
+        # When units sold: by the orders' own times (the server's), which a late client cannot delay.
+        sold_at = list(self.books.committed) or answered
         last = sold_at[-1] if sold_at else None
         times = {f"{kind}s {result}": p50_p99(time_to_final(rec, kind=kind, result=result))
                  for kind in (PERSON, SCRIPT) for result in (WON, LOST)}
@@ -502,6 +506,7 @@ class DropRun:
                         for kind in (PERSON, SCRIPT)},
             "first_sale_at": sold_at[0] if sold_at else None,
             "last_sale_at": last,
+            "last_placed_answer_at": answered[-1] if answered else None,
             "losers_told_within_1s_of_last_sale": losers_told_within(rec, last, 1.0),
             "requests": len(att),
             "requests_per_unit": requests_per_unit(att, len(sold_at)),
@@ -523,7 +528,8 @@ class DropRun:
                 "arrival_seconds": self.arrival_seconds, "prequeue_seconds": self.prequeue_seconds,
                 "load": self.load, "capacity": self.capacity, "capacity_measured": self.capacity_measured,
                 "patience": plan.patience, "clients": plan.clients, "deadline": self.deadline,
-                **self.figures(), "books": {**asdict(self.books), "problems": self.books.problems}}
+                **self.figures(), "books": {**{k: v for k, v in asdict(self.books).items() if k != "committed"},
+                                            "problems": self.books.problems}}
 
 
 def issue_tokens(user_ids: Sequence[int]) -> list[str]:

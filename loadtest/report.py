@@ -480,7 +480,8 @@ def drop_report(d: drop.DropRun) -> str:
     gave_up = f["gave_up"]
     lines += [
         f"gave up without a final answer: {gave_up[drop.PERSON]:,} people, {gave_up[drop.SCRIPT]:,} scripts",
-        f"sales: first at {_s(f['first_sale_at'])}, last at {_s(f['last_sale_at'])} after the opening; "
+        f"sales (the orders' times): first at {_s(f['first_sale_at'])}, last at {_s(f['last_sale_at'])} after the "
+        f"opening (the last placed answer heard at {_s(f['last_placed_answer_at'])}); "
         f"losers told within 1 s of the last: {_x(f['losers_told_within_1s_of_last_sale'])}",
         f"requests: {f['requests']:,}, {_x(f['requests_per_unit'], 1)} per unit sold; answers: "
         + ", ".join(f"{k} {v:,}" for k, v in f["answers"].items()),
