@@ -9,6 +9,7 @@
     manage.py loadtest --pay 0.7                         70% of buyers pay; the rest expire, stock must come back
     manage.py loadtest --compare --duration 5 --repeat 3 --json compare.json --plot compare.png
     manage.py loadtest --fault all                       inject each fault, check the books and liveness
+    manage.py loadtest --url URL --profile drop --load 4 a drop's crowd at 4x C: who won, how soon, the books
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class Command(BaseCommand):
                            help="orders/s the profile's multiples are of (default: measured first, closed-loop, "
                                 "32 buyers for 5 s)")
         crowd.add_argument("--phase-seconds", type=float, default=8.0, help="seconds per phase (default 8)")
-        crowd.add_argument("--clients", type=int, default=3, help="client processes sending (default 3)")
+        crowd.add_argument("--clients", type=int, help="client processes sending (default 3; drop: 6)")
         crowd.add_argument("--patience", type=float,
                            help="seconds a buyer waits for an answer before it gives up (default 10; drop: "
                                 "seconds a buyer keeps trying, default 30)")
@@ -189,6 +190,7 @@ class Command(BaseCommand):
             self._drop(opts)
             return
         opts["patience"] = opts["patience"] or 10.0
+        opts["clients"] = opts["clients"] or 3
         outcome = openloop.crowd(opts["url"][0], profile=opts["profile"] or "rate", capacity=opts["capacity"],
                                  rate=opts["rate"], seconds=opts["phase_seconds"], clients=opts["clients"],
                                  patience=opts["patience"], users=opts["users"], prefer_wait=opts["prefer_wait"])
@@ -210,7 +212,7 @@ class Command(BaseCommand):
         outcome = drop.drop(opts["url"][0], units=opts["units"], people=opts["people"], scripts=opts["scripts"],
                             arrival_seconds=opts["arrival_seconds"], prequeue_seconds=opts["prequeue_seconds"],
                             load=opts["load"], capacity=opts["capacity"], patience=opts["patience"] or 30.0,
-                            clients=opts["clients"], seed=opts["seed"])
+                            clients=opts["clients"] or 6, seed=opts["seed"])
         self.stdout.write(report.drop_report(outcome))
         if opts["json"]:
             report.write_json(opts["json"], outcome.as_dict())
