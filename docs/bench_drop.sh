@@ -34,7 +34,9 @@ fi
 server=
 # At the end MariaDB and Redis get all the CPUs back (other work on this machine needs them).
 trap '[ -n "$server" ] && kill "$server" 2>/dev/null; for pid in $shared; do taskset -a -p "$all_cpus" "$pid" >/dev/null 2>&1; done; true' EXIT
-load() { ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} $py manage.py loadtest --url "http://127.0.0.1:$PORT" --profile drop "$@"; }
+# A run whose books fail says so and exits non-zero; the next runs go on.
+load() { ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} $py manage.py loadtest --url "http://127.0.0.1:$PORT" --profile drop "$@" \
+           || echo "=== the run above FAILED (exit $?)"; }
 for side in before after; do
   if [ $side = before ]; then tree=$BEFORE; else tree=$AFTER; fi
   [ -n "$tree" ] || continue

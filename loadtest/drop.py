@@ -8,7 +8,9 @@ pre-queue before it), in a shuffled order of two kinds:
 - a PERSON sends one request at a time with one Idempotency-Key; told to wait (503, 429, 202, or
   "not open yet"), it waits the Retry-After it was given (plus up to 100 ms) and asks again,
   sending back the cookies and the `Line-Ticket` header the server gave it (a line's place). It
-  stops at a final answer (placed, sold out, any other refusal) or after `patience` seconds;
+  stops at a final answer (placed, sold out, any other refusal), or gives up: it starts no attempt
+  after `patience` seconds (an attempt waits up to 10 s for its answer, longer than the server's
+  deadline, so an order placed for a buyer who never heard of it is the server's doing);
 - a SCRIPT keeps 3 attempts in flight, each a new connection with a new key, and sends again
   50 ms after each answer whatever Retry-After said, until it sees an order placed or "sold out".
 
@@ -59,7 +61,8 @@ class DropPlan:
     tokens: list[str]
     run_id: str
     clients: int = 3
-    patience: float = 30.0
+    patience: float = 30.0  # seconds a buyer starts new attempts for
+    answer_wait: float = 10.0  # seconds an attempt waits for its answer
 
     def person_key(self, index: int) -> str:
         return f"dp-{self.run_id}-{index}"
@@ -200,15 +203,17 @@ async def _buy(plan: DropPlan, mine: list[Buyer], t_open: float) -> tuple[list[R
     def now() -> float:
         return loop.time() - t_open
 
-    async def ask(buyer: Buyer, key: str, until: float, cookies=None, ticket=None):
-        """One attempt: its record, and (status, headers, body, head) or None without an answer."""
+    async def ask(buyer: Buyer, key: str, cookies=None, ticket=None):
+        """One attempt: its record, and (status, headers, code, head) or None without an answer
+        within `plan.answer_wait` (longer than the server's deadline, so no attempt is cut short
+        while the server may still place its order: an order its buyer never saw is the server's)."""
         request = _request(host=parts.netloc, product_id=plan.product_id, token=plan.tokens[buyer.index],
                            key=key, cookies=cookies, ticket=ticket)
         sent = now()
         done = loop.create_future()
         transport = None
         try:
-            async with asyncio.timeout(max(until - sent, 0.001)):  # one timer for the whole exchange
+            async with asyncio.timeout(plan.answer_wait):  # one timer for the whole exchange
                 transport, _ = await loop.create_connection(
                     lambda: _Exchange(request, done), host, port,
                     local_addr=(sources[rand.randrange(len(sources))], 0) if sources[0] else None)
@@ -234,7 +239,7 @@ async def _buy(plan: DropPlan, mine: list[Buyer], t_open: float) -> tuple[list[R
         ticket = None
         first = 0
         while now() < until:
-            answer = await ask(buyer, plan.person_key(buyer.index), until, jar, ticket)
+            answer = await ask(buyer, plan.person_key(buyer.index), jar, ticket)
             if answer is None:
                 wait = NO_RETRY_AFTER
             else:
@@ -261,7 +266,7 @@ async def _buy(plan: DropPlan, mine: list[Buyer], t_open: float) -> tuple[list[R
         async def slot() -> None:
             nonlocal first
             while now() < until and not seen:
-                answer = await ask(buyer, plan.script_key(buyer.index, next(counter)), until)
+                answer = await ask(buyer, plan.script_key(buyer.index, next(counter)))
                 if answer is not None:
                     status, _, code, _ = answer
                     first = first or status
@@ -303,7 +308,7 @@ def run(plan: DropPlan, *, t_open: float) -> DropResult:
         proc.start()
     result, errors = DropResult(plan=plan), []
     last = max((b.arrival for b in plan.buyers), default=0.0)
-    total = max(t_open - time.monotonic(), 0) + last + plan.patience + 60
+    total = max(t_open - time.monotonic(), 0) + last + plan.patience + plan.answer_wait + 60
     for _ in procs:
         status, value = queue.get(timeout=total)
         if status == "ok":

@@ -72,6 +72,52 @@ def test_a_persons_request_sends_back_its_cookies_and_line_ticket():
     assert json.loads(bare.split("\r\n\r\n", 1)[1]) == {"lines": [{"product_id": 7, "quantity": 1}]}
 
 
+# --- the buyers, against a small server of the test's own -------------------------------------------
+def _buy_from(answer: bytes, delay: float, plan_kw: dict, buyers: list[drop.Buyer]):
+    """Run the buyers (in this process) against a loopback server that answers every request with
+    `answer` after `delay` s; their records and attempts."""
+    import asyncio
+    import time
+
+    async def main():
+        async def serve(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            await asyncio.sleep(delay)
+            writer.write(answer)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        plan = drop.DropPlan(url=f"http://127.0.0.1:{port}", product_id=1, units=1, buyers=buyers,
+                             tokens=["t"] * len(buyers), run_id="r", **plan_kw)
+        async with server:
+            return await drop._buy(plan, buyers, time.monotonic() + 0.05)
+
+    return asyncio.run(main())
+
+
+PLACED_ANSWER = (b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 9\r\n"
+                 b"Connection: close\r\n\r\n{\"id\": 5}")
+
+
+def test_a_buyer_out_of_patience_still_hears_the_answer_it_is_waiting_for():
+    """Patience ends the trying, not an attempt under way: cut before the server's deadline, its
+    order would be counted as one the buyer never saw."""
+    buyers = [drop.Buyer(0, PERSON, 0.0), drop.Buyer(1, SCRIPT, 0.0)]
+    records, attempts = _buy_from(PLACED_ANSWER, 0.6, {"patience": 0.2, "answer_wait": 3.0}, buyers)
+    assert sorted((r.kind, r.result) for r in records) == [(PERSON, WON), (SCRIPT, WON)]
+    assert all(a.status == 201 and a.order_id == 5 and a.answered - a.sent >= 0.5 for a in attempts)
+    assert len([a for a in attempts if a.buyer == 1]) == drop.SCRIPT_INFLIGHT
+
+
+def test_an_attempt_waits_at_most_answer_wait_then_the_person_gives_up():
+    records, attempts = _buy_from(PLACED_ANSWER, 2.0, {"patience": 0.2, "answer_wait": 0.3},
+                                  [drop.Buyer(0, PERSON, 0.0)])
+    assert [r.result for r in records] == [GAVE_UP]
+    assert [(a.status, a.code) for a in attempts] == [(0, "TimeoutError")]
+
+
 # --- the figures -----------------------------------------------------------------------------------
 def test_fifo_share_counts_the_winners_among_the_first_arrivals():
     records = [rec(0, PERSON, 0.0, WON, 0.1), rec(1, PERSON, 0.1, LOST, 0.3), rec(2, SCRIPT, 0.2, WON, 0.3),
@@ -163,7 +209,7 @@ def test_a_tiny_drop_against_a_real_server_sells_out_and_the_books_balance():
     server.start()
     try:
         run = drop.drop(server.url, units=20, people=60, scripts=10, arrival_seconds=1.0, capacity=100.0,
-                        patience=15.0, clients=2, lead=1.5)
+                        patience=10.0, clients=2, lead=1.5)
     finally:
         server.stop()
     b = run.books
