@@ -433,6 +433,9 @@ class DropBooks:
     # what a buyer is owed (an order is never placed for one who left) is `unseen`.
     late: int
     committed: tuple[float, ...] = ()  # when each order was placed (created_at), seconds from the opening, in order
+    # What the buyer heard of the request of each unseen order (its key's last attempt before the
+    # commit: "script TimeoutError", "person ConnectionResetError", ...): where the answer was lost.
+    unseen_heard: dict[str, int] = field(default_factory=dict)
 
     @property
     def problems(self) -> list[str]:
@@ -469,10 +472,17 @@ def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
         at = created.timestamp() - wall_open
         before = [s for s in sends.get(key, []) if s <= at]
         late += bool(before) and at > max(before) + budget + LATE_SLACK
+    kinds = {b.index: b.kind for b in plan.buyers}
+    heard: Counter[str] = Counter()
+    for pk, _, key, created in rows:
+        if pk not in seen:
+            mine = [a for a in result.attempts if a.key == key and a.sent <= created.timestamp() - wall_open]
+            last = max(mine, key=lambda a: a.sent, default=None)
+            heard[f"{kinds[last.buyer]} {last.code or last.status}" if last else "no request seen"] += 1
     per_user = Counter(user for _, user, _, _ in rows)
     return DropBooks(units=plan.units, sold=plan.units - stock, orders=len(rows), seen=len(seen & ids),
                      accounts_over_cap=sum(1 for n in per_user.values() if n > 1), not_orders=len(seen - ids),
-                     unseen=len(ids - seen), late=late,
+                     unseen=len(ids - seen), late=late, unseen_heard=dict(heard.most_common()),
                      committed=tuple(sorted(created.timestamp() - wall_open for *_, created in rows)))
 
 

@@ -497,4 +497,7 @@ def drop_report(d: drop.DropRun) -> str:
              f"{b.unseen} orders never seen ({b.late} committed more than {d.deadline + drop.LATE_SLACK:g} s after "
              f"their request was sent, by the client's clock)")
     lines.append(books + (": OK" if not b.problems else ": FAIL " + "; ".join(b.problems)))
+    if b.unseen_heard:
+        lines.append("what the buyers of the unseen orders heard of them: "
+                     + ", ".join(f"{k} {v:,}" for k, v in b.unseen_heard.items()))
     return "\n".join(lines)

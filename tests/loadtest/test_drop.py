@@ -201,6 +201,41 @@ def test_the_books_name_every_problem():
     assert late.problems == []  # the client's clock cannot tell a broken deadline from a slow accept
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_books_hold_the_orders_against_what_the_buyers_heard(make_product):
+    import time
+
+    from shop.services import place_order
+    from tests.helpers import make_users
+
+    product = make_product(stock=5)
+    people = make_users(3, prefix="books")
+    wall_open = time.time() - 1.0  # the orders below are placed about 1 s after this "opening"
+    orders = [place_order(user=u, lines=[(product.pk, 1)], idempotency_key=f"k{i}").order_id
+              for i, u in enumerate(people[:2])]
+    buyers = [drop.Buyer(0, PERSON, 0.0), drop.Buyer(1, SCRIPT, 0.0), drop.Buyer(2, PERSON, 0.0)]
+    plan = drop.DropPlan(url="http://127.0.0.1:1", product_id=product.pk, units=5, buyers=buyers,
+                         tokens=["t"] * 3, run_id="r")
+    attempts = [Attempt(0, "k0", 0.5, 0.9, 201, openloop.PLACED, "", orders[0]),  # heard
+                Attempt(1, "k1", 0.5, None, 0, openloop.CONN_ERROR, "TimeoutError"),  # never heard
+                Attempt(2, "k2", 0.5, 0.6, 201, openloop.PLACED, "", 999)]  # names no order
+    b = drop.books(drop.DropResult(plan=plan, attempts=attempts), wall_open=wall_open, budget=4.0)
+    assert (b.sold, b.orders, b.seen, b.unseen, b.not_orders, b.accounts_over_cap) == (2, 2, 1, 1, 1, 0)
+    assert b.unseen_heard == {"script TimeoutError": 1}
+    assert len(b.committed) == 2 and all(0.5 < t < 30 for t in b.committed)
+    assert b.late == 0
+    assert len(b.problems) == 3  # orders 2 != seen 1, a placed answer naming no order, an unseen order
+    late = drop.books(drop.DropResult(plan=plan, attempts=[replace_sent(a, -10.0) for a in attempts]),
+                      wall_open=wall_open, budget=4.0)
+    assert late.late == 2  # committed 11 s after their requests were sent
+
+
+def replace_sent(a: Attempt, sent: float) -> Attempt:
+    from dataclasses import replace
+
+    return replace(a, sent=sent)
+
+
 # --- a real server ---------------------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
 def test_a_tiny_drop_against_a_real_server_sells_out_and_the_books_balance():
