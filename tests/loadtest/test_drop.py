@@ -73,17 +73,22 @@ def test_a_persons_request_sends_back_its_cookies_and_line_ticket():
 
 
 # --- the buyers, against a small server of the test's own -------------------------------------------
-def _buy_from(answer: bytes, delay: float, plan_kw: dict, buyers: list[drop.Buyer]):
-    """Run the buyers (in this process) against a loopback server that answers every request with
-    `answer` after `delay` s; their records and attempts."""
+def _buy_from(answer: bytes | list[bytes], delay: float, plan_kw: dict, buyers: list[drop.Buyer],
+              heard: list[bytes] | None = None):
+    """Run the buyers (in this process) against a loopback server that answers each request with
+    `answer` (or the next of a list, the last one again when it runs out) after `delay` s; their
+    records and attempts. The requests' heads go to `heard`."""
     import asyncio
     import time
 
+    answers = answer if isinstance(answer, list) else [answer]
+    heard = [] if heard is None else heard
+
     async def main():
         async def serve(reader, writer):
-            await reader.readuntil(b"\r\n\r\n")
+            heard.append(await reader.readuntil(b"\r\n\r\n"))
             await asyncio.sleep(delay)
-            writer.write(answer)
+            writer.write(answers[min(len(heard), len(answers)) - 1])
             await writer.drain()
             writer.close()
 
@@ -109,6 +114,35 @@ def test_a_buyer_out_of_patience_still_hears_the_answer_it_is_waiting_for():
     assert sorted((r.kind, r.result) for r in records) == [(PERSON, WON), (SCRIPT, WON)]
     assert all(a.status == 201 and a.order_id == 5 and a.answered - a.sent >= 0.5 for a in attempts)
     assert len([a for a in attempts if a.buyer == 1]) == drop.SCRIPT_INFLIGHT
+
+
+def test_a_person_waits_as_told_and_brings_back_its_cookies_and_line_ticket():
+    in_line = (b"HTTP/1.1 202 Accepted\r\nRetry-After: 0.3\r\nSet-Cookie: line=p7; Path=/\r\n"
+               b"Line-Ticket: T.7\r\nContent-Type: application/json\r\nContent-Length: 34\r\n"
+               b"Connection: close\r\n\r\n{\"line\": {\"place\": 7, \"ahead\": 6}}")
+    heard: list[bytes] = []
+    records, attempts = _buy_from([in_line, PLACED_ANSWER], 0.0, {"patience": 5.0},
+                                  [drop.Buyer(0, PERSON, 0.0)], heard)
+    assert [(r.result, r.first_status) for r in records] == [(WON, 202)]
+    assert [a.status for a in attempts] == [202, 201] and attempts[0].retry_after == "0.3"
+    assert 0.3 <= attempts[1].sent - attempts[0].answered <= 0.3 + drop.JITTER + 0.2
+    first, second = (h.decode() for h in heard)
+    assert "Cookie" not in first and "Line-Ticket" not in first
+    assert "Cookie: line=p7\r\n" in second and "Line-Ticket: T.7\r\n" in second
+    assert first.split("Idempotency-Key: ")[1].split("\r\n")[0] == "dp-r-0" == \
+        second.split("Idempotency-Key: ")[1].split("\r\n")[0]  # one key for all of a person's tries
+
+
+def test_a_script_ignores_retry_after_and_uses_a_new_key_for_every_attempt():
+    busy = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 27\r\nConnection: close\r\n\r\n{\"error\": {\"code\": \"busy\"}}")
+    heard: list[bytes] = []
+    records, _ = _buy_from([busy] * 9 + [PLACED_ANSWER], 0.0, {"patience": 4.0},
+                                  [drop.Buyer(0, SCRIPT, 0.0)], heard)
+    assert [r.result for r in records] == [WON]
+    assert records[0].final_at < 2.0  # not after 5 s: Retry-After is not obeyed
+    keys = [h.decode().split("Idempotency-Key: ")[1].split("\r\n")[0] for h in heard]
+    assert len(keys) == len(set(keys)) >= 10
 
 
 def test_an_attempt_waits_at_most_answer_wait_then_the_person_gives_up():
