@@ -12,7 +12,8 @@ pre-queue before it), in a shuffled order of two kinds:
   after `patience` seconds (an attempt waits up to 10 s for its answer, longer than the server's
   deadline, so an order placed for a buyer who never heard of it is the server's doing);
 - a SCRIPT keeps 3 attempts in flight, each a new connection with a new key, and sends again
-  50 ms after each answer whatever Retry-After said, until it sees an order placed or "sold out".
+  50 ms after each answer whatever Retry-After said, until it sees an order placed, "sold out" or
+  another refusal (the cap); the answers of its attempts still in flight then are counted too.
 
 Arrival is when a buyer first sent (its lateness against the schedule is reported: the
 generator must keep up). The figures are computed from the buyers' records by the functions
@@ -41,7 +42,6 @@ SCRIPT_INFLIGHT = 3  # a script's attempts in flight
 SCRIPT_EVERY = 0.05  # seconds between a script's answer and its next attempt
 JITTER = 0.1  # up to this much is added to a person's Retry-After
 NO_RETRY_AFTER = 1.0  # seconds a person waits when told to wait without a Retry-After
-WAIT_STATUSES = (202, 429, 503)  # "not now": a person waits and asks again
 RETRY_CODES = ("not_open_yet",)  # refusals that say "later", not "no": asked again
 
 
@@ -559,11 +559,13 @@ def issue_tokens(user_ids: Sequence[int]) -> list[str]:
 
 def drop(url: str, *, units: int = 300, people: int = 3000, scripts: int = 500, arrival_seconds: float = 1.0,
          prequeue_seconds: float = 0.0, load: float | None = None, capacity: float | None = None,
-         patience: float = 30.0, clients: int = 3, lead: float = 3.0, seed: int = 0) -> DropRun:
+         patience: float = 30.0, clients: int = 6, lead: float = 3.0, seed: int = 0) -> DropRun:
     """Set the drop up on the server's database, send its crowd, read the books, clean up.
     `load` x C sizes the crowd instead of `people` + `scripts` (in their ratio); C is measured
     closed loop first (as `spike` does) unless given. The drop opens `lead` s after the setup
     (plus the pre-queue)."""
+    from django.contrib.auth import get_user_model
+
     from loadtest import workload
     from shop import deadlines
     from shop.models import Product
@@ -584,8 +586,6 @@ def drop(url: str, *, units: int = 300, people: int = 3000, scripts: int = 500, 
             people, scripts = split_load(load, float(capacity or 0), window, people=people, scripts=scripts)
         buyers = crowd(people=people, scripts=scripts, arrival_seconds=arrival_seconds,
                        prequeue_seconds=prequeue_seconds, seed=seed)
-        from django.contrib.auth import get_user_model
-
         User = get_user_model()
         User.objects.bulk_create(User(username=f"{w.tag}d{n}", password="!") for n in range(len(buyers)))
         ids = list(User.objects.filter(username__startswith=f"{w.tag}d").order_by("pk").values_list("pk", flat=True))
