@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest import cpu, openloop
+from loadtest import cpu, drop, openloop
 from loadtest.runner import PhaseRun, Progress, Record, RunResult
 from loadtest.strategies import BUSY, ERROR, OUT_OF_STOCK, OUTCOMES, PLACED, REJECTED
 
@@ -448,3 +448,56 @@ def crowd_json(c: openloop.Crowd) -> dict[str, Any]:
                         "unseen": unseen,
                         "sold_out_at": at}
                        for s, (committed, unseen), at in zip(c.summaries, c.unseen, c.sold_out_at, strict=True)]}
+
+
+# --- a drop's crowd (loadtest/drop.py) ----------------------------------------------------------
+def _s(seconds: float | None, unit: str = " s") -> str:
+    return "-" if seconds is None else f"{seconds:.2f}{unit}"
+
+
+def _x(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def drop_report(d: drop.DropRun) -> str:
+    """A drop's crowd: who won, how soon everyone heard, what it cost, and the books."""
+    plan, f = d.result.plan, d.figures()
+    window = (f"in a pre-queue of {d.prequeue_seconds:g} s before the opening" if d.prequeue_seconds
+              else f"in the first {d.arrival_seconds:g} s after the opening")
+    load = f" ({d.load:g}x C)" if d.load else ""
+    head = (f"drop on {plan.url}: {plan.units:,} units, 1 per buyer; {d.people:,} people + {d.scripts:,} scripts"
+            f"{load} arriving {window}; C = {d.capacity:,.0f} orders/s"
+            f"{' (closed loop, 32 buyers)' if d.capacity_measured else ' (given)'}; a buyer tries for "
+            f"{plan.patience:g} s; {plan.clients} client processes used {f['client_cpu']:.1f} CPU s, sent first "
+            f"requests late by p50 {_s(f['send_lag_p50'])}, p99 {_s(f['send_lag_p99'])} (max {_s(f['send_lag_max'])})")
+    rate = f["win_rate"]
+    lines = [head,
+             f"FIFO share: {_x(f['fifo_share'])} (first come, first served 1.0; chance {f['chance']:.2f})",
+             f"script advantage: {_x(f['script_advantage'])} (scripts won {_x(rate[drop.SCRIPT], 3)}, "
+             f"people {_x(rate[drop.PERSON], 3)})"]
+    rows = [[name, *(_s(v) for v in (t["p50"], t["p99"]))] for name, t in f["time_to_final"].items()]
+    lines.append(table(("arrival to final answer", "p50", "p99"), rows))
+    gave_up = f["gave_up"]
+    lines += [
+        f"gave up without a final answer: {gave_up[drop.PERSON]:,} people, {gave_up[drop.SCRIPT]:,} scripts",
+        f"sales (the orders' times): first at {_s(f['first_sale_at'])}, last at {_s(f['last_sale_at'])} after the "
+        f"opening (the last placed answer heard at {_s(f['last_placed_answer_at'])}); "
+        f"losers told within 1 s of the last: {_x(f['losers_told_within_1s_of_last_sale'])}",
+        f"requests: {f['requests']:,}, {_x(f['requests_per_unit'], 1)} per unit sold; answers: "
+        + ", ".join(f"{k} {v:,}" for k, v in f["answers"].items()),
+        "Retry-After given: " + (", ".join(f"{k} s {v:,}" for k, v in f["retry_after"].items()) or "none"),
+        f"people told \"not now\" (503/202) first who still won: {f['waited_then_won']:,}",
+        f"goodput while stock lasted: {_x(f['goodput'], 0)} units/s = {_x(f['goodput_x_capacity'])}x C",
+        f"the first second: {f['first_second']['units']:,} units sold, {f['first_second']['sent']:,} requests sent, "
+        f"answered in p50 {_s(f['first_second']['p50'])} / p99 {_s(f['first_second']['p99'])}",
+    ]
+    b = d.books
+    books = (f"books: {b.units:,} units, {b.sold:,} sold, {b.orders:,} orders, {b.seen:,} seen placed; "
+             f"{b.accounts_over_cap} accounts over the cap, {b.not_orders} placed answers without an order, "
+             f"{b.unseen} orders never seen ({b.late} committed more than {d.deadline + drop.LATE_SLACK:g} s after "
+             f"their request was sent, by the client's clock)")
+    lines.append(books + (": OK" if not b.problems else ": FAIL " + "; ".join(b.problems)))
+    if b.unseen_heard:
+        lines.append("what the buyers of the unseen orders heard of them: "
+                     + ", ".join(f"{k} {v:,}" for k, v in b.unseen_heard.items()))
+    return "\n".join(lines)

@@ -9,6 +9,7 @@
     manage.py loadtest --pay 0.7                         70% of buyers pay; the rest expire, stock must come back
     manage.py loadtest --compare --duration 5 --repeat 3 --json compare.json --plot compare.png
     manage.py loadtest --fault all                       inject each fault, check the books and liveness
+    manage.py loadtest --url URL --profile drop --load 4 a drop's crowd at 4x C: who won, how soon, the books
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from loadtest import (
     appservers,
     cpu,
+    drop,
     extras,
     fault_harness,
     faults,
@@ -110,18 +112,33 @@ class Command(BaseCommand):
         flt.add_argument("--fault-buyers", type=int, default=6, help="buyer processes per scenario (default 6)")
         crowd = parser.add_argument_group("a crowd, open loop over HTTP (--url with --profile or --rate; "
                                           "docs/benchmarks.md)")
-        crowd.add_argument("--profile", choices=("spike", "flash"),
+        crowd.add_argument("--profile", choices=("spike", "flash", "drop"),
                            help="spike: 0.5x, 1x, 2x, 4x, 10x, 0.5x the capacity C, a phase each; flash: a sale of "
-                                f"{openloop.FLASH_STOCK} units at 4x C, then another at 10x C")
+                                f"{openloop.FLASH_STOCK} units at 4x C, then another at 10x C; drop: a drop's crowd "
+                                "of people and scripts (the options below)")
         crowd.add_argument("--rate", type=float, metavar="R", help="send R orders per second for --phase-seconds")
         crowd.add_argument("--capacity", type=float, metavar="C",
                            help="orders/s the profile's multiples are of (default: measured first, closed-loop, "
                                 "32 buyers for 5 s)")
         crowd.add_argument("--phase-seconds", type=float, default=8.0, help="seconds per phase (default 8)")
-        crowd.add_argument("--clients", type=int, default=3, help="client processes sending (default 3)")
-        crowd.add_argument("--patience", type=float, default=10.0,
-                           help="seconds a buyer waits for an answer before it gives up (default 10)")
+        crowd.add_argument("--clients", type=int, help="client processes sending (default 3; drop: 6)")
+        crowd.add_argument("--patience", type=float,
+                           help="seconds a buyer waits for an answer before it gives up (default 10; drop: "
+                                "seconds a buyer keeps trying, default 30)")
         crowd.add_argument("--prefer-wait", type=float, metavar="S", help="send 'Prefer: wait=S' with every order")
+        dr = parser.add_argument_group("a drop (--profile drop; loadtest/drop.py)")
+        dr.add_argument("--units", type=int, default=300, help="the drop's units, 1 per buyer (default 300)")
+        dr.add_argument("--people", type=int, default=3000,
+                        help="buyers who wait the Retry-After they are given (default 3000)")
+        dr.add_argument("--scripts", type=int, default=500,
+                        help="buyers that keep 3 attempts in flight and retry every 50 ms (default 500)")
+        dr.add_argument("--arrival-seconds", type=float, default=1.0,
+                        help="buyers arrive evenly over this many seconds after the opening (default 1)")
+        dr.add_argument("--prequeue-seconds", type=float, default=0.0,
+                        help="buyers arrive evenly over this many seconds before the opening instead (default 0)")
+        dr.add_argument("--load", type=float, metavar="X",
+                        help="as many buyers as X x C arrivals over the arrival window (people and scripts in "
+                             "the ratio of --people to --scripts)")
         cmp = parser.add_argument_group("comparison (--compare)")
         cmp.add_argument("--compare", action="store_true", help="run several strategies side by side")
         cmp.add_argument("--strategies", default=",".join(names), help="comma-separated (default: all)")
@@ -169,6 +186,11 @@ class Command(BaseCommand):
                 raise CommandError(f"--{name.replace('_', '-')} must be above 0")
         if not workload.is_migrated():
             raise CommandError(workload.NOT_MIGRATED)
+        if opts["profile"] == "drop":
+            self._drop(opts)
+            return
+        opts["patience"] = opts["patience"] or 10.0
+        opts["clients"] = opts["clients"] or 3
         outcome = openloop.crowd(opts["url"][0], profile=opts["profile"] or "rate", capacity=opts["capacity"],
                                  rate=opts["rate"], seconds=opts["phase_seconds"], clients=opts["clients"],
                                  patience=opts["patience"], users=opts["users"], prefer_wait=opts["prefer_wait"])
@@ -177,6 +199,25 @@ class Command(BaseCommand):
             report.write_json(opts["json"], report.crowd_json(outcome))
         if outcome.oversold:
             raise CommandError(f"FAIL: {outcome.oversold} units oversold")
+
+    def _drop(self, opts: dict[str, Any]) -> None:
+        for name in ("units", "arrival_seconds", "load"):
+            if opts[name] is not None and opts[name] <= 0:
+                raise CommandError(f"--{name.replace('_', '-')} must be above 0")
+        for name in ("people", "scripts", "prequeue_seconds"):
+            if opts[name] < 0:
+                raise CommandError(f"--{name.replace('_', '-')} must be 0 or more")
+        if opts["people"] + opts["scripts"] == 0:
+            raise CommandError("--people and --scripts: a drop needs at least one buyer")
+        outcome = drop.drop(opts["url"][0], units=opts["units"], people=opts["people"], scripts=opts["scripts"],
+                            arrival_seconds=opts["arrival_seconds"], prequeue_seconds=opts["prequeue_seconds"],
+                            load=opts["load"], capacity=opts["capacity"], patience=opts["patience"] or 30.0,
+                            clients=opts["clients"] or 6, seed=opts["seed"])
+        self.stdout.write(report.drop_report(outcome))
+        if opts["json"]:
+            report.write_json(opts["json"], outcome.as_dict())
+        if outcome.books.problems:
+            raise CommandError("FAIL: the books do not balance: " + "; ".join(outcome.books.problems))
 
     # -- several app servers ---------------------------------------------------------------
     def _urls(self, opts: dict[str, Any]) -> list[str]:

@@ -48,6 +48,21 @@ def test_bad_arguments_are_refused_with_a_message(args, message):
         run(*SMALL, *args)  # last wins: the bad value is the one used
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "message"), [
+    (["--units", "0"], "--units must be above 0"),
+    (["--load", "-4"], "--load must be above 0"),
+    (["--arrival-seconds", "0"], "--arrival-seconds must be above 0"),
+    (["--prequeue-seconds", "-1"], "--prequeue-seconds must be 0 or more"),
+    (["--people", "0", "--scripts", "0"], "a drop needs at least one buyer"),
+    (["--patience", "0"], "--patience must be above 0"),
+])
+def test_bad_drop_arguments_are_refused_before_anything_is_sent(args, message):
+    with pytest.raises(CommandError, match=message):
+        run("--url", "http://127.0.0.1:1", "--profile", "drop", *args)
+    assert not Product.objects.exists()
+
+
 def test_unknown_strategy_is_an_argparse_error():
     with pytest.raises(CommandError, match="invalid choice: 'nope'"):
         run("--strategy", "nope")
