@@ -297,11 +297,6 @@ class ShopWorker(ThreadWorker):
         conn.request = bytearray(conn.parser.unreader.take_buffered() if conn.parser else b"")
         conn.whole_at = conn.scanned = 0
         conn.read_until = time.monotonic() + self.head_timeout
-        self._reading[conn] = None
-        slots = self._slots.setdefault(_address(conn), {})
-        slots[conn] = None
-        if 0 < self.head_slots < len(slots):  # this client's oldest unfinished connection goes
-            self._stop_reading(next(iter(slots)), close=True)
         self._receive(conn)  # the request has often come already: no round through the poller
 
     def _receive(self, conn, _sock=None) -> None:
@@ -321,14 +316,24 @@ class ShopWorker(ThreadWorker):
         state = self._progress(conn)
         if state is _PARTIAL:
             if not conn.polled:
-                self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._receive, conn))
-                conn.polled = True
+                self._wait_for_more(conn)
             return
         self._stop_reading(conn)
         if state is _TOO_LARGE:
             self._answer_and_close(conn, _HEAD_TOO_LARGE)
         else:
             self._triage(conn)
+
+    def _wait_for_more(self, conn) -> None:
+        """Poll a connection whose request is not whole yet; this client's oldest unfinished
+        connection goes if it has too many."""
+        self._reading[conn] = None
+        slots = self._slots.setdefault(_address(conn), {})
+        slots[conn] = None
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._receive, conn))
+        conn.polled = True
+        if 0 < self.head_slots < len(slots):
+            self._stop_reading(next(iter(slots)), close=True)
 
     def _progress(self, conn) -> str:
         """Whether the request has come whole: its head, and a body up to BODY_BUFFER bytes (a
@@ -350,13 +355,12 @@ class ShopWorker(ThreadWorker):
         return _WHOLE if len(data) >= conn.whole_at else _PARTIAL
 
     def _stop_reading(self, conn, *, close: bool = False) -> None:
-        self._reading.pop(conn, None)
-        slots = self._slots.get(_address(conn))
-        if slots is not None:
-            slots.pop(conn, None)
+        if conn.polled:
+            del self._reading[conn]
+            slots = self._slots[_address(conn)]
+            del slots[conn]
             if not slots:
                 del self._slots[_address(conn)]
-        if conn.polled:
             with contextlib.suppress(OSError, KeyError, ValueError):
                 self.poller.unregister(conn.sock)
             conn.polled = False
@@ -376,7 +380,7 @@ class ShopWorker(ThreadWorker):
         waiting = self._waiting()
         if waiting == 0:
             self._queue_empty_at = now
-        request = bytes(conn.request)
+        conn.request = request = bytes(conn.request)
         if waiting >= self.queue_max:
             self._answer_busy(conn, "queue_full")
         elif (self._lines_full() and request.startswith(_ORDER_REQUESTS)
@@ -391,7 +395,7 @@ class ShopWorker(ThreadWorker):
 
     def _answer_busy(self, conn, reason: str) -> None:
         """Answer 503 (the request was read), close."""
-        self._answer_and_close(conn, busy_response(bytes(conn.request), reason))
+        self._answer_and_close(conn, busy_response(conn.request, reason))
         self._counted(reason)
 
     def _answer_and_close(self, conn, answer: bytes) -> None:
@@ -475,7 +479,7 @@ class ShopWorker(ThreadWorker):
         if self._observe is not None:
             self._observe(waited)
         self._arrival.at = queued_at
-        conn.request = bytearray()  # its parser has the bytes
+        conn.request = b""  # its parser has them
         try:
             return super().handle(conn)
         finally:
