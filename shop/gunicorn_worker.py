@@ -37,7 +37,8 @@ Every other request is stamped with the time it became whole and was queued
 (shop/deadlines.py), so a client slow to send costs its own deadline nothing. A thread of the
 worker reads the index of sold-out products four times a second and adds the overload counts to
 Redis once a second (shop/overload.py: the lock dashboard's panel). With TLS in gunicorn itself
-(certfile) or HTTP/2 the main loop cannot read requests: they go to a thread as in gthread.
+(certfile), HTTP/2 or the PROXY protocol the main loop does not read requests: they go to a
+thread as in gthread.
 
     gunicorn shop.wsgi -c gunicorn.conf.py        (worker_class = "shop.gunicorn_worker.ShopWorker")
 """
@@ -188,6 +189,7 @@ class _Conn(TConn):
         self.scanned = 0  # bytes already searched for the end of the head
         self.read_until = self.queued_at = 0.0
         self.polled = False
+        self.drained = 0  # bytes read while lingering after the answer
 
     def close(self, graceful: bool = False) -> None:
         """gthread closes gracefully in its main loop, blocking until the client closes too (up to
@@ -214,8 +216,10 @@ class ShopWorker(ThreadWorker):
         self._reading: dict[_Conn, None] = {}
         self._slots: dict[str, dict[_Conn, None]] = {}
         self._lingering: dict[_Conn, float] = {}
-        # TLS in gunicorn itself and HTTP/2 speak other bytes: their requests go to a thread unread.
-        self._reads_requests = not self.cfg.is_ssl and "h2" not in self.cfg.http_protocols
+        # TLS in gunicorn itself, HTTP/2 and the PROXY protocol put other bytes first: their
+        # requests go to a thread unread, as in gthread.
+        self._reads_requests = (not self.cfg.is_ssl and "h2" not in self.cfg.http_protocols
+                                and self.cfg.proxy_protocol in ("off", False, None))
         self.head_timeout, self.head_slots, self.head_max, self.body_buffer = 5.0, 16, 32768, 65536
 
     def load_wsgi(self) -> None:
@@ -422,7 +426,6 @@ class ShopWorker(ThreadWorker):
         except (OSError, ValueError, KeyError):
             util.close(conn.sock)
             return
-        conn.scanned = 0  # now: what was drained
         self._lingering[conn] = time.monotonic() + LINGER
 
     def _drain(self, conn, _sock=None) -> None:
@@ -432,8 +435,8 @@ class ShopWorker(ThreadWorker):
             return
         except OSError:
             chunk = b""
-        conn.scanned += len(chunk)
-        if not chunk or conn.scanned >= LINGER_BYTES:
+        conn.drained += len(chunk)
+        if not chunk or conn.drained >= LINGER_BYTES:
             self._end_linger(conn)
 
     def _end_linger(self, conn) -> None:

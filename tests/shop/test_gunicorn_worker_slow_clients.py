@@ -239,6 +239,9 @@ def test_keep_alive_pipelining_and_a_head_in_pieces_are_served(server):
             sock.sendall(ask[i:i + 7])
             time.sleep(0.02)
         assert _read_response(sock).startswith(b"HTTP/1.1 200 ")
+        sock.sendall(b"POST /api/nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"2\r\n{}\r\n0\r\n\r\n" + ask)  # chunked: its thread reads the body
+        assert [_read_response(sock)[:13] for _ in range(2)] == [b"HTTP/1.1 404 ", b"HTTP/1.1 200 "]
     finally:
         sock.close()
 
