@@ -53,7 +53,8 @@ DEFAULTS: dict[str, Any] = {
     # first byte), or the connection is closed; a head over HEAD_MAX bytes is answered 431; a body
     # up to BODY_BUFFER bytes is read too (a larger one, or chunked, by the thread). One client
     # address may have HEAD_SLOTS_PER_CLIENT connections still sending (0 or None: no bound): one
-    # more closes its oldest. Env: SHOP_HEAD_TIMEOUT, SHOP_HEAD_SLOTS_PER_CLIENT.
+    # more closes its oldest (sending for a second or more). Env: SHOP_HEAD_TIMEOUT,
+    # SHOP_HEAD_SLOTS_PER_CLIENT.
     "HEAD_TIMEOUT": 5.0,
     "HEAD_SLOTS_PER_CLIENT": 16,
     "HEAD_MAX": 32 * 1024,

@@ -16,9 +16,10 @@ This worker keeps gthread's threads and accepts as eagerly, and:
   within SHOP["HEAD_TIMEOUT"] of its connection (or, kept alive, of its first byte), or the
   connection is closed (408 if it sent part of one); a head longer than SHOP["HEAD_MAX"] is
   answered 431. One client address may have SHOP["HEAD_SLOTS_PER_CLIENT"] connections still
-  sending: one more closes its oldest. At worker_connections the oldest idle connection is
-  closed, so a new one is always accepted. A body larger than BODY_BUFFER, or chunked, goes on
-  once its head has come: the thread reads it, and the app's limits apply;
+  sending: one more closes its oldest (once that one has been sending for SLOT_GRACE s). At
+  worker_connections the oldest idle connection is closed, so a new one is always accepted. A
+  body larger than BODY_BUFFER, or chunked, goes on once its head has come: the thread reads it,
+  and the app's limits apply;
 - answers what it cannot serve in time at once, 503 `busy` with Retry-After, without the app:
   in the main loop, once the request is whole, when more requests already wait for a thread
   than SHOP["QUEUE_MAX"] (default: the number of threads), or when this process's lines are
@@ -64,6 +65,10 @@ RECV_SIZE = 65536  # bytes the main loop takes from a connection at a time
 # A connection closed after its answer waits this long for its client to close too (gthread's
 # close_graceful), reading at most LINGER_BYTES of what it still sends.
 LINGER, LINGER_BYTES = 2.0, 65536
+# A client over its HEAD_SLOTS_PER_CLIENT loses its oldest unfinished connection only once that
+# one has been sending this long: a burst of new connections (a NAT, a load generator, a client
+# starved of CPU between connect and send) whose requests are on their way is not cut off.
+SLOT_GRACE = 1.0
 
 def _busy_json(reason: str) -> bytes:
     return (b'{"error":{"code":"busy","message":"The shop is very busy right now; nothing was done. '
@@ -187,7 +192,7 @@ class _Conn(TConn):
         self.request = bytearray()
         self.whole_at = 0  # its length once its head has come (0: not yet)
         self.scanned = 0  # bytes already searched for the end of the head
-        self.read_until = self.queued_at = 0.0
+        self.reading_since = self.read_until = self.queued_at = 0.0
         self.polled = False
         self.drained = 0  # bytes read while lingering after the answer
 
@@ -300,7 +305,8 @@ class ShopWorker(ThreadWorker):
         conn.sock.setblocking(False)  # a thread left it blocking
         conn.request = bytearray(conn.parser.unreader.take_buffered() if conn.parser else b"")
         conn.whole_at = conn.scanned = 0
-        conn.read_until = time.monotonic() + self.head_timeout
+        conn.reading_since = time.monotonic()
+        conn.read_until = conn.reading_since + self.head_timeout
         self._receive(conn)  # the request has often come already: no round through the poller
 
     def _receive(self, conn, _sock=None) -> None:
@@ -330,14 +336,16 @@ class ShopWorker(ThreadWorker):
 
     def _wait_for_more(self, conn) -> None:
         """Poll a connection whose request is not whole yet; this client's oldest unfinished
-        connection goes if it has too many."""
+        connection goes if it has too many (and has been sending for SLOT_GRACE s)."""
         self._reading[conn] = None
         slots = self._slots.setdefault(_address(conn), {})
         slots[conn] = None
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._receive, conn))
         conn.polled = True
         if 0 < self.head_slots < len(slots):
-            self._stop_reading(next(iter(slots)), close=True)
+            oldest = next(iter(slots))
+            if oldest.reading_since <= time.monotonic() - SLOT_GRACE:
+                self._stop_reading(oldest, close=True)
 
     def _progress(self, conn) -> str:
         """Whether the request has come whole: its head, and a body up to BODY_BUFFER bytes (a
