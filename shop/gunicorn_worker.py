@@ -15,11 +15,11 @@ This worker keeps gthread's threads and accepts as eagerly, and:
   whose gunicorn parser reads those bytes first (`Unreader.unread`). A request must be whole
   within SHOP["HEAD_TIMEOUT"] of its connection (or, kept alive, of its first byte), or the
   connection is closed (408 if it sent part of one); a head longer than SHOP["HEAD_MAX"] is
-  answered 431. One client address may have SHOP["HEAD_SLOTS_PER_CLIENT"] connections still
-  sending: one more closes its oldest (once that one has been sending for SLOT_GRACE s). At
-  worker_connections the oldest idle connection is closed, so a new one is always accepted. A
-  body larger than BODY_BUFFER, or chunked, goes on once its head has come: the thread reads it,
-  and the app's limits apply;
+  answered 431. Once the worker holds half its worker_connections, one client address may have
+  SHOP["HEAD_SLOTS_PER_CLIENT"] connections still sending: one more closes its oldest (sending
+  for SLOT_GRACE s or more). At worker_connections the oldest idle connection is closed, so a
+  new one is always accepted. A body larger than BODY_BUFFER, or chunked, goes on once its head
+  has come: the thread reads it, and the app's limits apply;
 - answers what it cannot serve in time at once, 503 `busy` with Retry-After, without the app:
   in the main loop, once the request is whole, when more requests already wait for a thread
   than SHOP["QUEUE_MAX"] (default: the number of threads), or when this process's lines are
@@ -335,17 +335,22 @@ class ShopWorker(ThreadWorker):
             self._triage(conn)
 
     def _wait_for_more(self, conn) -> None:
-        """Poll a connection whose request is not whole yet; this client's oldest unfinished
-        connection goes if it has too many (and has been sending for SLOT_GRACE s)."""
+        """Poll a connection whose request is not whole yet. While the worker holds half its
+        worker_connections or more, a client with too many unfinished connections loses its
+        oldest (sending for SLOT_GRACE s): one address cannot take the room of the others.
+        Below that an unfinished connection costs no thread and little memory: it may wait."""
         self._reading[conn] = None
         slots = self._slots.setdefault(_address(conn), {})
         slots[conn] = None
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._receive, conn))
         conn.polled = True
-        if 0 < self.head_slots < len(slots):
+        if 0 < self.head_slots < len(slots) and self._crowded():
             oldest = next(iter(slots))
             if oldest.reading_since <= time.monotonic() - SLOT_GRACE:
                 self._stop_reading(oldest, close=True)
+
+    def _crowded(self) -> bool:
+        return 2 * (self.nr_conns + len(self._lingering)) >= self.worker_connections
 
     def _progress(self, conn) -> str:
         """Whether the request has come whole: its head, and a body up to BODY_BUFFER bytes (a

@@ -270,40 +270,72 @@ def test_a_head_too_large_is_refused_with_431(server):
 
 @pytest.fixture(scope="module")
 def tight_server(django_db_setup, django_db_blocker):
-    """A server with few slots: 3 unfinished connections per client, 24 connections in all."""
+    """A server with few slots: 3 unfinished connections per client once it holds 12 (half of the
+    24 connections it holds in all)."""
     with django_db_blocker.unblock():
         small = _server(SHOP_HEAD_SLOTS_PER_CLIENT="3", WEB_WORKER_CONNECTIONS="24")
     yield small
     small.stop()
 
 
-def test_a_client_over_its_slots_loses_its_oldest_unfinished_connection(tight_server):
-    first, second, third = (_connect(tight_server, send=HALF_HEAD) for _ in range(3))
+@contextlib.contextmanager
+def _crowded(server: appservers.AppServer):
+    """Half the server's connections taken by silent clients of other addresses."""
+    others = [_connect(server, source=f"127.0.2.{i}") for i in range(1, 11)]
     try:
-        time.sleep(SLOT_GRACE + 0.3)  # a connection younger than that is not cut off
-        fourth = _connect(tight_server, send=b"GET /api/products/ HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        assert _closed_by_server(first, within=2) == (True, b"")
-        assert _closed_by_server(second, within=0.5) == (False, b"")
-        fourth.sendall(b"\r\n")  # the newest is read: a new connection always is
-        assert _read_response(fourth).startswith(b"HTTP/1.1 200 ")
-        fourth.close()
+        yield
     finally:
-        for sock in (first, second, third):
+        for sock in others:
+            sock.close()
+
+
+def test_a_client_over_its_slots_loses_its_oldest_unfinished_connection(tight_server):
+    with _crowded(tight_server):
+        first, second, third = (_connect(tight_server, send=HALF_HEAD) for _ in range(3))
+        try:
+            time.sleep(SLOT_GRACE + 0.3)  # a connection younger than that is not cut off
+            fourth = _connect(tight_server, send=b"GET /api/products/ HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            assert _closed_by_server(first, within=1) == (True, b"")
+            assert _closed_by_server(second, within=0.3) == (False, b"")
+            fourth.sendall(b"\r\n")  # the newest is read: a new connection always is
+            assert _read_response(fourth).startswith(b"HTTP/1.1 200 ")
+            fourth.close()
+        finally:
+            for sock in (first, second, third):
+                sock.close()
+
+
+def test_unfinished_connections_wait_while_the_worker_has_room(tight_server):
+    """Below half its connections, a client over its slots loses nothing: an unfinished
+    connection costs no thread (a load generator short of CPU connects long before it sends)."""
+    half = b"GET /api/products/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    socks = [_connect(tight_server, send=half) for _ in range(6)]
+    try:
+        time.sleep(SLOT_GRACE + 0.3)
+        socks.append(_connect(tight_server, send=half))
+        for sock in socks:
+            assert _closed_by_server(sock, within=0.1) == (False, b"")
+            sock.sendall(b"\r\n")
+        assert all(_read_response(sock).startswith(b"HTTP/1.1 200 ") for sock in socks)
+    finally:
+        for sock in socks:
             sock.close()
 
 
 def test_a_burst_of_new_connections_from_one_address_is_not_cut_off(tight_server):
     """More connections than the slots, their requests sent a moment after connecting (a NAT, a
-    load generator short of CPU): none is older than SLOT_GRACE, so all are served."""
-    socks = [_connect(tight_server) for _ in range(8)]
-    try:
-        time.sleep(SLOT_GRACE / 4)
-        for sock in socks:
-            sock.sendall(b"GET /api/products/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        assert all(_read_response(sock).startswith(b"HTTP/1.1 200 ") for sock in socks)
-    finally:
-        for sock in socks:
-            sock.close()
+    load generator short of CPU), while the worker is crowded: none is older than SLOT_GRACE, so
+    all are served."""
+    with _crowded(tight_server):
+        socks = [_connect(tight_server) for _ in range(8)]
+        try:
+            time.sleep(SLOT_GRACE / 4)
+            for sock in socks:
+                sock.sendall(b"GET /api/products/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert all(_read_response(sock).startswith(b"HTTP/1.1 200 ") for sock in socks)
+        finally:
+            for sock in socks:
+                sock.close()
 
 
 def test_idle_connections_from_many_addresses_never_lock_a_new_client_out(tight_server):
