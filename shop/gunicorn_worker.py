@@ -416,13 +416,12 @@ class ShopWorker(ThreadWorker):
         self._counted(reason)
 
     def _answer_and_close(self, conn, answer: bytes) -> None:
-        try:
+        """Answer from the main loop and close at once: what the client sent has been read, so the
+        close is a FIN after the answer (no lingering: a lost `busy` costs a retry, nothing more)."""
+        with contextlib.suppress(OSError):
             conn.sock.send(answer)  # a few hundred bytes: the socket's buffer takes them at once
-        except OSError:
-            self._close(conn)
-            return
-        self.nr_conns -= 1
-        self._linger(conn)
+            conn.sock.shutdown(socket.SHUT_WR)
+        self._close(conn)
 
     def _close(self, conn) -> None:
         self.nr_conns -= 1
