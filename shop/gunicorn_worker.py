@@ -416,8 +416,8 @@ class ShopWorker(ThreadWorker):
         self._counted(reason)
 
     def _answer_and_close(self, conn, answer: bytes) -> None:
-        """Answer from the main loop and close at once: what the client sent has been read, so the
-        close is a FIN after the answer (no lingering: a lost `busy` costs a retry, nothing more)."""
+        """Answer from the main loop and close at once: what the client sent so far has been read,
+        so the close is a FIN after the answer (no lingering: a lost `busy` costs a retry)."""
         with contextlib.suppress(OSError):
             conn.sock.send(answer)  # a few hundred bytes: the socket's buffer takes them at once
             conn.sock.shutdown(socket.SHUT_WR)
