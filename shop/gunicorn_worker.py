@@ -122,18 +122,6 @@ def busy_response(request: bytes, reason: str) -> bytes:
             + str(len(page)).encode() + b"\r\n\r\n" + page)
 
 
-def _whole(request: bytes) -> bool:
-    """The request's head and its (Content-Length) body have come."""
-    head, sep, body = request.partition(b"\r\n\r\n")
-    if not sep:
-        return False
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return value.strip().isdigit() and len(body) >= int(value.strip())
-    return True
-
-
 # Orders, as the request line starts: what the worker refuses while this process's lines are full.
 _ORDER_REQUESTS = (b"POST /api/orders/ ", b"POST /checkout/ ")
 
