@@ -3,7 +3,8 @@
     gunicorn -c gunicorn.conf.py shop.wsgi --workers 4 --threads 16 --bind 0.0.0.0:8000
 
 The worker is gthread with its queue bounded (shop/gunicorn_worker.py): past capacity a request
-is answered 503 `busy` with Retry-After at once instead of waiting unbounded for a thread. It
+is answered 503 `busy` with Retry-After at once instead of waiting unbounded for a thread, and a
+request gets a thread only once it has come whole (slow clients: docs/operations.md). It
 accepts eagerly (worker_connections), so the kernel's backlog stays short: a crowd is answered,
 not left in SYN retransmits (docs/operations.md, "A crowd bigger than the server").
 

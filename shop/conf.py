@@ -48,6 +48,17 @@ DEFAULTS: dict[str, Any] = {
     "QUEUE_INTERVAL": 0.1,
     "QUEUE_MAX": None,
     "MAX_WAITING": None,
+    # Slow clients (shop/gunicorn_worker.py): the worker reads a request before it gives it a
+    # thread. It must be whole within HEAD_TIMEOUT s of its connection (or, kept alive, of its
+    # first byte), or the connection is closed; a head over HEAD_MAX bytes is answered 431; a body
+    # up to BODY_BUFFER bytes is read too (a larger one, or chunked, by the thread). Once a worker
+    # holds half its worker_connections, one client address may have HEAD_SLOTS_PER_CLIENT
+    # connections still sending (0 or None: no bound): one more closes its oldest (sending for a
+    # second or more). Env: SHOP_HEAD_TIMEOUT, SHOP_HEAD_SLOTS_PER_CLIENT.
+    "HEAD_TIMEOUT": 5.0,
+    "HEAD_SLOTS_PER_CLIENT": 16,
+    "HEAD_MAX": 32 * 1024,
+    "BODY_BUFFER": 64 * 1024,
     # Payment: a new order awaits payment this long (seconds) with its stock reserved;
     # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
     # and coupon go back. Checked when the order is paid, so a late payment is refused.

@@ -1,33 +1,52 @@
-"""The shop's gunicorn worker: gthread, with the one queue it owns bounded by time and by length.
+"""The shop's gunicorn worker: gthread, with the one queue it owns bounded by time and by length,
+and no thread for a client that is slow to send its request.
 
 gthread accepts every connection and hands it to a thread pool whose queue has no bound: past
 capacity, requests wait there (and in the kernel's backlog behind it) far longer than their
 buyers do, and the server works off requests whose buyers have left, and does not recover when
-the load falls again (docs/benchmarks.md, "A crowd bigger than the server"). This
-worker keeps gthread's threads and accepts as eagerly, and answers what it cannot serve in time
-at once, 503 `busy` with Retry-After, without the app:
+the load falls again (docs/benchmarks.md, "A crowd bigger than the server"). It also gives a
+connection its thread before the request has come, and the thread then reads without a timeout:
+as many clients as threads that send half a request hold every thread for as long as they like.
+This worker keeps gthread's threads and accepts as eagerly, and:
 
-- in the main loop, when more requests already wait for a thread than SHOP["QUEUE_MAX"]
-  (default: the number of threads), or when this process's lines are full (as many buyers wait
-  as it admits: shop/admission.py) and the request is an order, unless it orders only products
-  known to be sold out (those go on: the app answers "sold out" at once). It looks at the
-  request without taking it off the socket (MSG_PEEK), and never waits for I/O. What is an
-  order, and which products it names, is shop/order_requests.py's rule: it reads at most
-  READ_MAX (16 KiB) of a request, never raises, and what it cannot read of an order is refused;
-  should it raise all the same, the request goes on to the app (logged), never ends the worker;
-- in the thread that picks a request up, when it waited longer than the queue allows: CoDel's
-  rule (Facebook's "controlled delay"): SHOP["QUEUE_INTERVAL"] (100 ms) while the queue drains
-  now and then (a burst), SHOP["QUEUE_TARGET"] (20 ms) once it has not been empty for a whole
-  interval (a standing queue: more arrives than the threads serve); or when the lines filled
-  since it was queued.
+- reads each request in the main loop first, without a thread and without ever waiting for I/O:
+  what a connection sends goes into a buffer of its own until the head and a body up to its
+  Content-Length (at most SHOP["BODY_BUFFER"] bytes) have come. Only then does it get a thread,
+  whose gunicorn parser reads those bytes first (`Unreader.unread`). A request must be whole
+  within SHOP["HEAD_TIMEOUT"] of its connection (or, kept alive, of its first byte), or the
+  connection is closed (408 if it sent part of one); a head longer than SHOP["HEAD_MAX"] is
+  answered 431. Once the worker holds half its worker_connections, one client address may have
+  SHOP["HEAD_SLOTS_PER_CLIENT"] connections still sending: one more closes its oldest (sending
+  for SLOT_GRACE s or more). At worker_connections the oldest idle connection is closed, so a
+  new one is always accepted. A body larger than BODY_BUFFER, or chunked, goes on once its head
+  has come: the thread reads it, and the app's limits apply;
+- answers what it cannot serve in time at once, 503 `busy` with Retry-After, without the app:
+  in the main loop, once the request is whole, when more requests already wait for a thread
+  than SHOP["QUEUE_MAX"] (default: the number of threads), or when this process's lines are
+  full (as many buyers wait as it admits: shop/admission.py) and the request is an order,
+  unless it orders only products known to be sold out (those go on: the app answers "sold out"
+  at once); in the thread that picks a request up, when it waited longer than the queue allows:
+  CoDel's rule (Facebook's "controlled delay"): SHOP["QUEUE_INTERVAL"] (100 ms) while the queue
+  drains now and then (a burst), SHOP["QUEUE_TARGET"] (20 ms) once it has not been empty for a
+  whole interval (a standing queue: more arrives than the threads serve); or when the lines
+  filled since it was queued;
+- closes a connection without waiting for its client in the main loop (gthread lingers there,
+  blocking, until the client closes too: up to 2 s per client that never does).
 
-Its answers carry the security headers Django's middleware gives the site's (read from the
-settings when the app loads) and a Content-Security-Policy of their own.
+Every other request is stamped with the time it became whole and was queued
+(`environ["shop.arrived"]`, time.monotonic() of this process): its deadline counts from there
+(shop/deadlines.py), so a client slow to send costs its own deadline nothing. A thread of the
+worker reads the index of sold-out products four times a second and adds the overload counts to
+Redis once a second (shop/overload.py: the lock dashboard's panel). With TLS in gunicorn itself
+(certfile), HTTP/2 or the PROXY protocol the main loop does not read requests: they go to a
+thread as in gthread.
 
-Every other request is stamped with the time it was queued (`environ["shop.arrived"]`,
-time.monotonic() of this process): its deadline counts from there (shop/deadlines.py). A thread
-of the worker reads the index of sold-out products four times a second and adds the overload
-counts to Redis once a second (shop/overload.py: the lock dashboard's panel).
+What is an order, and which products it names, is shop/order_requests.py's rule, the app's too:
+it reads at most READ_MAX (16 KiB) of a request, never raises, and what it cannot read of an
+order is refused while the lines are full; should it raise all the same, the request goes on to
+the app (logged), never ends the worker. The worker's answers carry the security headers
+Django's middleware gives the site's (read from the settings when the app loads) and a
+Content-Security-Policy of their own.
 
     gunicorn shop.wsgi -c gunicorn.conf.py        (worker_class = "shop.gunicorn_worker.ShopWorker")
 """
@@ -44,16 +63,22 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
 from functools import partial
 
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn import http, util
+from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from shop import order_requests
 
 RETRY_AFTER = 1  # seconds: a thread frees within milliseconds; a second spreads the retries
-# How long a connection chosen for a "busy" answer may take to send its request.
-SEND_WITHIN = 2.0
+RECV_SIZE = 65536  # bytes the main loop takes from a connection at a time
+# A connection closed after its answer waits this long for its client to close too (gthread's
+# close_graceful), reading at most LINGER_BYTES of what it still sends.
+LINGER, LINGER_BYTES = 2.0, 65536
+# A client over its HEAD_SLOTS_PER_CLIENT loses its oldest unfinished connection only once that
+# one has been sending this long: a burst of new connections (a NAT, a load generator, a client
+# starved of CPU between connect and send) whose requests are on their way is not cut off.
+SLOT_GRACE = 1.0
 
 def _busy_json(reason: str) -> bytes:
     return (b'{"error":{"code":"busy","message":"The shop is very busy right now; nothing was done. '
@@ -162,29 +187,86 @@ def _busy_answer(request: bytes, reason: str) -> tuple[bytes, bytes, bytes]:
     return _BUSY_JSON[reason], b"application/json", _CSP_JSON
 
 
-def _whole(request: bytes) -> bool:
-    """The request's head and its (Content-Length) body have come."""
-    head, sep, body = request.partition(b"\r\n\r\n")
-    if not sep:
-        return False
+
+_PARTIAL, _WHOLE, _TOO_LARGE = "partial", "whole", "too large"
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def _body_length(head: bytes) -> int | None:
+    """The Content-Length of a request's head (0 without one); None when the body is not read
+    here: chunked, or a length gunicorn refuses anyway."""
+    length = 0
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            value = value.strip()  # at most 9 digits: int() of thousands of digits raises
-            return value.isdigit() and len(value) <= 9 and len(body) >= int(value)
-    return True
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            value = value.strip()
+            if not value.isdigit() or len(value) > 15:
+                return None
+            length = int(value)
+    return length
+
+
+def _plain_answer(status: bytes, text: bytes) -> bytes:
+    return (b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: "
+            b"nosniff\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: "
+            + str(len(text)).encode() + b"\r\n\r\n" + text)
+
+
+_TIMED_OUT = _plain_answer(b"408 Request Timeout", b"The request did not arrive in time.\n")
+_HEAD_TOO_LARGE = _plain_answer(b"431 Request Header Fields Too Large", b"The request's head is too large.\n")
+
+
+def _address(conn) -> str:
+    """The client's address (its IP; one for every client of a UNIX socket)."""
+    return conn.client[0] if isinstance(conn.client, tuple) else ""
+
+
+class _Conn(TConn):
+    """gthread's connection, with what the main loop has read of its request so far."""
+
+    def __init__(self, *args, linger) -> None:
+        super().__init__(*args)
+        self.linger = linger
+        self.request = bytearray()
+        self.whole_at = 0  # its length once its head has come (0: not yet)
+        self.scanned = 0  # bytes already searched for the end of the head
+        self.reading_since = self.read_until = self.queued_at = 0.0
+        self.polled = False
+        self.drained = 0  # bytes read while lingering after the answer
+
+    def close(self, graceful: bool = False) -> None:
+        """gthread closes gracefully in its main loop, blocking until the client closes too (up to
+        2 s each: a few clients that never close would stall the worker): the worker lingers
+        without blocking instead."""
+        if graceful:
+            self.linger(self)
+        else:
+            super().close()
 
 
 class ShopWorker(ThreadWorker):
-    """gthread, with its thread pool's queue bounded (see the module's docstring)."""
+    """gthread, with requests read before they get a thread and its pool's queue bounded (see the
+    module's docstring)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._arrival = threading.local()
         self._queue_empty_at = time.monotonic()
-        self._shedding: deque = deque()  # (connection, give-up time) chosen for a "busy" answer
         self.queue_max = self.queue_target = self.queue_interval = 0.0
         self._count = self._observe = None
+        # Connections whose request is still coming, oldest first (dicts: ordered sets), and the
+        # same per client address; connections closed after their answer, with their end.
+        self._reading: dict[_Conn, None] = {}
+        self._slots: dict[str, dict[_Conn, None]] = {}
+        self._lingering: dict[_Conn, float] = {}
+        # TLS in gunicorn itself, HTTP/2 and the PROXY protocol put other bytes first: their
+        # requests go to a thread unread, as in gthread.
+        self._reads_requests = (not self.cfg.is_ssl and "h2" not in self.cfg.http_protocols
+                                and self.cfg.proxy_protocol in ("off", False, None))
+        self.head_timeout, self.head_slots, self.head_max, self.body_buffer = 5.0, 16, 32768, 65536
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
@@ -195,6 +277,9 @@ class ShopWorker(ThreadWorker):
         self.queue_max = int(shop_settings.QUEUE_MAX or self.cfg.threads)
         self.queue_target = float(shop_settings.QUEUE_TARGET)
         self.queue_interval = float(shop_settings.QUEUE_INTERVAL)
+        self.head_timeout = float(shop_settings.HEAD_TIMEOUT)
+        self.head_slots = int(shop_settings.HEAD_SLOTS_PER_CLIENT or 0)
+        self.head_max, self.body_buffer = int(shop_settings.HEAD_MAX), int(shop_settings.BODY_BUFFER)
         self._count, self._observe = metrics.shed, metrics.queue_waited
         admission.serve_with_threads(int(self.cfg.threads))
         use_site_headers()
@@ -222,91 +307,216 @@ class ShopWorker(ThreadWorker):
                 flushed = time.monotonic()
             time.sleep(soldout.KNOWN_REFRESH)
 
-    # --- the main loop -------------------------------------------------------------------
+    # --- the main loop: reading requests ---------------------------------------------------
+    def accept(self, listener) -> None:
+        try:
+            sock, client = listener.accept()
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        self.nr_conns += 1
+        self._make_room()
+        self.enqueue_req(_Conn(self.cfg, sock, client, listener.getsockname(), linger=self._linger))
+
+    def _make_room(self) -> None:
+        """At worker_connections gthread stops accepting. Before that, the oldest connection that
+        only waits is closed (one lingering after its answer, one still sending its request, one
+        kept alive), so slow or idle clients never lock a new one out. Those being served or
+        queued for a thread cannot fill it: the queue is bounded."""
+        while self.nr_conns + len(self._lingering) >= self.worker_connections:
+            if self._lingering:
+                self._end_linger(next(iter(self._lingering)))
+            elif self._reading:
+                self._stop_reading(next(iter(self._reading)), close=True)
+            elif self.keepalived_conns:
+                conn = self.keepalived_conns.popleft()
+                with contextlib.suppress(OSError, KeyError, ValueError):
+                    self.poller.unregister(conn.sock)
+                self._close(conn)
+            else:
+                return
+
+    def enqueue_req(self, conn) -> None:
+        """A connection is to send a request (new, kept alive, or with the next one read already):
+        read it here first; it gets a thread once it is whole (`_triage`)."""
+        if not self._reads_requests:
+            conn.queued_at = time.monotonic()
+            super().enqueue_req(conn)
+            return
+        conn.sock.setblocking(False)  # a thread left it blocking
+        conn.request = bytearray(conn.parser.unreader.take_buffered() if conn.parser else b"")
+        conn.whole_at = conn.scanned = 0
+        conn.reading_since = time.monotonic()
+        conn.read_until = conn.reading_since + self.head_timeout
+        self._receive(conn)  # the request has often come already: no round through the poller
+
+    def _receive(self, conn, _sock=None) -> None:
+        """Take what the client sent, without waiting; once the request is whole, triage it."""
+        try:
+            chunk = conn.sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            chunk = None
+        except OSError:
+            self._stop_reading(conn, close=True)
+            return
+        if chunk == b"":  # the client closed before its request was whole
+            self._stop_reading(conn, close=True)
+            return
+        if chunk:
+            conn.request += chunk.lstrip(b"\r\n") if not conn.request else chunk  # RFC 9112 2.2
+        state = self._progress(conn)
+        if state is _PARTIAL:
+            if not conn.polled:
+                self._wait_for_more(conn)
+            return
+        self._stop_reading(conn)
+        if state is _TOO_LARGE:
+            self._answer_and_close(conn, _HEAD_TOO_LARGE)
+        else:
+            self._triage(conn)
+
+    def _wait_for_more(self, conn) -> None:
+        """Poll a connection whose request is not whole yet. While the worker holds half its
+        worker_connections or more, a client with too many unfinished connections loses its
+        oldest (sending for SLOT_GRACE s): one address cannot take the room of the others.
+        Below that an unfinished connection costs no thread and little memory: it may wait."""
+        self._reading[conn] = None
+        slots = self._slots.setdefault(_address(conn), {})
+        slots[conn] = None
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._receive, conn))
+        conn.polled = True
+        if 0 < self.head_slots < len(slots) and self._crowded():
+            oldest = next(iter(slots))
+            if oldest.reading_since <= time.monotonic() - SLOT_GRACE:
+                self._stop_reading(oldest, close=True)
+
+    def _crowded(self) -> bool:
+        return 2 * (self.nr_conns + len(self._lingering)) >= self.worker_connections
+
+    def _progress(self, conn) -> str:
+        """Whether the request has come whole: its head, and a body up to BODY_BUFFER bytes (a
+        larger or chunked body: its head); too large: a head over HEAD_MAX."""
+        data = conn.request
+        if not conn.whole_at:
+            end = data.find(b"\r\n\r\n", max(0, conn.scanned - 3))
+            conn.scanned = len(data)
+            if end < 0 or end > self.head_max:
+                return _TOO_LARGE if len(data) > self.head_max + 3 else _PARTIAL
+            head = bytes(data[:end])
+            length = _body_length(head)
+            if length is None or length > self.body_buffer:
+                return _WHOLE
+            conn.whole_at = end + 4 + length
+            if len(data) < conn.whole_at and b"100-continue" in head.lower():
+                with contextlib.suppress(OSError):  # the client waits for it before its body
+                    conn.sock.send(_CONTINUE)
+        return _WHOLE if len(data) >= conn.whole_at else _PARTIAL
+
+    def _stop_reading(self, conn, *, close: bool = False) -> None:
+        if conn.polled:
+            del self._reading[conn]
+            slots = self._slots[_address(conn)]
+            del slots[conn]
+            if not slots:
+                del self._slots[_address(conn)]
+            with contextlib.suppress(OSError, KeyError, ValueError):
+                self.poller.unregister(conn.sock)
+            conn.polled = False
+        if close:
+            self._close(conn)
+
+    # --- the main loop: the queue for a thread ------------------------------------------------
     def _waiting(self) -> int:
         return self.tpool._work_queue.qsize()
 
-    def enqueue_req(self, conn) -> None:
-        conn.queued_at = time.monotonic()
+    def _triage(self, conn) -> None:
+        """A whole request: answered 503 `busy` here when the threads are full, or when the lines
+        are full and it is an order, unless it orders only products known to be sold out (the app
+        answers those at once); otherwise queued for a thread, whose parser gets its bytes back
+        (gunicorn's Unreader reads what was unread first, then the socket)."""
+        now = conn.queued_at = time.monotonic()
         waiting = self._waiting()
         if waiting == 0:
-            self._queue_empty_at = conn.queued_at
-        if waiting >= self.queue_max or self._lines_full():
-            self._triage_when_readable(conn)  # look at it first: it may be answered at once
-            return
-        super().enqueue_req(conn)
-
-    def _triage_when_readable(self, conn) -> None:
-        conn.sock.setblocking(False)
-        self._shedding.append((conn, time.monotonic() + SEND_WITHIN))
-        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._triage, conn))
-
-    def _triage(self, conn, _sock=None) -> None:
-        """Readable, while threads or lines are full: peek at the request (it stays on the socket)
-        and answer it 503 `busy` here, unless it may go on: the threads have room again and it is
-        no order while the lines are full, or it orders only products known to be sold out (the
-        app answers those at once). Never blocks the loop."""
-        self._forget_shedding(conn)
-        try:
-            head = conn.sock.recv(order_requests.READ_MAX, socket.MSG_PEEK)
-        except (BlockingIOError, InterruptedError):
-            self._triage_when_readable(conn)
-            return
-        except OSError:
-            self._close(conn)
-            return
-        if not head:
-            self._close(conn)
-            return
-        if self._waiting() >= self.queue_max:
+            self._queue_empty_at = now
+        conn.request = request = bytes(conn.request)
+        if waiting >= self.queue_max:
             self._answer_busy(conn, "queue_full")
-        elif self._lines_full() and self._order_to_refuse(head):
+        elif self._lines_full() and self._order_to_refuse(request):
             self._answer_busy(conn, "full")
         else:
-            conn.data_ready = True
+            if conn.parser is None:  # TConn.init() keeps a parser it finds
+                conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
+            conn.parser.unreader.unread(request)
+            conn.data_ready = True  # gthread's handle() would wait for the socket otherwise
             super().enqueue_req(conn)
 
     def _answer_busy(self, conn, reason: str) -> None:
-        """Read what the client sent, answer 503, close."""
-        head = b""
-        try:
-            while len(head) < order_requests.READ_MAX:  # what it decides on; the rest is not read
-                chunk = conn.sock.recv(order_requests.READ_MAX - len(head))
-                if not chunk:
-                    break
-                head += chunk
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError:
-            self._close(conn)
-            return
-        try:
-            conn.sock.send(busy_response(head, reason))  # a few hundred bytes: the socket buffer takes them
-            conn.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+        """Answer 503 (the request was read), close."""
+        self._answer_and_close(conn, busy_response(conn.request, reason))
         self._counted(reason)
-        self._close(conn)
 
-    def _forget_shedding(self, conn) -> None:
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            self.poller.unregister(conn.sock)
-        for i, (queued, _) in enumerate(self._shedding):
-            if queued is conn:
-                del self._shedding[i]
-                break
+    def _answer_and_close(self, conn, answer: bytes) -> None:
+        """Answer from the main loop and close at once: what the client sent so far has been read,
+        so the close is a FIN after the answer (no lingering: a lost `busy` costs a retry)."""
+        with contextlib.suppress(OSError):
+            conn.sock.send(answer)  # a few hundred bytes: the socket's buffer takes them at once
+            conn.sock.shutdown(socket.SHUT_WR)
+        self._close(conn)
 
     def _close(self, conn) -> None:
         self.nr_conns -= 1
         conn.close()
 
+    def _linger(self, conn) -> None:
+        """Close a connection after its answer as RFC 9112 9.6 asks: FIN now, and the socket once
+        the client closes too, or after LINGER s (unread bytes of its request would otherwise
+        become a reset that can destroy the answer). The poller waits for that, not the loop."""
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+            conn.sock.setblocking(False)
+            self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._drain, conn))
+        except (OSError, ValueError, KeyError):
+            util.close(conn.sock)
+            return
+        self._lingering[conn] = time.monotonic() + LINGER
+
+    def _drain(self, conn, _sock=None) -> None:
+        try:
+            chunk = conn.sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        conn.drained += len(chunk)
+        if not chunk or conn.drained >= LINGER_BYTES:
+            self._end_linger(conn)
+
+    def _end_linger(self, conn) -> None:
+        self._lingering.pop(conn, None)
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            self.poller.unregister(conn.sock)
+        util.close(conn.sock)
+
     def murder_pending(self) -> None:
+        """gthread's, and: a request not whole within HEAD_TIMEOUT is answered 408 (nothing, if
+        none of it came) and closed; a lingering connection is closed after LINGER s."""
         super().murder_pending()
         now = time.monotonic()
-        while self._shedding and self._shedding[0][1] <= now:  # never sent a request: just close
-            conn, _ = self._shedding[0]
-            self._forget_shedding(conn)
-            self._close(conn)
+        while self._reading:
+            conn = next(iter(self._reading))  # the oldest: the first to time out
+            if conn.read_until > now:
+                break
+            self._stop_reading(conn)
+            if conn.request:
+                self._answer_and_close(conn, _TIMED_OUT)
+            else:
+                self._close(conn)
+        while self._lingering:
+            conn, until = next(iter(self._lingering.items()))
+            if until > now:
+                break
+            self._end_linger(conn)
 
     # --- a thread ----------------------------------------------------------------------
     def handle(self, conn):
@@ -325,20 +535,15 @@ class ShopWorker(ThreadWorker):
         if self._observe is not None:
             self._observe(waited)
         self._arrival.at = queued_at
+        conn.request = b""  # its parser has them
         try:
             return super().handle(conn)
         finally:
             self._arrival.at = None
 
     def _is_order_to_refuse(self, conn) -> bool:
-        """An order (not only of products known sold out) waits on the socket, as far as a peek
-        shows now without waiting."""
-        try:
-            conn.sock.setblocking(False)
-            head = conn.sock.recv(order_requests.READ_MAX, socket.MSG_PEEK)
-        except OSError:
-            return False
-        return self._order_to_refuse(head)
+        """An order, and not only of products known sold out (its bytes, as the main loop read them)."""
+        return self._order_to_refuse(bytes(getattr(conn, "request", b"")))
 
     def _order_to_refuse(self, request: bytes) -> bool:
         """The triage's rule (shop/order_requests.py: bounded, it never raises). Should it raise
@@ -351,22 +556,12 @@ class ShopWorker(ThreadWorker):
             return False
 
     def _answer_busy_here(self, conn, reason: str) -> None:
-        """In a thread: read the request (briefly), answer 503; the main loop closes it."""
-        head = b""
-        try:
-            conn.sock.settimeout(0.05)
-            while len(head) < order_requests.READ_MAX and not _whole(head):
-                chunk = conn.sock.recv(order_requests.READ_MAX - len(head))
-                if not chunk:
-                    break
-                head += chunk
-        except OSError:
-            pass
+        """In a thread: answer 503 to the request the main loop read; the main loop closes it."""
+        head = bytes(getattr(conn, "request", b""))
         if head:
             try:
                 conn.sock.settimeout(0.5)
                 conn.sock.sendall(busy_response(head, reason))
-                conn.sock.shutdown(socket.SHUT_WR)
             except OSError as exc:
                 if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
                     self.log.debug("busy answer not sent: %s", exc)

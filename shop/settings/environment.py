@@ -225,6 +225,13 @@ def _above_zero(cast: type) -> Callable[[str], Any]:
     return parse
 
 
+def _head_slots(raw: str) -> int:
+    """SHOP_HEAD_SLOTS_PER_CLIENT: a whole number, 0 for no bound (behind a proxy that is one client)."""
+    if not raw.strip().isdigit():
+        raise Invalid("a whole number (0: no bound).")
+    return int(raw)
+
+
 def _rate_overrides(raw: str) -> dict[str, str | None]:
     """RATE_LIMITS="login=20/m,checkout=off": per-limit rates; "off" lifts one limit."""
     out: dict[str, str | None] = {}
@@ -340,6 +347,10 @@ VARIABLES: list[Variable] = [
              parse=_above_zero(float), shop_default="QUEUE_TARGET"),
     Variable("SHOP_QUEUE_INTERVAL", "CoDel: seconds a request may wait while the queue drains", optional=True,
              parse=_above_zero(float), shop_default="QUEUE_INTERVAL"),
+    Variable("SHOP_HEAD_TIMEOUT", "seconds a connection has to send a whole request before it is closed",
+             optional=True, parse=_above_zero(float), shop_default="HEAD_TIMEOUT"),
+    Variable("SHOP_HEAD_SLOTS_PER_CLIENT", "connections one client address may have still sending a request "
+             "(0: no bound)", optional=True, parse=_head_slots, shop_default="HEAD_SLOTS_PER_CLIENT"),
     # ratelimits
     Variable("RATELIMIT_ENABLE", "false switches every rate limit off (benchmark servers)", kind="bool",
              default=True),

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shop import api, order_requests, validation, views
-from shop.gunicorn_worker import ShopWorker, _whole, busy_response
+from shop.gunicorn_worker import _PARTIAL, _TOO_LARGE, _WHOLE, ShopWorker, _body_length, _Conn, busy_response
 from shop.order_requests import (
     READ_MAX,
     body,
@@ -54,6 +54,26 @@ def order(*ids: object) -> bytes:
     return json.dumps({"lines": [{"product_id": i, "quantity": 1} for i in ids]}).encode()
 
 
+class _Sock:
+    def send(self, data: bytes) -> int:  # the main loop's "100 Continue"
+        return len(data)
+
+
+def reading(data: bytes, pieces: int = 3) -> str:
+    """The main loop's read of a request that comes in `pieces` (shop/gunicorn_worker.py): its
+    verdict once all of `data` has come; every verdict on the way is one of the three too."""
+    conn = _Conn.__new__(_Conn)
+    conn.sock, conn.request, conn.whole_at, conn.scanned = _Sock(), bytearray(), 0, 0
+    worker = SimpleNamespace(head_max=32 * 1024, body_buffer=64 * 1024)
+    step = max(1, len(data) // pieces)
+    verdict = _PARTIAL
+    for start in range(0, max(len(data), 1), step):
+        conn.request += data[start:start + step]
+        verdict = ShopWorker._progress(worker, conn)
+        assert verdict in (_PARTIAL, _WHOLE, _TOO_LARGE)
+    return verdict
+
+
 def everything(data: bytes) -> None:
     """Every function the worker applies to a client's bytes; each answer of an allowed kind."""
     assert isinstance(is_order(data), bool)
@@ -67,7 +87,10 @@ def everything(data: bytes) -> None:
     assert refused is is_order(data)  # nothing is sold out: every order is refused
     assert to_refuse_while_full(data, known_sold_out=always_sold_out) is (is_order(data) and ids is None)
     assert isinstance(checkout_form(data, ("idempotency_key",)), list)
-    assert isinstance(_whole(data), bool)
+    head = data.partition(b"\r\n\r\n")[0]
+    length = _body_length(head)
+    assert length is None or (type(length) is int and length >= 0)
+    assert reading(data) in (_PARTIAL, _WHOLE, _TOO_LARGE)
     for reason in ("queue_full", "queue_delay", "full"):
         assert busy_response(data, reason).startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
     # What it decides on is bounded: the bytes past READ_MAX change nothing.
