@@ -128,14 +128,20 @@ def review(session: SessionBase, products: dict[int, Product], *, held: dict[int
         elif problem := unsold_problem(product):
             row.problem, row.fix_quantity = f"{product.name}: {problem}", 0
         elif product.stock == 0:
-            row.problem, row.fix_quantity = f"{product.name}: Sold out.", 0
+            row.problem, row.fix_quantity = _short(product), 0
         elif left is not None and left < qty and left <= product.stock:
             row.problem = f"{product.name}: {cap_problem(product, held=held.get(pid, 0))}"
             row.fix_quantity = left
         elif product.stock < qty:
-            row.problem, row.fix_quantity = f"{product.name}: Only {product.stock} left.", product.stock
+            row.problem, row.fix_quantity = _short(product), product.stock
         rows.append(row)
     return rows
+
+
+def _short(product: Product) -> str:
+    """A line short of stock, worded as the checkout's refusal words it."""
+    return rules.out_of_stock_message([{"product_id": product.pk, "available": product.stock}],
+                                      {product.pk: product.name})
 
 
 def subtotal(rows: list[Line]) -> Decimal:

@@ -62,6 +62,21 @@ def opens_message(opens_at: datetime) -> str:
     return f"Not on sale yet: opens {shop_time(opens_at)}."
 
 
+def out_of_stock_message(lines: list[dict], names: dict[int, str] | None = None) -> str:
+    """The one wording of a stock refusal, the product by its name as the cap's refusal says it:
+    "Sneaker: only 2 left; Cap: sold out." (`lines` as OutOfStock's details; a line whose name
+    is not known is said without one)."""
+    names = names or {}
+    parts = []
+    for line in lines:
+        left = line["available"]
+        what = "sold out" if left == 0 else f"only {left} left"
+        name = names.get(line["product_id"])
+        parts.append(f"{name}: {what}" if name else what)
+    text = "; ".join(parts) or "sold out"
+    return f"{text[0].upper()}{text[1:]}."
+
+
 def not_on_sale(product_ids: list[int], rows: dict[int, dict], now: datetime) -> errors.ShopError:
     """Why the lines of `product_ids` (none on sale now) cannot be sold, from their product rows
     (`rows` by id; a missing one is no product). The first reason that applies to any line:

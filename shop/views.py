@@ -38,13 +38,8 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
     except to staff: `errors.as_seen_by`)."""
     exc = errors.as_seen_by(exc, staff=staff)
     names = names or {}
-    if isinstance(exc, errors.OutOfStock):
-        parts = []
-        for line in exc.details.get("lines", []):
-            name = names.get(line["product_id"], "This product")
-            left = line["available"]
-            parts.append(f"{name}: Sold out" if left == 0 else f"{name}: Only {left} left")
-        return "; ".join(parts) or "Sold out"
+    if isinstance(exc, errors.OutOfStock):  # the writer's message names them; the fast path's cannot
+        return rules.out_of_stock_message(exc.details.get("lines", []), names)
     if isinstance(exc, errors.NotOpenYet | errors.SaleEnded):  # the message says when
         products = ", ".join(names.get(pid, "This product") for pid in exc.details.get("product_ids", []))
         return f"{products or 'This product'}: {exc.message}"

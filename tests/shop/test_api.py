@@ -105,7 +105,7 @@ def test_out_of_stock_409_names_what_is_left(client, token, make_product):
     response = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 3}]}, token)
     assert response.status_code == 409
     assert response.json()["error"] == {
-        "code": "out_of_stock", "message": f"Not enough stock: product {p.pk}: only 1 left.",
+        "code": "out_of_stock", "message": f"{p.name}: only 1 left.",
         "details": {"lines": [{"product_id": p.pk, "requested": 3, "available": 1}]}}
 
 

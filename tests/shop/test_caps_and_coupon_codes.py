@@ -108,7 +108,7 @@ def test_the_cart_review_takes_the_tighter_of_stock_and_cap(make_product, client
     session = client.session
     cart.set_quantity(session, p.pk, 4)
     [short] = cart.review(session, {p.pk: p}, held={p.pk: 1})  # 4 left under the cap, 2 in stock
-    assert (short.problem, short.fix_quantity) == ("Sneaker X: Only 2 left.", 2)
+    assert (short.problem, short.fix_quantity) == ("Sneaker X: only 2 left.", 2)
     [capped_line] = cart.review(session, {p.pk: p}, held={p.pk: 4})
     assert (capped_line.problem, capped_line.fix_quantity) == (
         "Sneaker X: Limit 5 per customer; you already have 4 in your orders.", 1)

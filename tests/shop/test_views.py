@@ -93,7 +93,7 @@ def test_out_of_stock_in_plain_words(shopper, make_product, monkeypatch):
         for r in real_review(s, products, held=held)])
     response = shopper.post("/checkout/", {"idempotency_key": key})
     assert response.status_code == 409
-    assert f"{p.name}: Only 3 left" in response.content.decode()
+    assert f"{p.name}: only 3 left." in response.content.decode()
     assert Order.objects.count() == 0
 
 
@@ -380,8 +380,8 @@ def test_cart_lines_that_cannot_be_bought_are_flagged_and_fixable(shopper, user,
     Product.objects.filter(pk=gone.pk).update(stock=0)
     Product.objects.filter(pk=off.pk).update(active=False)
     page = shopper.get("/cart/").content.decode()
-    assert f"{short.name}: Only 1 left." in page and "Reduce to 1" in page
-    assert f"{gone.name}: Sold out." in page
+    assert f"{short.name}: only 1 left." in page and "Reduce to 1" in page
+    assert f"{gone.name}: sold out." in page
     # Flagged, not silently dropped; a hidden product reads as a missing one.
     assert off.name not in page and "This product no longer exists." in page
     assert page.count('class="cart-line flagged"') == 3
