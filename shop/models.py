@@ -111,6 +111,12 @@ class Product(models.Model):
     def on_sale(self) -> bool:
         return self.active and self.drop_state == OPEN
 
+    @property
+    def called_off(self) -> bool:
+        """A drop ended before it opened (`end_drop` leaves an empty window): it never sold, so
+        shoppers are told it was called off, not that its sale ended."""
+        return self.opens_at is not None and self.opens_at == self.closes_at
+
     @staticmethod
     def row_on_sale(row: dict, now: datetime) -> bool:
         return bool(row["active"]) and drop_state(row["opens_at"], row["closes_at"], now) == OPEN

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from datetime import datetime
 from decimal import Decimal
 
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
@@ -27,7 +30,7 @@ from shop.forms import (
     SignUpForm,
     TokenForm,
 )
-from shop.models import ApiToken, Product
+from shop.models import UPCOMING, ApiToken, Product
 from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
@@ -64,8 +67,46 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
     }.get(exc.code, exc.message)
 
 
+# A page without JavaScript reloads itself at the next drop edge it shows if that is this close
+# (a meta refresh); with JavaScript, shop/drop-live.js counts down and reloads at the edge.
+REFRESH_WITHIN = 3600
+
+
+def _refresh_in(products: Iterable[Product]) -> int | None:
+    """Seconds until the next opening or closing among `products`, if within REFRESH_WITHIN."""
+    now = timezone.now()
+    edges = [when for p in products for when in (p.opens_at, p.closes_at) if when is not None and when > now]
+    if not edges:
+        return None
+    seconds = math.ceil((min(edges) - now).total_seconds())
+    return seconds if seconds <= REFRESH_WITHIN else None
+
+
+def window_key(state: str, opens_at: datetime | None, closes_at: datetime | None) -> str:
+    """What the product page was drawn for: a poll that reads another key reloads the page."""
+    return " ".join([state, opens_at.isoformat() if opens_at else "-", closes_at.isoformat() if closes_at else "-"])
+
+
 def catalog(request: HttpRequest) -> HttpResponse:
-    return render(request, "shop/catalog.html", {"products": selectors.product_list()})
+    """Upcoming drops in a block of their own at the top (soonest first), then the rest."""
+    products = list(selectors.product_list())
+    upcoming = sorted((p for p in products if p.drop_state == UPCOMING), key=lambda p: p.opens_at)
+    return render(request, "shop/catalog.html", {
+        "upcoming": upcoming, "products": [p for p in products if p not in upcoming],
+        "refresh_in": _refresh_in(products),
+    })
+
+
+@require_http_methods(["GET", "HEAD"])
+def product_state(request: HttpRequest, product_id: int) -> JsonResponse:
+    """The drop state the product page polls for (an early "End sale now", a moved window): no
+    lock and, most polls, no query (`selectors.drop_window`)."""
+    window = selectors.drop_window(product_id=product_id)
+    if window is None:
+        return JsonResponse({"error": {"code": "unknown_product", "message": "No such product."}}, status=404)
+    state = Product(opens_at=window["opens_at"], closes_at=window["closes_at"]).drop_state  # the page's own rule
+    return JsonResponse({"state": state, "key": window_key(state, window["opens_at"], window["closes_at"])},
+                        headers={"Cache-Control": "no-store"})
 
 
 @require_http_methods(["GET", "HEAD", "POST"])
@@ -92,9 +133,12 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
                 messages.success(request, f"{product.name}: {qty} in your cart.")
                 return redirect("cart")
         form.add_error("quantity", problem)  # re-rendered with the message
+    cap_left = cart.cap_left(product, held.get(product.pk, 0))
     return render(request, "shop/product.html", {
-        "product": product, "form": form, "held": held.get(product.pk, 0),
-        "cap_left": cart.cap_left(product, held.get(product.pk, 0)),
+        "product": product, "form": form, "held": held.get(product.pk, 0), "cap_left": cap_left,
+        "max_quantity": product.stock if cap_left is None else min(product.stock, cap_left),
+        "refresh_in": _refresh_in([product]),
+        "window_key": window_key(product.drop_state, product.opens_at, product.closes_at),
     }, status=status)
 
 

@@ -58,7 +58,7 @@ def test_an_ended_sale_says_so_and_an_open_one_says_until_when(client, make_prod
     assert "This sale ended" in _text(page) and 'id="add-to-cart"' not in page and "drop-countdown" not in page
     running = window(make_product(stock=5), opens_in=-60, closes_in=1800)
     page = client.get(f"/products/{running.pk}/").content.decode()
-    assert "On sale until" in _text(page) and "(30 min left)" in _text(page) and 'id="add-to-cart"' in page
+    assert "On sale until" in _text(page) and "( 30 min left )" in _text(page) and 'id="add-to-cart"' in page
 
 
 def test_adding_a_drop_not_open_yet_is_refused_409_and_the_cart_stays_empty(client, make_product):
@@ -241,3 +241,56 @@ def test_staff_who_may_only_view_products_get_no_drop_actions(make_product):
     client.force_login(viewer)
     page = client.get("/admin/shop/product/").content.decode()
     assert "schedule_drop_action" not in page and "end_sale_now" not in page
+
+
+# --- issue 37: the edges as shoppers see them (the live flips: test_drop_flips_browser.py) ------
+def test_the_catalog_puts_upcoming_drops_first_and_reloads_at_the_next_edge_without_javascript(client, make_product):
+    running = window(make_product(stock=5), opens_in=-60, closes_in=1800)
+    later, sooner = window(make_product(stock=5), opens_in=7200), window(make_product(stock=5), opens_in=90)
+    page = client.get("/").content.decode()
+    top, rest = page.split('id="catalog"')
+    assert "Upcoming drops" in top
+    assert top.index(f'data-product="{sooner.pk}"') < top.index(f'data-product="{later.pk}"')
+    assert f'data-product="{running.pk}"' in rest and f'data-product="{later.pk}"' not in rest
+    refresh = re.search(r'<noscript><meta http-equiv="refresh" content="(\d+)"></noscript>', page)
+    assert refresh and 85 <= int(refresh.group(1)) <= 90  # the opening in 90 s, the soonest edge
+    assert f'data-flip-at="{sooner.opens_at.isoformat()}"' in page and "data-server-now=" in page
+
+
+def test_a_drop_called_off_before_it_opened_is_not_a_sale_that_ended(client, make_product):
+    from shop.services import end_drop
+
+    p = window(make_product(stock=5), opens_in=3600)
+    end_drop(products=[p], actor="admin:test")
+    text = _text(client.get(f"/products/{p.pk}/").content.decode())
+    assert "called off" in text and "Sale ended" not in text and "This sale ended" not in text
+    card = _text(client.get("/").content.decode())
+    assert "Called off" in card and "Sale ended" not in card
+
+
+def test_the_quantity_box_stops_at_what_the_buyer_may_still_buy(shopper, user, make_product):
+    from shop.services import place_order
+
+    p = make_product(stock=40)
+    Product.objects.filter(pk=p.pk).update(max_per_user=3)
+    place_order(user=user, lines=[(p.pk, 1)])
+    page = shopper.get(f"/products/{p.pk}/").content.decode()
+    assert re.search(r'name="quantity" id="id_quantity" min="1" max="2"', page)  # the cap left, not the stock
+
+
+def test_the_product_state_the_page_polls_is_cheap_and_follows_an_early_end(client, make_product,
+                                                                          django_assert_num_queries):
+    from shop import selectors
+    from shop.services import end_drop
+
+    p = window(make_product(stock=5), opens_in=-60, closes_in=3600)
+    first = client.get(f"/products/{p.pk}/state/").json()
+    assert first["state"] == "open" and first["key"] in client.get(f"/products/{p.pk}/").content.decode()
+    with django_assert_num_queries(0):  # a crowd polling one page: no query while it is fresh
+        assert client.get(f"/products/{p.pk}/state/").json() == first
+    end_drop(products=[p], actor="admin:test")
+    selectors._windows.clear()  # WINDOW_TTL later
+    ended = client.get(f"/products/{p.pk}/state/").json()
+    assert ended["state"] == "ended" and ended["key"] != first["key"]
+    missing = client.get("/products/999999/state/")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_product"
