@@ -185,6 +185,7 @@ def cart_view(request: HttpRequest) -> HttpResponse:
     rows = _cart_rows(request)
     return render(request, "shop/cart.html", {
         "rows": rows, "total": cart.subtotal(rows), "problems": any(r.problem for r in rows),
+        "reducible": cart.reducible(rows),
     })
 
 
@@ -215,6 +216,7 @@ def _checkout_page(request: HttpRequest, rows: list[cart.Line], form: CheckoutFo
     chosen = effects.get(code, {"discount": money(0), "total": money(subtotal), "unused": ""})
     return render(request, "shop/checkout.html", {
         "rows": rows, "total": subtotal, "form": form, "problems": any(r.problem for r in rows),
+        "reducible": cart.reducible(rows),
         "coupon_effects": effects, "chosen": chosen, "coupon_chosen": code in effects, "retry": retry,
         "code_form": code_form or CouponCodeForm(),
     }, status=status)
@@ -241,8 +243,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
         messages.error(request, "Please check the form and try again.")
     elif not rows:
         messages.error(request, "Your cart is empty.")
-    elif any(r.problem for r in rows):
-        messages.error(request, "Some lines of your cart can't be bought as they are: fix them first.")
+    elif any(r.problem for r in rows):  # the page says so above the lines (#fix-first): once
         status = 409
     else:
         try:

@@ -390,7 +390,7 @@ def test_cart_lines_that_cannot_be_bought_are_flagged_and_fixable(shopper, user,
     key = checkout.context["form"].initial["idempotency_key"]
     refused = shopper.post("/checkout/", {"idempotency_key": key})
     assert refused.status_code == 409  # the cart conflicts with the stock as it is now
-    assert "fix them first" in refused.content.decode() and not Order.objects.exists()
+    assert "reduce or remove them to place your order" in refused.content.decode() and not Order.objects.exists()
 
     # The fixes: reduce to what is left (back to checkout when asked), remove.
     response = shopper.post("/cart/", {"product_id": short.pk, "quantity": 1, "next": "checkout"})
@@ -494,3 +494,29 @@ def test_the_stylesheet_loads_with_debug_off(settings, tmp_path, db):
     assert page.status_code == 200 and "/static/shop/site.css" in page.content.decode()
     css = client.get("/static/shop/site.css")
     assert css.status_code == 200 and b"{" in b"".join(css.streaming_content)
+
+
+# --- issue 37: the cart and checkout after a sale ended -------------------------------------------
+def test_a_line_whose_sale_ended_offers_only_remove_and_says_it_once(shopper, make_product):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    ended, fine = make_product(stock=25), make_product(stock=25)
+    for p in (ended, fine):
+        shopper.post(f"/products/{p.pk}/", {"quantity": 2})
+    Product.objects.filter(pk=ended.pk).update(opens_at=timezone.now() - timedelta(hours=1),
+                                               closes_at=timezone.now() - timedelta(seconds=1))
+    page = shopper.get("/cart/").content.decode()
+    line = re.search(rf'<tr class="cart-line flagged" data-product="{ended.pk}">.*?</tr>', page, re.S).group(0)
+    assert "This sale has ended." in line
+    assert "in stock" not in line and "left" not in line  # no green "25 in stock" beside it
+    assert 'name="quantity" min="0"' not in line and ">Update<" not in line and "remove-line" in line
+    assert "reduce" not in page.lower()  # the one fix that helps: remove it
+    assert 'href="/checkout/"' not in page.split("</table>")[1]  # no Check out while a line must go
+    checkout = shopper.get("/checkout/").content.decode()
+    assert "in stock" not in checkout and "reduce" not in checkout.lower()
+    posted = shopper.post("/checkout/", {"idempotency_key": "k-ended-1"}).content.decode()
+    assert posted.count("can&#x27;t be bought as they are") + posted.count("can't be bought as they are") == 1
+    other = re.search(rf'<tr class="cart-line" data-product="{fine.pk}">.*?</tr>', page, re.S).group(0)
+    assert "25 in stock" in other and ">Update<" in other  # a line that can be bought keeps its controls
