@@ -309,11 +309,13 @@ class OutboxMail(models.Model):
     is sent (`shop.services.emails`, one renderer per kind), so a row holds no secret (a password
     reset's token is made at send time). A mail about an order is queued once per kind (unique
     kind + order); a mail with no order (a password reset) is not deduplicated. An order's buyer
-    hears of each step that changes what they paid or hold: paid, then refunded, cancelled or
-    expired (each queued with its status change, `shop.services.orders`).
+    hears of each step that changes what they paid or hold: reserved (with its pay-by time, queued
+    by the mail job for orders still unpaid: `queue_reservation_mails`), paid, then refunded,
+    cancelled or expired (each queued with its status change, `shop.services.orders`).
     """
 
     class Kind(models.TextChoices):
+        ORDER_RESERVED = "order_reserved", "Order reserved (pay by)"
         ORDER_PAID = "order_paid", "Order paid"
         ORDER_REFUNDED = "order_refunded", "Order refunded"
         ORDER_CANCELLED = "order_cancelled", "Order cancelled"

@@ -222,6 +222,10 @@ def _checkout_page(request: HttpRequest, rows: list[cart.Line], form: CheckoutFo
     }, status=status)
 
 
+# The code of the coupon the buyer claimed last (session): checkout picks it until an order is placed.
+JUST_CLAIMED = "shop.just_claimed"
+
+
 @login_required
 @require_http_methods(["GET", "HEAD", "POST"])
 @ratelimits.limit_posts("checkout")
@@ -230,7 +234,9 @@ def checkout(request: HttpRequest) -> HttpResponse:
     rows = _cart_rows(request)
     codes, effects = _coupon_choices(request.user, cart.subtotal(rows))
     if request.method != "POST":
-        wanted = request.GET.get("coupon_code", "")
+        # The coupon asked for, else the one just claimed in the coupon center (one click on
+        # Place order must not pay full price for a buyer who just claimed a coupon).
+        wanted = request.GET.get("coupon_code", request.session.get(JUST_CLAIMED, ""))
         return _checkout_page(request, rows, CheckoutForm(codes=codes, initial={"coupon_code": wanted}), effects)
     form = CheckoutForm(request.POST, codes=codes)
     # The same form posted again (double click, resubmit): show the order it already made.
@@ -269,6 +275,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
             status = exc.status  # as the API answers it: 409 out of stock, over a cap, a drop's edge...
         else:
             cart.clear(request.session)
+            request.session.pop(JUST_CLAIMED, None)
             if not placed.replayed:
                 messages.success(request, "Thank you! Your order is placed.")
             return redirect("order", order_id=placed.order_id)
@@ -377,7 +384,8 @@ def coupon_claim(request: HttpRequest, code: str) -> HttpResponse:
     except errors.ShopError as exc:
         messages.error(request, plain_words(exc))
     else:
-        messages.success(request, f"Coupon {code} is yours: pick it at checkout.")
+        request.session[JUST_CLAIMED] = code
+        messages.success(request, f"Coupon {code} is yours: checkout picks it for your next order.")
     return redirect("coupons")
 
 

@@ -330,4 +330,7 @@ def test_cancel_route_unpaid_only(client, token, make_product):
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     refused = post(client, f"/api/orders/{paid['id']}/cancel/", {}, token)
     assert refused.status_code == 409 and error_code(refused) == "order_not_cancellable"
+    # Told what a buyer can do: a refund is staff's (issue 37: "refund it instead" was for staff).
+    message = refused.json()["error"]["message"]
+    assert "refund it" not in message and message.startswith("This order is paid")
     assert StockLedger.objects.filter(order_id=unpaid["id"], reason="cancel").count() == 1

@@ -520,3 +520,19 @@ def test_a_line_whose_sale_ended_offers_only_remove_and_says_it_once(shopper, ma
     assert posted.count("can&#x27;t be bought as they are") + posted.count("can't be bought as they are") == 1
     other = re.search(rf'<tr class="cart-line" data-product="{fine.pk}">.*?</tr>', page, re.S).group(0)
     assert "25 in stock" in other and ">Update<" in other  # a line that can be bought keeps its controls
+
+
+def test_a_coupon_just_claimed_is_picked_at_checkout(shopper, make_product, make_coupon):
+    p, coupon = make_product(stock=5, price="20.00"), make_coupon(discount="5.00")
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})
+    shopper.post(f"/coupons/{coupon.code}/claim/")
+    page = shopper.get("/checkout/")
+    assert page.context["form"]["coupon_code"].value() == coupon.code and page.context["coupon_chosen"]
+    assert re.search(rf'value="{coupon.code}"[^>]*checked', page.content.decode())
+    key = page.context["form"].initial["idempotency_key"]
+    placed = shopper.post("/checkout/", {"idempotency_key": key, "coupon_code": coupon.code}, follow=True)
+    assert Order.objects.get().discount == 5
+    assert placed.status_code == 200 and shopper.session.get("shop.just_claimed") is None
+    # Asked for no coupon on the page (?coupon_code=): none is picked.
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})
+    assert shopper.get("/checkout/?coupon_code=").context["form"]["coupon_code"].value() == ""
