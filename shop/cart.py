@@ -97,7 +97,7 @@ def unsold_problem(product: Product) -> str:
     if state == UPCOMING:
         return rules.opens_message(product.opens_at)
     if state == ENDED:
-        return errors.SaleEnded.default_message
+        return rules.CALLED_OFF if product.called_off else errors.SaleEnded.default_message
     return ""
 
 

@@ -62,6 +62,9 @@ def opens_message(opens_at: datetime) -> str:
     return f"Not on sale yet: opens {shop_time(opens_at)}."
 
 
+CALLED_OFF = "This drop was called off before it opened."
+
+
 def out_of_stock_message(lines: list[dict], names: dict[int, str] | None = None) -> str:
     """The one wording of a stock refusal, the product by its name as the cap's refusal says it:
     "Sneaker: only 2 left; Cap: sold out." (`lines` as OutOfStock's details; a line whose name
@@ -93,7 +96,9 @@ def not_on_sale(product_ids: list[int], rows: dict[int, dict], now: datetime) ->
                                  details={"product_ids": upcoming, "opens_at": opens.isoformat()})
     ended = [pid for pid in product_ids if states[pid] == ENDED]
     closed = min(rows[pid]["closes_at"] for pid in ended)
-    return errors.SaleEnded(f"This sale ended {shop_time(closed)}.",
+    # An empty window is a drop called off before it opened (`end_drop`): it never was on sale.
+    called_off = all(rows[pid]["opens_at"] == rows[pid]["closes_at"] for pid in ended)
+    return errors.SaleEnded(CALLED_OFF if called_off else f"This sale ended {shop_time(closed)}.",
                             details={"product_ids": ended, "closes_at": closed.isoformat()})
 
 

@@ -128,3 +128,35 @@ def test_the_product_page_flips_at_its_closing_and_when_the_sale_is_ended_early(
         assert "Sale ended" in page.inner_text("#drop-ended") and page.locator("#add-to-cart").count() == 0
         assert timezone.now() - ended_at < timedelta(seconds=15)
         browser.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_cart_and_checkout_after_a_sale_ended_offer_only_what_helps(live_server, user, width):
+    from tests.browser import logged_in_page
+
+    now = timezone.now()
+    ending = _product("END-1", UNBREAKABLE, opens_at=now - timedelta(hours=1), closes_at=now + timedelta(hours=1))
+    fine = _product("END-2", "Wireless headphones")
+    with logged_in_page(live_server.url, user, width=width) as page:
+        for p in (ending, fine):
+            page.goto(f"{live_server.url}/products/{p.pk}/")
+            page.click("#add-to-cart")
+            page.wait_for_url("**/cart/")
+        end_drop(products=[ending], actor="admin:test")
+        for name in ("cart", "checkout"):
+            page.goto(f"{live_server.url}/{name}/")
+            line = page.locator(f'tr.cart-line[data-product="{ending.pk}"]')
+            text = line.inner_text()
+            assert "This sale has ended." in text and "in stock" not in text and "left" not in text, text
+            assert line.locator("input[type=number]").count() == 0 and line.get_by_text("Update").count() == 0
+            assert line.get_by_role("button", name="Remove").count() == 1
+            assert "remove them" in page.inner_text("#fix-first") and "reduce" not in page.inner_text("main").lower()
+            assert page.locator(".messages li").count() == 0  # said once, by the page's notice
+            assert page.get_by_role("link", name="Check out").count() == 0
+            assert page.locator("#place-order").count() == 0
+            page.screenshot(path=str(ARTIFACTS / f"drop-flips-{width}-{name}-ended.png"), full_page=True)
+            problems = page.evaluate(CHECK_LAYOUT, width < 600)
+            assert not problems, "\n".join(problems)
+        page.locator(f'tr.cart-line[data-product="{ending.pk}"]').get_by_role("button", name="Remove").click()
+        page.wait_for_url("**/checkout/")
+        assert page.locator("#place-order").count() == 1  # the one line left can be bought

@@ -294,3 +294,20 @@ def test_the_product_state_the_page_polls_is_cheap_and_follows_an_early_end(clie
     assert ended["state"] == "ended" and ended["key"] != first["key"]
     missing = client.get("/products/999999/state/")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_product"
+
+
+def test_an_order_for_a_drop_called_off_is_refused_in_those_words(shopper, make_product):
+    from shop.services import end_drop
+
+    p = make_product(stock=5)
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})
+    window(p, opens_in=3600)
+    end_drop(products=[p], actor="admin:test")
+    cart_page = _text(shopper.get("/cart/").content.decode())
+    assert f"{p.name}: This drop was called off before it opened." in cart_page and "ended" not in cart_page
+    token = ApiToken.issue(user_id=shopper.session["_auth_user_id"], name="t")
+    refused = shopper.post("/api/orders/", json.dumps({"lines": [{"product_id": p.pk, "quantity": 1}]}),
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    error = refused.json()["error"]
+    assert refused.status_code == 409 and error["code"] == "sale_ended"
+    assert error["message"] == "This drop was called off before it opened." and not Order.objects.exists()
