@@ -19,7 +19,7 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from shop import cart, deadlines, errors, ratelimits, rules, selectors, validation
+from shop import api, cart, deadlines, errors, ratelimits, rules, selectors, validation
 from shop.conf import shop_settings
 from shop.forms import (
     AddToCartForm,
@@ -103,7 +103,7 @@ def product_state(request: HttpRequest, product_id: int) -> JsonResponse:
     lock and, most polls, no query (`selectors.drop_window`)."""
     window = selectors.drop_window(product_id=product_id)
     if window is None:
-        return JsonResponse({"error": {"code": "unknown_product", "message": "No such product."}}, status=404)
+        return api.shop_error_response(errors.UnknownProduct(details={"product_ids": [product_id]}))
     state = Product(opens_at=window["opens_at"], closes_at=window["closes_at"]).drop_state  # the page's own rule
     return JsonResponse({"state": state, "key": window_key(state, window["opens_at"], window["closes_at"])},
                         headers={"Cache-Control": "no-store"})
