@@ -311,3 +311,13 @@ def test_an_order_for_a_drop_called_off_is_refused_in_those_words(shopper, make_
     error = refused.json()["error"]
     assert refused.status_code == 409 and error["code"] == "sale_ended"
     assert error["message"] == "This drop was called off before it opened." and not Order.objects.exists()
+
+
+def test_an_upcoming_drop_without_stock_yet_is_not_called_sold_out(client, make_product):
+    """Its stock may come just before the opening (an operator restocks): "Opens in", never
+    "Sold out" beside it (no sold-out marker is written for it either)."""
+    p = window(make_product(stock=0), opens_in=600)
+    card = _text(client.get("/").content.decode())
+    page = _text(client.get(f"/products/{p.pk}/").content.decode())
+    assert "Opens in 10 min" in card and "Sold out" not in card
+    assert "Opens at" in page and "Sold out" not in page
