@@ -14,6 +14,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
+from shop import selectors
 from shop.models import Product
 from shop.services import end_drop
 from tests.browser import ARTIFACTS, launch
@@ -118,6 +119,7 @@ def test_the_product_page_flips_at_its_closing_and_when_the_sale_is_ended_early(
         assert page.locator("#add-to-cart").count() == 0 and "left)" not in page.inner_text("main")
 
         # "End sale now" on a sale with an hour to go: no countdown can know; the poll does.
+        selectors._windows.clear()  # ids are reused from test to test: no window of an earlier one
         q = _product("CLOSE-2", "Wireless headphones", opens_at=timezone.now() - timedelta(hours=1),
                      closes_at=timezone.now() + timedelta(hours=1))
         page.goto(f"{live_server.url}/products/{q.pk}/")

@@ -283,6 +283,7 @@ def test_the_product_state_the_page_polls_is_cheap_and_follows_an_early_end(clie
     from shop import selectors
     from shop.services import end_drop
 
+    selectors._windows.clear()  # ids are reused from test to test
     p = window(make_product(stock=5), opens_in=-60, closes_in=3600)
     first = client.get(f"/products/{p.pk}/state/").json()
     assert first["state"] == "open" and first["key"] in client.get(f"/products/{p.pk}/").content.decode()
