@@ -654,8 +654,10 @@ class OrderAdmin(admin.ModelAdmin):
         if not self.may_operate(request, order):
             raise PermissionDenied
         if request.method == "POST":
+            # A cancel tells the buyer why (the mail quotes the reason typed here).
+            said = {"reason": request.POST.get("reason", "")} if action == "cancel" else {}
             try:
-                service(order=order, actor=f"admin:{request.user.get_username()}")
+                service(order=order, actor=f"admin:{request.user.get_username()}", **said)
             except errors.ShopError as exc:
                 messages.error(request, exc.message)
             else:

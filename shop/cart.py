@@ -29,10 +29,23 @@ class Line:
     product: Product | None = None
     problem: str = ""
     fix_quantity: int | None = None
+    cap_left: int | None = None
 
     @property
     def name(self) -> str:
         return self.product.name if self.product is not None else "A product that no longer exists"
+
+    @property
+    def buyable(self) -> bool:
+        """Whether some of this line can be bought (as it is, or reduced): else it can only go."""
+        return not self.problem or bool(self.fix_quantity)
+
+    @property
+    def max_quantity(self) -> int | None:
+        """The most this line may hold: the stock, or less under the buyer's cap."""
+        if self.product is None:
+            return None
+        return self.product.stock if self.cap_left is None else min(self.product.stock, self.cap_left)
 
     @property
     def total(self) -> Decimal:
@@ -84,7 +97,7 @@ def unsold_problem(product: Product) -> str:
     if state == UPCOMING:
         return rules.opens_message(product.opens_at)
     if state == ENDED:
-        return errors.SaleEnded.default_message
+        return rules.CALLED_OFF if product.called_off else errors.SaleEnded.default_message
     return ""
 
 
@@ -121,21 +134,32 @@ def review(session: SessionBase, products: dict[int, Product], *, held: dict[int
     rows = []
     for pid, qty in lines(session):
         product = products.get(pid)
-        row = Line(product_id=pid, quantity=qty, product=product)
         left = None if product is None else cap_left(product, held.get(pid, 0))
+        row = Line(product_id=pid, quantity=qty, product=product, cap_left=left)
         if product is None:
             row.problem, row.fix_quantity = "This product no longer exists.", 0
         elif problem := unsold_problem(product):
             row.problem, row.fix_quantity = f"{product.name}: {problem}", 0
         elif product.stock == 0:
-            row.problem, row.fix_quantity = f"{product.name}: Sold out.", 0
+            row.problem, row.fix_quantity = _short(product), 0
         elif left is not None and left < qty and left <= product.stock:
             row.problem = f"{product.name}: {cap_problem(product, held=held.get(pid, 0))}"
             row.fix_quantity = left
         elif product.stock < qty:
-            row.problem, row.fix_quantity = f"{product.name}: Only {product.stock} left.", product.stock
+            row.problem, row.fix_quantity = _short(product), product.stock
         rows.append(row)
     return rows
+
+
+def _short(product: Product) -> str:
+    """A line short of stock, worded as the checkout's refusal words it."""
+    return rules.out_of_stock_message([{"product_id": product.pk, "available": product.stock}],
+                                      {product.pk: product.name})
+
+
+def reducible(rows: list[Line]) -> bool:
+    """Whether reducing a flagged line would help (else the advice is to remove them)."""
+    return any(r.problem and r.fix_quantity for r in rows)
 
 
 def subtotal(rows: list[Line]) -> Decimal:

@@ -111,6 +111,12 @@ class Product(models.Model):
     def on_sale(self) -> bool:
         return self.active and self.drop_state == OPEN
 
+    @property
+    def called_off(self) -> bool:
+        """A drop ended before it opened (`end_drop` leaves an empty window): it never sold, so
+        shoppers are told it was called off, not that its sale ended."""
+        return self.opens_at is not None and self.opens_at == self.closes_at
+
     @staticmethod
     def row_on_sale(row: dict, now: datetime) -> bool:
         return bool(row["active"]) and drop_state(row["opens_at"], row["closes_at"], now) == OPEN
@@ -303,11 +309,13 @@ class OutboxMail(models.Model):
     is sent (`shop.services.emails`, one renderer per kind), so a row holds no secret (a password
     reset's token is made at send time). A mail about an order is queued once per kind (unique
     kind + order); a mail with no order (a password reset) is not deduplicated. An order's buyer
-    hears of each step that changes what they paid or hold: paid, then refunded, cancelled or
-    expired (each queued with its status change, `shop.services.orders`).
+    hears of each step that changes what they paid or hold: reserved (with its pay-by time, queued
+    by the mail job for orders still unpaid: `queue_reservation_mails`), paid, then refunded,
+    cancelled or expired (each queued with its status change, `shop.services.orders`).
     """
 
     class Kind(models.TextChoices):
+        ORDER_RESERVED = "order_reserved", "Order reserved (pay by)"
         ORDER_PAID = "order_paid", "Order paid"
         ORDER_REFUNDED = "order_refunded", "Order refunded"
         ORDER_CANCELLED = "order_cancelled", "Order cancelled"

@@ -62,6 +62,24 @@ def opens_message(opens_at: datetime) -> str:
     return f"Not on sale yet: opens {shop_time(opens_at)}."
 
 
+CALLED_OFF = "This drop was called off before it opened."
+
+
+def out_of_stock_message(lines: list[dict], names: dict[int, str] | None = None) -> str:
+    """The one wording of a stock refusal, the product by its name as the cap's refusal says it:
+    "Sneaker: only 2 left; Cap: sold out." (`lines` as OutOfStock's details; a line whose name
+    is not known is said without one)."""
+    names = names or {}
+    parts = []
+    for line in lines:
+        left = line["available"]
+        what = "sold out" if left == 0 else f"only {left} left"
+        name = names.get(line["product_id"])
+        parts.append(f"{name}: {what}" if name else what)
+    text = "; ".join(parts) or "sold out"
+    return f"{text[0].upper()}{text[1:]}."
+
+
 def not_on_sale(product_ids: list[int], rows: dict[int, dict], now: datetime) -> errors.ShopError:
     """Why the lines of `product_ids` (none on sale now) cannot be sold, from their product rows
     (`rows` by id; a missing one is no product). The first reason that applies to any line:
@@ -78,7 +96,9 @@ def not_on_sale(product_ids: list[int], rows: dict[int, dict], now: datetime) ->
                                  details={"product_ids": upcoming, "opens_at": opens.isoformat()})
     ended = [pid for pid in product_ids if states[pid] == ENDED]
     closed = min(rows[pid]["closes_at"] for pid in ended)
-    return errors.SaleEnded(f"This sale ended {shop_time(closed)}.",
+    # An empty window is a drop called off before it opened (`end_drop`): it never was on sale.
+    called_off = all(rows[pid]["opens_at"] == rows[pid]["closes_at"] for pid in ended)
+    return errors.SaleEnded(CALLED_OFF if called_off else f"This sale ended {shop_time(closed)}.",
                             details={"product_ids": ended, "closes_at": closed.isoformat()})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -38,6 +39,26 @@ def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
     ended = Case(When(closes_at__lte=clock.now(), then=Value(1)), default=Value(0))
     qs = Product.objects.alias(ended=ended).order_by("ended", "id")
     return qs if include_inactive else qs.listed()
+
+
+# A product page asks for its drop window every few seconds (`drop_window`): each process keeps
+# what it read for WINDOW_TTL seconds, so a crowd on one page costs one query per process per
+# WINDOW_TTL, not one per poll. An "End sale now" shows within WINDOW_TTL plus the poll's interval.
+WINDOW_TTL = 2.0
+_windows: dict[int, tuple[float, dict]] = {}
+
+
+def drop_window(*, product_id: int) -> dict | None:
+    """The listed product's drop window ({"opens_at", "closes_at"}: aware datetimes or None),
+    read at most WINDOW_TTL seconds ago by this process; None for no such listed product."""
+    now = time.monotonic()
+    cached = _windows.get(product_id)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    window = Product.objects.listed().filter(pk=product_id).values("opens_at", "closes_at").first()
+    if window is not None:  # only real products: made-up ids must not grow the dict
+        _windows[product_id] = (now + WINDOW_TTL, window)
+    return window
 
 
 def product_detail(*, id: int) -> Product:

@@ -25,6 +25,7 @@ urlpatterns = [
     *api_patterns,
     path("", views.catalog, name="catalog"),
     path("products/<int:product_id>/", views.product_detail, name="product"),
+    path("products/<int:product_id>/state/", views.product_state, name="product_state"),
     path("cart/", views.cart_view, name="cart"),
     path("checkout/", views.checkout, name="checkout"),
     path("checkout/code/", views.checkout_code, name="checkout_code"),

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from datetime import datetime
 from decimal import Decimal
 
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from shop import cart, deadlines, errors, ratelimits, rules, selectors, validation
+from shop import api, cart, deadlines, errors, ratelimits, rules, selectors, validation
 from shop.conf import shop_settings
 from shop.forms import (
     AddToCartForm,
@@ -27,7 +30,7 @@ from shop.forms import (
     SignUpForm,
     TokenForm,
 )
-from shop.models import ApiToken, Product
+from shop.models import UPCOMING, ApiToken, Product
 from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
@@ -38,13 +41,8 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
     except to staff: `errors.as_seen_by`)."""
     exc = errors.as_seen_by(exc, staff=staff)
     names = names or {}
-    if isinstance(exc, errors.OutOfStock):
-        parts = []
-        for line in exc.details.get("lines", []):
-            name = names.get(line["product_id"], "This product")
-            left = line["available"]
-            parts.append(f"{name}: Sold out" if left == 0 else f"{name}: Only {left} left")
-        return "; ".join(parts) or "Sold out"
+    if isinstance(exc, errors.OutOfStock):  # the writer's message names them; the fast path's cannot
+        return rules.out_of_stock_message(exc.details.get("lines", []), names)
     if isinstance(exc, errors.NotOpenYet | errors.SaleEnded):  # the message says when
         products = ", ".join(names.get(pid, "This product") for pid in exc.details.get("product_ids", []))
         return f"{products or 'This product'}: {exc.message}"
@@ -69,8 +67,46 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
     }.get(exc.code, exc.message)
 
 
+# A page without JavaScript reloads itself at the next drop edge it shows if that is this close
+# (a meta refresh); with JavaScript, shop/drop-live.js counts down and reloads at the edge.
+REFRESH_WITHIN = 3600
+
+
+def _refresh_in(products: Iterable[Product]) -> int | None:
+    """Seconds until the next opening or closing among `products`, if within REFRESH_WITHIN."""
+    now = timezone.now()
+    edges = [when for p in products for when in (p.opens_at, p.closes_at) if when is not None and when > now]
+    if not edges:
+        return None
+    seconds = math.ceil((min(edges) - now).total_seconds())
+    return seconds if seconds <= REFRESH_WITHIN else None
+
+
+def window_key(state: str, opens_at: datetime | None, closes_at: datetime | None) -> str:
+    """What the product page was drawn for: a poll that reads another key reloads the page."""
+    return " ".join([state, opens_at.isoformat() if opens_at else "-", closes_at.isoformat() if closes_at else "-"])
+
+
 def catalog(request: HttpRequest) -> HttpResponse:
-    return render(request, "shop/catalog.html", {"products": selectors.product_list()})
+    """Upcoming drops in a block of their own at the top (soonest first), then the rest."""
+    products = list(selectors.product_list())
+    upcoming = sorted((p for p in products if p.drop_state == UPCOMING), key=lambda p: p.opens_at)
+    return render(request, "shop/catalog.html", {
+        "upcoming": upcoming, "products": [p for p in products if p not in upcoming],
+        "refresh_in": _refresh_in(products),
+    })
+
+
+@require_http_methods(["GET", "HEAD"])
+def product_state(request: HttpRequest, product_id: int) -> JsonResponse:
+    """The drop state the product page polls for (an early "End sale now", a moved window): no
+    lock and, most polls, no query (`selectors.drop_window`)."""
+    window = selectors.drop_window(product_id=product_id)
+    if window is None:
+        return api.shop_error_response(errors.UnknownProduct(details={"product_ids": [product_id]}))
+    state = Product(opens_at=window["opens_at"], closes_at=window["closes_at"]).drop_state  # the page's own rule
+    return JsonResponse({"state": state, "key": window_key(state, window["opens_at"], window["closes_at"])},
+                        headers={"Cache-Control": "no-store"})
 
 
 @require_http_methods(["GET", "HEAD", "POST"])
@@ -97,9 +133,12 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
                 messages.success(request, f"{product.name}: {qty} in your cart.")
                 return redirect("cart")
         form.add_error("quantity", problem)  # re-rendered with the message
+    cap_left = cart.cap_left(product, held.get(product.pk, 0))
     return render(request, "shop/product.html", {
-        "product": product, "form": form, "held": held.get(product.pk, 0),
-        "cap_left": cart.cap_left(product, held.get(product.pk, 0)),
+        "product": product, "form": form, "held": held.get(product.pk, 0), "cap_left": cap_left,
+        "max_quantity": product.stock if cap_left is None else min(product.stock, cap_left),
+        "refresh_in": _refresh_in([product]),
+        "window_key": window_key(product.drop_state, product.opens_at, product.closes_at),
     }, status=status)
 
 
@@ -146,6 +185,7 @@ def cart_view(request: HttpRequest) -> HttpResponse:
     rows = _cart_rows(request)
     return render(request, "shop/cart.html", {
         "rows": rows, "total": cart.subtotal(rows), "problems": any(r.problem for r in rows),
+        "reducible": cart.reducible(rows),
     })
 
 
@@ -176,9 +216,14 @@ def _checkout_page(request: HttpRequest, rows: list[cart.Line], form: CheckoutFo
     chosen = effects.get(code, {"discount": money(0), "total": money(subtotal), "unused": ""})
     return render(request, "shop/checkout.html", {
         "rows": rows, "total": subtotal, "form": form, "problems": any(r.problem for r in rows),
+        "reducible": cart.reducible(rows),
         "coupon_effects": effects, "chosen": chosen, "coupon_chosen": code in effects, "retry": retry,
         "code_form": code_form or CouponCodeForm(),
     }, status=status)
+
+
+# The code of the coupon the buyer claimed last (session): checkout picks it until an order is placed.
+JUST_CLAIMED = "shop.just_claimed"
 
 
 @login_required
@@ -189,7 +234,9 @@ def checkout(request: HttpRequest) -> HttpResponse:
     rows = _cart_rows(request)
     codes, effects = _coupon_choices(request.user, cart.subtotal(rows))
     if request.method != "POST":
-        wanted = request.GET.get("coupon_code", "")
+        # The coupon asked for, else the one just claimed in the coupon center (one click on
+        # Place order must not pay full price for a buyer who just claimed a coupon).
+        wanted = request.GET.get("coupon_code", request.session.get(JUST_CLAIMED, ""))
         return _checkout_page(request, rows, CheckoutForm(codes=codes, initial={"coupon_code": wanted}), effects)
     form = CheckoutForm(request.POST, codes=codes)
     # The same form posted again (double click, resubmit): show the order it already made.
@@ -202,8 +249,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
         messages.error(request, "Please check the form and try again.")
     elif not rows:
         messages.error(request, "Your cart is empty.")
-    elif any(r.problem for r in rows):
-        messages.error(request, "Some lines of your cart can't be bought as they are: fix them first.")
+    elif any(r.problem for r in rows):  # the page says so above the lines (#fix-first): once
         status = 409
     else:
         try:
@@ -229,6 +275,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
             status = exc.status  # as the API answers it: 409 out of stock, over a cap, a drop's edge...
         else:
             cart.clear(request.session)
+            request.session.pop(JUST_CLAIMED, None)
             if not placed.replayed:
                 messages.success(request, "Thank you! Your order is placed.")
             return redirect("order", order_id=placed.order_id)
@@ -337,7 +384,8 @@ def coupon_claim(request: HttpRequest, code: str) -> HttpResponse:
     except errors.ShopError as exc:
         messages.error(request, plain_words(exc))
     else:
-        messages.success(request, f"Coupon {code} is yours: pick it at checkout.")
+        request.session[JUST_CLAIMED] = code
+        messages.success(request, f"Coupon {code} is yours: checkout picks it for your next order.")
     return redirect("coupons")
 
 

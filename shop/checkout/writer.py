@@ -308,7 +308,9 @@ def _allocate(live: list[Request], results: dict[str, Result], rows: dict[int, d
         short = [{"product_id": pid, "requested": qty, "available": left[pid]} for pid, qty in r.lines
                  if qty > left[pid]]
         if short:
-            results[r.id] = Refused.of(errors.OutOfStock(short_message(short), details={"lines": short}))
+            names = {line["product_id"]: rows[line["product_id"]]["name"] for line in short}
+            results[r.id] = Refused.of(errors.OutOfStock(rules.out_of_stock_message(short, names),
+                                                         details={"lines": short}))
             continue
         placed.append(r)
         for pid, qty in r.lines:
@@ -317,14 +319,6 @@ def _allocate(live: list[Request], results: dict[str, Result], rows: dict[int, d
                 have[pid][r.user_id] = have[pid].get(r.user_id, 0) + qty
         unpaid[r.user_id] = unpaid.get(r.user_id, 0) + 1
     return placed
-
-
-def short_message(short: list[dict]) -> str:
-    parts = []
-    for line in short:
-        left = line["available"]
-        parts.append(f"product {line['product_id']}: " + ("sold out" if left == 0 else f"only {left} left"))
-    return "Not enough stock: " + "; ".join(parts) + "."
 
 
 def _write_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict[str, CouponClaim], holds: Holds,

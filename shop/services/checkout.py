@@ -21,7 +21,7 @@ import time
 
 import locks
 from locks.combining import Guarded
-from shop import admission, deadlines, errors, metrics, redis_keys, selectors
+from shop import admission, deadlines, errors, metrics, redis_keys, rules, selectors
 from shop.checkout import combining, protocol, writer
 from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
@@ -161,9 +161,8 @@ def _fast_path(fast: soldout.FastPath, *, user, key: str | None, digest: str,
         return replayed
     if fast.marked:
         metrics.soldout_rejected()
-        raise errors.OutOfStock(details={"lines": [
-            {"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in fast.marked
-        ]})
+        short = [{"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in fast.marked]
+        raise errors.OutOfStock(rules.out_of_stock_message(short), details={"lines": short})
     return None
 
 

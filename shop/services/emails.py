@@ -37,7 +37,7 @@ from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
 from shop.conf import shop_settings
-from shop.models import Order, OutboxMail
+from shop.models import ENDED, Order, OutboxMail
 
 log = logging.getLogger("shop")
 
@@ -58,13 +58,29 @@ def queue(*, kind: str, recipient: str, order_id: int | None = None, context: di
     return OutboxMail.objects.create(kind=kind, order_id=order_id, recipient=recipient, context=context or {})
 
 
-def queue_order_mail(*, kind: str, order_id: int) -> bool:
-    """Queue a mail about an order to its buyer; False when the buyer gave no address."""
+def queue_order_mail(*, kind: str, order_id: int, context: dict | None = None) -> bool:
+    """Queue a mail about an order to its buyer; False when the buyer gave no address.
+    `context`: what the mail says besides the order (a cancel: who cancelled it, and why)."""
     address = Order.objects.filter(pk=order_id).values_list("user__email", flat=True).first()
     if not address:
         return False
-    queue(kind=kind, recipient=address, order_id=order_id)
+    queue(kind=kind, recipient=address, order_id=order_id, context=context)
     return True
+
+
+def queue_reservation_mails(*, now: datetime | None = None, limit: int = 500) -> int:
+    """Queue the "reserved, pay by ..." mail of orders still unpaid inside their window that have
+    none yet; returns how many. The mail job does it before sending, not the checkout: no write
+    more on the hot path, and a buyer who pays at once gets the payment's mail alone. The order
+    is committed before the job can see it, so no rolled-back order is ever mailed; the unique
+    (kind, order) row makes it once, whichever runner gets there first."""
+    now = now or timezone.now()
+    due = (Order.objects.filter(status=Order.Status.PENDING_PAYMENT, pay_by__gt=now)
+           .exclude(user__email="").exclude(mails__kind=OutboxMail.Kind.ORDER_RESERVED)
+           .order_by("pk").values_list("pk", "user__email")[:limit])
+    rows = [OutboxMail(kind=OutboxMail.Kind.ORDER_RESERVED, order_id=pk, recipient=address, next_attempt_at=now)
+            for pk, address in due]  # due at `now`: this run sends them
+    return len(OutboxMail.objects.bulk_create(rows, ignore_conflicts=True))
 
 
 def queue_password_reset(*, email: str, domain: str, site_name: str, protocol: str) -> None:
@@ -76,14 +92,20 @@ def queue_password_reset(*, email: str, domain: str, site_name: str, protocol: s
 
 
 # --- rendering: one renderer per kind, at send time ----------------------------------------
-def _order_mail(name: str) -> Callable[[OutboxMail], list[EmailMessage]]:
+def _order_mail(name: str, *, while_status: str | None = None) -> Callable[[OutboxMail], list[EmailMessage]]:
     """The renderer of a mail about an order: templates shop/email/<name>_subject.txt and
-    <name>.txt, given the order, its lines and the links to it and to the shop. Links start with
-    SITE_URL: the job that sends has no request to take the host from."""
+    <name>.txt, given the order, its lines, the row's context (`mail`), the lines whose drop
+    has ended (`sale_over`: their units do not go back on sale) and the links to the order and
+    to the shop. Links start with SITE_URL: the job that sends has no request to take the host
+    from. `while_status`: sent only while the order is in it (none: the row is marked skipped)."""
 
     def render(row: OutboxMail) -> list[EmailMessage]:
         order = Order.objects.select_related("user", "coupon").get(pk=row.order_id)
-        context = {"order": order, "lines": order.lines.select_related("product"),
+        if while_status is not None and order.status != while_status:
+            return []
+        lines = list(order.lines.select_related("product"))
+        context = {"order": order, "lines": lines, "mail": row.context,
+                   "sale_over": [line for line in lines if line.product.drop_state == ENDED],
                    "order_url": settings.SITE_URL + reverse("order", args=[order.pk]),
                    "shop_url": settings.SITE_URL + reverse("catalog")}
         subject = render_to_string(f"shop/email/{name}_subject.txt", context).strip()
@@ -108,6 +130,7 @@ def _password_reset(row: OutboxMail) -> list[EmailMessage]:
 
 
 RENDERERS: dict[str, Callable[[OutboxMail], list[EmailMessage]]] = {
+    OutboxMail.Kind.ORDER_RESERVED: _order_mail("order_reserved", while_status=Order.Status.PENDING_PAYMENT),
     OutboxMail.Kind.ORDER_PAID: _order_mail("order_paid"),
     OutboxMail.Kind.ORDER_REFUNDED: _order_mail("order_refunded"),
     OutboxMail.Kind.ORDER_CANCELLED: _order_mail("order_cancelled"),
@@ -152,8 +175,10 @@ def send_pending_mail(*, now: datetime | None = None, limit: int = 100, check=No
     """Send up to `limit` due mails, oldest first, over one mail connection. Each is claimed
     first (not due again for CLAIM), so a second runner never sends it too, and marked sent at
     once after its send. The first failure ends the run: a server that is down costs one
-    timeout a run, not one per mail. `check`: called before each mail (a job passes ctx.check)."""
+    timeout a run, not one per mail. `check`: called before each mail (a job passes ctx.check).
+    First the reservations of orders placed since the last run are queued (`queue_reservation_mails`)."""
     now = now or timezone.now()
+    queue_reservation_mails(now=now)
     due = list(OutboxMail.objects.filter(status=OutboxMail.Status.PENDING, next_attempt_at__lte=now)
                .order_by("next_attempt_at", "pk").values_list("pk", flat=True)[:limit])
     sent = failed = 0

@@ -42,19 +42,22 @@ from shop.services.inventory import return_stock, unmark_sold_out
 log = logging.getLogger("shop")
 
 
-def _refusal(order_pk: int, refusal: type[errors.ShopError]) -> errors.ShopError:
-    """The typed refusal, saying the state the order is in (an operator reads it in the admin)."""
+def _refusal(order_pk: int, refusal: type[errors.ShopError], *, buyer: bool = False) -> errors.ShopError:
+    """The typed refusal, saying the state the order is in (an operator reads it in the admin;
+    `buyer`: the buyer's own cancel, who cannot refund)."""
     status = Order.objects.filter(pk=order_pk).values_list("status", flat=True).first()
     message = None
     if refusal is errors.OrderNotCancellable and status == Order.Status.PAID:
-        message = "This order is paid: refund it instead (its money goes back too)."
+        message = ("This order is paid, so it can no longer be cancelled; to get your money back, contact the shop."
+                   if buyer else "This order is paid: refund it instead (its money goes back too).")
     return refusal(message, details={"order_id": order_pk, "status": status})
 
 
 def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: str, mail: str,
              due_before: datetime | None = None, stamp: str = "cancelled_at",
              refusal: type[errors.ShopError] = errors.OrderNotCancellable,
-             after_flip: Callable[[], None] | None = None) -> None:
+             after_flip: Callable[[], None] | None = None, mail_context: dict | None = None,
+             buyer: bool = False) -> None:
     """Flip the order from one of `allowed` to `to` and return its stock and coupon, once.
 
     Same locks as checkout (the products', sorted), one durable transaction; the flip is the
@@ -63,7 +66,8 @@ def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: 
     flip sets (cancelled_at for cancel and expiry, refunded_at for a refund). `after_flip`: runs
     in the transaction once the flip won (a refund marks its record completed). `mail`: the kind
     of the buyer's mail queued with the flip (an outbox row: it commits with the flip or not at
-    all, and only the call whose flip won queues it, so the buyer hears of it exactly once).
+    all, and only the call whose flip won queues it, so the buyer hears of it exactly once),
+    with `mail_context`. `buyer`: the buyer's own call (a refusal says what a buyer can do).
     Everything here may run more than once (retries): nothing in it may reach outside the database.
     """
     lines = list(
@@ -73,7 +77,7 @@ def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: 
     if due_before is not None:
         guard = guard.filter(pay_by__lte=due_before)
     if not lines or not guard.exists():
-        raise _refusal(order.pk, refusal)
+        raise _refusal(order.pk, refusal, buyer=buyer)
 
     def attempt() -> None:
         names = [product_lock(pid) for pid, _ in lines]
@@ -81,10 +85,10 @@ def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: 
             unmark_sold_out([pid for pid, _ in lines], holds)
             with durable_transaction():
                 if not guard.update(status=to, **{stamp: timezone.now()}):
-                    raise _refusal(order.pk, refusal)
+                    raise _refusal(order.pk, refusal, buyer=buyer)
                 if after_flip is not None:
                     after_flip()
-                queue_order_mail(kind=mail, order_id=order.pk)
+                queue_order_mail(kind=mail, order_id=order.pk, context=mail_context)
                 for pid, qty in lines:
                     return_stock(product_id=pid, quantity=qty, hold=holds[product_lock(pid)],
                                  reason=reason, order=order, actor=str(actor))
@@ -96,16 +100,25 @@ def _release(*, order: Order, actor, allowed: tuple[str, ...], to: str, reason: 
     with_retries(attempt, what=f"{to} order")
 
 
+# What staff write to the buyer when they cancel an order (the mail quotes it).
+MAX_CANCEL_REASON = 500
+
+
 @connection_errors()
-def cancel_order(*, order: Order, actor, unpaid_only: bool = False) -> Order:
+def cancel_order(*, order: Order, actor, unpaid_only: bool = False, reason: str = "") -> Order:
     """Cancel an order that holds stock and was not paid (staff: also a legacy "placed" one;
     `unpaid_only`: the buyer's own, unpaid). A paid order is refunded (`refund_order`), never
-    cancelled: cancelling would return the stock and keep the money."""
+    cancelled: cancelling would return the stock and keep the money. `reason`: staff's words to
+    the buyer, quoted in the mail (the buyer's own cancel mails as theirs, with none)."""
     refuse_outer_transaction("cancel_order")
+    if not isinstance(reason, str) or len(reason.strip()) > MAX_CANCEL_REASON:
+        raise errors.InvalidInput(f"A reason is at most {MAX_CANCEL_REASON} characters.",
+                                  details={"reason": f"at most {MAX_CANCEL_REASON} characters"})
     allowed = ((Order.Status.PENDING_PAYMENT,) if unpaid_only
                else (Order.Status.PENDING_PAYMENT, Order.Status.PLACED))
     _release(order=order, actor=actor, allowed=allowed, to=Order.Status.CANCELLED,
-             reason=StockLedger.Reason.CANCEL, mail=OutboxMail.Kind.ORDER_CANCELLED)
+             reason=StockLedger.Reason.CANCEL, mail=OutboxMail.Kind.ORDER_CANCELLED, buyer=unpaid_only,
+             mail_context={"by": "buyer" if unpaid_only else "shop", "reason": reason.strip()})
     order.refresh_from_db()
     return order
 

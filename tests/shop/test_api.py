@@ -105,7 +105,7 @@ def test_out_of_stock_409_names_what_is_left(client, token, make_product):
     response = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 3}]}, token)
     assert response.status_code == 409
     assert response.json()["error"] == {
-        "code": "out_of_stock", "message": f"Not enough stock: product {p.pk}: only 1 left.",
+        "code": "out_of_stock", "message": f"{p.name}: only 1 left.",
         "details": {"lines": [{"product_id": p.pk, "requested": 3, "available": 1}]}}
 
 
@@ -330,4 +330,7 @@ def test_cancel_route_unpaid_only(client, token, make_product):
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     refused = post(client, f"/api/orders/{paid['id']}/cancel/", {}, token)
     assert refused.status_code == 409 and error_code(refused) == "order_not_cancellable"
+    # Told what a buyer can do: a refund is staff's (issue 37: "refund it instead" was for staff).
+    message = refused.json()["error"]["message"]
+    assert "refund it" not in message and message.startswith("This order is paid")
     assert StockLedger.objects.filter(order_id=unpaid["id"], reason="cancel").count() == 1

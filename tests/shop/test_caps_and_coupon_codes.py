@@ -82,7 +82,7 @@ def test_a_cart_line_shows_the_limit_and_offers_the_fix_past_it(shopper, user, m
     assert checkout.context["problems"] and 'id="place-order"' not in checkout.content.decode()
     assert "Reduce to 1" in checkout.content.decode()
     refused = shopper.post("/checkout/", {"idempotency_key": _checkout_key(shopper)})
-    assert "fix them first" in refused.content.decode() and Order.objects.count() == 1
+    assert "reduce or remove them to place your order" in refused.content.decode() and Order.objects.count() == 1
     # Reduce to 1 (back to checkout), then the order goes through.
     response = shopper.post("/cart/", {"product_id": p.pk, "quantity": 1, "next": "checkout"})
     assert response["Location"] == "/checkout/"
@@ -108,7 +108,7 @@ def test_the_cart_review_takes_the_tighter_of_stock_and_cap(make_product, client
     session = client.session
     cart.set_quantity(session, p.pk, 4)
     [short] = cart.review(session, {p.pk: p}, held={p.pk: 1})  # 4 left under the cap, 2 in stock
-    assert (short.problem, short.fix_quantity) == ("Sneaker X: Only 2 left.", 2)
+    assert (short.problem, short.fix_quantity) == ("Sneaker X: only 2 left.", 2)
     [capped_line] = cart.review(session, {p.pk: p}, held={p.pk: 4})
     assert (capped_line.problem, capped_line.fix_quantity) == (
         "Sneaker X: Limit 5 per customer; you already have 4 in your orders.", 1)

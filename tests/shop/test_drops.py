@@ -59,7 +59,7 @@ def test_an_ended_sale_says_so_and_an_open_one_says_until_when(client, make_prod
     assert "This sale ended" in _text(page) and 'id="add-to-cart"' not in page and "drop-countdown" not in page
     running = window(make_product(stock=5), opens_in=-60, closes_in=1800)
     page = client.get(f"/products/{running.pk}/").content.decode()
-    assert "On sale until" in _text(page) and "(30 min left)" in _text(page) and 'id="add-to-cart"' in page
+    assert "On sale until" in _text(page) and "( 30 min left )" in _text(page) and 'id="add-to-cart"' in page
 
 
 @pytest.mark.parametrize("skew", [+900, -300])
@@ -321,3 +321,84 @@ def test_end_sale_now_asks_first_and_says_what_happens_to_orders_awaiting_paymen
     assert (row.units_sold, row.units_paid_late, row.units_reserved) == (2, 2, 1)
     sales = admin_client.get("/admin/shop/productsales/").content.decode()
     assert "2 paid after the end" in sales
+
+
+# --- issue 37: the edges as shoppers see them (the live flips: test_drop_flips_browser.py) ------
+def test_the_catalog_puts_upcoming_drops_first_and_reloads_at_the_next_edge_without_javascript(client, make_product):
+    running = window(make_product(stock=5), opens_in=-60, closes_in=1800)
+    later, sooner = window(make_product(stock=5), opens_in=7200), window(make_product(stock=5), opens_in=90)
+    page = client.get("/").content.decode()
+    top, rest = page.split('id="catalog"')
+    assert "Upcoming drops" in top
+    assert top.index(f'data-product="{sooner.pk}"') < top.index(f'data-product="{later.pk}"')
+    assert f'data-product="{running.pk}"' in rest and f'data-product="{later.pk}"' not in rest
+    refresh = re.search(r'<noscript><meta http-equiv="refresh" content="(\d+)"></noscript>', page)
+    assert refresh and 85 <= int(refresh.group(1)) <= 90  # the opening in 90 s, the soonest edge
+    assert f'data-flip-at="{sooner.opens_at.isoformat()}"' in page and "data-server-now=" in page
+
+
+def test_a_drop_called_off_before_it_opened_is_not_a_sale_that_ended(client, make_product):
+    from shop.services import end_drop
+
+    p = window(make_product(stock=5), opens_in=3600)
+    end_drop(products=[p], actor="admin:test")
+    text = _text(client.get(f"/products/{p.pk}/").content.decode())
+    assert "called off" in text and "Sale ended" not in text and "This sale ended" not in text
+    card = _text(client.get("/").content.decode())
+    assert "Called off" in card and "Sale ended" not in card
+
+
+def test_the_quantity_box_stops_at_what_the_buyer_may_still_buy(shopper, user, make_product):
+    from shop.services import place_order
+
+    p = make_product(stock=40)
+    Product.objects.filter(pk=p.pk).update(max_per_user=3)
+    place_order(user=user, lines=[(p.pk, 1)])
+    page = shopper.get(f"/products/{p.pk}/").content.decode()
+    assert re.search(r'name="quantity" id="id_quantity" min="1" max="2"', page)  # the cap left, not the stock
+
+
+def test_the_product_state_the_page_polls_is_cheap_and_follows_an_early_end(client, make_product,
+                                                                          django_assert_num_queries):
+    from shop import selectors
+    from shop.services import end_drop
+
+    selectors._windows.clear()  # ids are reused from test to test
+    p = window(make_product(stock=5), opens_in=-60, closes_in=3600)
+    first = client.get(f"/products/{p.pk}/state/").json()
+    assert first["state"] == "open" and first["key"] in client.get(f"/products/{p.pk}/").content.decode()
+    with django_assert_num_queries(0):  # a crowd polling one page: no query while it is fresh
+        assert client.get(f"/products/{p.pk}/state/").json() == first
+    end_drop(products=[p], actor="admin:test")
+    selectors._windows.clear()  # WINDOW_TTL later
+    ended = client.get(f"/products/{p.pk}/state/").json()
+    assert ended["state"] == "ended" and ended["key"] != first["key"]
+    missing = client.get("/products/999999/state/")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_product"
+
+
+def test_an_order_for_a_drop_called_off_is_refused_in_those_words(shopper, make_product):
+    from shop.services import end_drop
+
+    p = make_product(stock=5)
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})
+    window(p, opens_in=3600)
+    end_drop(products=[p], actor="admin:test")
+    cart_page = _text(shopper.get("/cart/").content.decode())
+    assert f"{p.name}: This drop was called off before it opened." in cart_page and "ended" not in cart_page
+    token = ApiToken.issue(user_id=shopper.session["_auth_user_id"], name="t")
+    refused = shopper.post("/api/orders/", json.dumps({"lines": [{"product_id": p.pk, "quantity": 1}]}),
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    error = refused.json()["error"]
+    assert refused.status_code == 409 and error["code"] == "sale_ended"
+    assert error["message"] == "This drop was called off before it opened." and not Order.objects.exists()
+
+
+def test_an_upcoming_drop_without_stock_yet_is_not_called_sold_out(client, make_product):
+    """Its stock may come just before the opening (an operator restocks): "Opens in", never
+    "Sold out" beside it (no sold-out marker is written for it either)."""
+    p = window(make_product(stock=0), opens_in=600)
+    card = _text(client.get("/").content.decode())
+    page = _text(client.get(f"/products/{p.pk}/").content.decode())
+    assert "Opens in 10 min" in card and "Sold out" not in card
+    assert "Opens at" in page and "Sold out" not in page

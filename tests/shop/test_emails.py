@@ -347,7 +347,7 @@ def _expired(order: Order, *, again: bool = False) -> None:
     (_refunded, "order_refunded", "Order #{pk} is refunded: $3,316.00",
      r"we refunded \$3,316\.00 for order #{pk} on \d{1,2} \w{3} \d{4}, \d\d:\d\d UTC\."),
     (_cancelled, "order_cancelled", "Order #{pk} is cancelled",
-     r"order #{pk} was cancelled on \d{1,2} \w{3} \d{4}, \d\d:\d\d UTC: its items went back on sale\.\n"
+     r"you cancelled order #{pk} on \d{1,2} \w{3} \d{4}, \d\d:\d\d UTC: its items went back on sale\.\n"
      r"Nothing was charged\."),
     (_expired, "order_expired", "Order #{pk} was not paid in time",
      r"order #{pk} was not paid by \d{1,2} \w{3} \d{4}, \d\d:\d\d UTC, so it was released on "
@@ -485,3 +485,60 @@ def test_check_deploy_warns_of_a_site_url_that_points_at_the_server_itself():
     assert "shop.W003" in check() and "SITE_URL is http://127.0.0.1:8000" in check()
     assert "shop.W003" not in check(SITE_URL="https://shop.example.com")
     assert "shop.W003" not in check(DEBUG="true")  # a developer's laptop
+
+
+# --- issue 37: the reservation, a staff cancel's reason, an ended drop's expiry -------------------
+def test_a_reserved_order_is_mailed_its_pay_by_time_and_link_once(buyer, make_product):
+    p = make_product(stock=9, price="20.00")
+    order = order_of(place_order(user=buyer, lines=[(p.pk, 2)]))
+    paid_at_once = order_of(place_order(user=buyer, lines=[(p.pk, 1)]))
+    pay_order(order=paid_at_once, actor="test")  # paid before the job ran: no reminder to pay
+    assert send_mail_job() == "sent 2, failed 0"  # the reservation of one, the payment of the other
+    reserved = [m for m in mail.outbox if "reserved" in m.subject]
+    assert len(reserved) == 1 and f"#{order.pk}" in reserved[0].subject
+    pay_by = timezone.localtime(order.pay_by)
+    assert pay_by.strftime("%H:%M") in reserved[0].subject
+    body = reserved[0].body
+    assert f"http://127.0.0.1:8000/orders/{order.pk}/" in body and "2 \u00d7 Product" in body
+    assert f"{pay_by.day} {pay_by:%b %Y, %H:%M} UTC" in body and "released" in body
+    assert [(m.kind, m.order_id) for m in outbox(kind="order_reserved")] == [("order_reserved", order.pk)]
+    assert send_mail_job() == "sent 0, failed 0"  # once
+
+
+def test_a_staff_cancel_tells_the_buyer_why_and_the_buyers_own_does_not_sound_like_it(
+        buyer, make_product, admin_client):
+    from shop.services import cancel_order
+
+    p = make_product(stock=9)
+    staff, own = (order_of(place_order(user=buyer, lines=[(p.pk, 1)])) for _ in range(2))
+    too_long = "x" * 501
+    with pytest.raises(errors.InvalidInput):
+        cancel_order(order=staff, actor="admin:root", reason=too_long)
+    assert Order.objects.get(pk=staff.pk).status == Order.Status.PENDING_PAYMENT and outbox() == []
+    form = admin_client.get(f"/admin/shop/order/{staff.pk}/cancel/").content.decode()
+    assert 'name="reason"' in form
+    admin_client.post(f"/admin/shop/order/{staff.pk}/cancel/", {"reason": "We cannot ship to your address."})
+    assert Order.objects.get(pk=staff.pk).status == Order.Status.CANCELLED
+    cancel_order(order=own, actor=f"user:{buyer.pk}", unpaid_only=True)
+    assert send_mail_job().startswith("sent 2,")
+    by_staff = next(m.body for m in mail.outbox if f"#{staff.pk} " in m.subject)
+    by_buyer = next(m.body for m in mail.outbox if f"#{own.pk} " in m.subject)
+    assert "we cancelled your order" in by_staff.lower() and "We cannot ship to your address." in by_staff
+    assert "you cancelled order" in by_buyer and "we cancelled" not in by_buyer.lower()
+
+
+def test_the_expiry_of_an_order_whose_drop_ended_does_not_say_its_items_are_back_on_sale(buyer, make_product):
+    from shop.models import Product
+    from shop.services import expire_unpaid
+
+    ended, running = make_product(stock=9), make_product(stock=9)
+    order = order_of(place_order(user=buyer, lines=[(ended.pk, 1), (running.pk, 1)]))
+    only_ended = order_of(place_order(user=buyer, lines=[(ended.pk, 2)]))
+    Product.objects.filter(pk=ended.pk).update(opens_at=timezone.now() - timedelta(hours=1),
+                                               closes_at=timezone.now())
+    assert expire_unpaid(now=order.pay_by + timedelta(seconds=1)) == 2
+    send_mail_job()
+    mixed = next(m.body for m in mail.outbox if f"#{order.pk} " in m.subject and "not paid" in m.subject)
+    gone = next(m.body for m in mail.outbox if f"#{only_ended.pk} " in m.subject and "not paid" in m.subject)
+    assert "went back on sale" not in gone and "sale has ended" in gone and "Still want them?" not in gone
+    assert f"{ended.name}: its sale has ended" in mixed and "Still want them?" in mixed

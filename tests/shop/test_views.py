@@ -93,7 +93,7 @@ def test_out_of_stock_in_plain_words(shopper, make_product, monkeypatch):
         for r in real_review(s, products, held=held)])
     response = shopper.post("/checkout/", {"idempotency_key": key})
     assert response.status_code == 409
-    assert f"{p.name}: Only 3 left" in response.content.decode()
+    assert f"{p.name}: only 3 left." in response.content.decode()
     assert Order.objects.count() == 0
 
 
@@ -380,8 +380,8 @@ def test_cart_lines_that_cannot_be_bought_are_flagged_and_fixable(shopper, user,
     Product.objects.filter(pk=gone.pk).update(stock=0)
     Product.objects.filter(pk=off.pk).update(active=False)
     page = shopper.get("/cart/").content.decode()
-    assert f"{short.name}: Only 1 left." in page and "Reduce to 1" in page
-    assert f"{gone.name}: Sold out." in page
+    assert f"{short.name}: only 1 left." in page and "Reduce to 1" in page
+    assert f"{gone.name}: sold out." in page
     # Flagged, not silently dropped; a hidden product reads as a missing one.
     assert off.name not in page and "This product no longer exists." in page
     assert page.count('class="cart-line flagged"') == 3
@@ -390,7 +390,7 @@ def test_cart_lines_that_cannot_be_bought_are_flagged_and_fixable(shopper, user,
     key = checkout.context["form"].initial["idempotency_key"]
     refused = shopper.post("/checkout/", {"idempotency_key": key})
     assert refused.status_code == 409  # the cart conflicts with the stock as it is now
-    assert "fix them first" in refused.content.decode() and not Order.objects.exists()
+    assert "reduce or remove them to place your order" in refused.content.decode() and not Order.objects.exists()
 
     # The fixes: reduce to what is left (back to checkout when asked), remove.
     response = shopper.post("/cart/", {"product_id": short.pk, "quantity": 1, "next": "checkout"})
@@ -431,7 +431,8 @@ def test_a_claimed_coupon_shows_its_effect_before_placing(shopper, user, make_pr
         small.code: {"discount": "$3.00", "total": "$17.00", "unused": ""},
         big.code: {"discount": "$20.00", "total": "$0.00", "unused": f"{lost} (a coupon is used once)."}}
     html = page.content.decode()
-    assert f"{small.code}: $3.00 off, total $17.00" in html and 'id="checkout-total">$20.00<' in html
+    assert f"{small.code}: $3.00 off, total $17.00" in html
+    assert 'id="checkout-total">$0.00<' in html and lost in html  # the one claimed last is picked, its loss said
     assert f"{big.code}: $20.00 off (of its $50.00), total $0.00" in html
     chosen = shopper.get(f"/checkout/?coupon_code={small.code}").content.decode()
     assert 'id="checkout-discount">\u2212$3.00<' in chosen and 'id="checkout-total">$17.00<' in chosen
@@ -494,3 +495,45 @@ def test_the_stylesheet_loads_with_debug_off(settings, tmp_path, db):
     assert page.status_code == 200 and "/static/shop/site.css" in page.content.decode()
     css = client.get("/static/shop/site.css")
     assert css.status_code == 200 and b"{" in b"".join(css.streaming_content)
+
+
+# --- issue 37: the cart and checkout after a sale ended -------------------------------------------
+def test_a_line_whose_sale_ended_offers_only_remove_and_says_it_once(shopper, make_product):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    ended, fine = make_product(stock=25), make_product(stock=25)
+    for p in (ended, fine):
+        shopper.post(f"/products/{p.pk}/", {"quantity": 2})
+    Product.objects.filter(pk=ended.pk).update(opens_at=timezone.now() - timedelta(hours=1),
+                                               closes_at=timezone.now() - timedelta(seconds=1))
+    page = shopper.get("/cart/").content.decode()
+    line = re.search(rf'<tr class="cart-line flagged" data-product="{ended.pk}">.*?</tr>', page, re.S).group(0)
+    assert "This sale has ended." in line
+    assert "in stock" not in line and "left" not in line  # no green "25 in stock" beside it
+    assert 'name="quantity" min="0"' not in line and ">Update<" not in line and "remove-line" in line
+    assert "reduce" not in page.lower()  # the one fix that helps: remove it
+    assert 'href="/checkout/"' not in page.split("</table>")[1]  # no Check out while a line must go
+    checkout = shopper.get("/checkout/").content.decode()
+    assert "in stock" not in checkout and "reduce" not in checkout.lower()
+    posted = shopper.post("/checkout/", {"idempotency_key": "k-ended-1"}).content.decode()
+    assert posted.count("can&#x27;t be bought as they are") + posted.count("can't be bought as they are") == 1
+    other = re.search(rf'<tr class="cart-line" data-product="{fine.pk}">.*?</tr>', page, re.S).group(0)
+    assert "25 in stock" in other and ">Update<" in other  # a line that can be bought keeps its controls
+
+
+def test_a_coupon_just_claimed_is_picked_at_checkout(shopper, make_product, make_coupon):
+    p, coupon = make_product(stock=5, price="20.00"), make_coupon(discount="5.00")
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})
+    shopper.post(f"/coupons/{coupon.code}/claim/")
+    page = shopper.get("/checkout/")
+    assert page.context["form"]["coupon_code"].value() == coupon.code and page.context["coupon_chosen"]
+    assert re.search(rf'value="{coupon.code}"[^>]*checked', page.content.decode())
+    key = page.context["form"].initial["idempotency_key"]
+    placed = shopper.post("/checkout/", {"idempotency_key": key, "coupon_code": coupon.code}, follow=True)
+    assert Order.objects.get().discount == 5
+    assert placed.status_code == 200 and shopper.session.get("shop.just_claimed") is None
+    # Asked for no coupon on the page (?coupon_code=): none is picked.
+    shopper.post(f"/products/{p.pk}/", {"quantity": 1})
+    assert shopper.get("/checkout/?coupon_code=").context["form"]["coupon_code"].value() == ""

@@ -136,6 +136,8 @@ class Command(BaseCommand):
                                       "(the admin's Refund…)")):
             p = action(name, what, asks=True)
             p.add_argument("order", type=int, help="the order's id")
+            if name == "cancel":
+                p.add_argument("--reason", default="", help="why, in words for the buyer (their mail quotes it)")
         p = action("sales", "units sold, net revenue, units per minute (last 5 minutes), reserved and refunded "
                             "units and stock per product, and their totals (the admin's Sales view)", writes=False)
         p.add_argument("--product", action="extend", nargs="+", default=[], metavar="PRODUCT",
@@ -268,7 +270,7 @@ class Command(BaseCommand):
             self._confirm(order, action)
         service, done = ((cancel_order, "cancelled; stock and coupon returned") if action == "cancel" else
                          (refund_order, "refunded; the payment goes back, stock and coupon returned"))
-        order = service(order=order, actor=actor)
+        order = service(order=order, actor=actor, **({"reason": opts["reason"]} if action == "cancel" else {}))
         if opts["json"]:
             order = Order.objects.select_related("user").prefetch_related("lines__product").get(pk=order.pk)
             self.stdout.write(json.dumps({"order": _order_dict(order), "actor": actor}, indent=2))

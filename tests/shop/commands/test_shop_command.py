@@ -141,6 +141,17 @@ def test_cancel_asks_then_returns_the_stock_with_the_actor(make_product, user, m
     assert (entry.quantity, entry.actor) == (2, ME)
 
 
+def test_cancel_gives_the_buyer_the_reason_as_the_admin_does(make_product, user):
+    from shop.models import OutboxMail
+
+    user.email = "ann@example.com"
+    user.save()
+    order = order_of(place_order(user=user, lines=[(make_product(stock=5).pk, 1)]))
+    shop("cancel", str(order.pk), "--yes", "--reason", "Duplicate order")
+    mail = OutboxMail.objects.get(order=order, kind="order_cancelled")
+    assert mail.context == {"by": "shop", "reason": "Duplicate order"}
+
+
 def test_cancel_refuses_a_paid_order_as_the_admin_does(make_product, user):
     paid = _paid(user, make_product(stock=5))
     with pytest.raises(CommandError, match="This order is paid: refund it instead"):

@@ -60,7 +60,8 @@ def test_out_of_stock_names_every_short_line_and_writes_nothing(user, make_produ
         {"product_id": a.pk, "requested": 3, "available": 1},
         {"product_id": b.pk, "requested": 1, "available": 0},
     ]
-    assert "only 1 left" in err.value.message and "sold out" in err.value.message
+    # Named as the cap's refusal names them, never "product 7".
+    assert err.value.message == f"{a.name}: only 1 left; {b.name}: sold out."
     assert counts() == before
     c.refresh_from_db()
     assert c.stock == 10  # the line that fit was rolled back with the rest
