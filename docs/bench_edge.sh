@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The worker's edge, before and after, side by side in one run: what a `busy` answer costs.
+#   BEFORE=/path/to/checkout-before bash docs/bench_edge.sh
+#   RATE=3000 SECONDS_EACH=5 ROUNDS=3 BEFORE=... bash docs/bench_edge.sh
+# A gunicorn server from each tree as its image runs it (gunicorn -c gunicorn.conf.py, WORKERS x
+# THREADS), DEBUG off, with SHOP_MAX_WAITING=0: its lines are always full, so its worker answers
+# every order 503 `busy` in the main loop, before the app (shop/gunicorn_worker.py). Then, ROUNDS
+# times, alternating which goes first, `loadtest --url URL --rate RATE` sends orders open loop
+# (a new connection each, latency from the schedule) to each server in turn, and the servers'
+# CPU (their workers' utime + stime, from /proc) is read before and after: CPU per answer, busy
+# answers per second and their p50/p99, side by side. The same is done with GETs of a JSON 404
+# (the app's whole request path, no checkout): PATHS="busy notfound" (default both).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+AFTER=$(pwd)
+BEFORE=${BEFORE:?set BEFORE to the checkout before (with its own .venv or a link to one)}
+RATE=${RATE:-2000} SECONDS_EACH=${SECONDS_EACH:-5} ROUNDS=${ROUNDS:-3} WORKERS=${WORKERS:-4} THREADS=${THREADS:-16}
+export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false DEV_ENV_FILE=
+export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=shop.settings LOCKS_KEY_PREFIX=bench:
+export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
+py=.venv/bin/python
+out=$(mktemp -d)
+$py manage.py createdb >/dev/null && $py manage.py migrate --no-input -v 0
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$out"' EXIT
+for side in before after; do
+  if [ $side = before ]; then tree=$BEFORE port=8081; else tree=$AFTER port=8082; fi
+  (cd "$tree" && SHOP_MAX_WAITING=0 exec .venv/bin/python -m gunicorn -c gunicorn.conf.py -w "$WORKERS" \
+     --threads "$THREADS" -b 127.0.0.1:$port --log-level warning shop.wsgi) & pids+=($!)
+done
+for port in 8081 8082; do
+  up=
+  for _ in $(seq 150); do curl -fs "http://127.0.0.1:$port/api/products/" >/dev/null 2>&1 && { up=1; break; }; sleep 0.1; done
+  [ -n "$up" ] || { echo "gunicorn on :$port did not start" >&2; exit 1; }
+done
+declare -A master=([8081]=${pids[0]} [8082]=${pids[1]}) label=([8081]=before [8082]=after)
+
+# CPU ticks (utime + stime) of a gunicorn master's workers.
+ticks() { local sum=0 pid; for pid in $(pgrep -P "$1"); do
+  sum=$((sum + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0))); done; echo $sum; }
+
+for path in ${PATHS:-busy notfound}; do
+  for r in $(seq "$ROUNDS"); do
+    order=(8081 8082); [ $((r % 2)) = 0 ] && order=(8082 8081)
+    for port in "${order[@]}"; do
+      before_ticks=$(ticks "${master[$port]}")
+      if [ "$path" = busy ]; then
+        $py manage.py loadtest --url "http://127.0.0.1:$port" --rate "$RATE" --phase-seconds "$SECONDS_EACH" \
+          --json "$out/$path-${label[$port]}-$r.json" >/dev/null
+      else
+        $py - "$port" "$RATE" "$SECONDS_EACH" "$out/$path-${label[$port]}-$r.json" <<'PY'
+import asyncio, json, sys, time
+port, rate, seconds, path = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+lat, statuses = [], {}
+async def one(at):
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
+        w.write(b"GET /api/no-such-thing/ HTTP/1.1\r\nHost: x\r\nAccept: application/json\r\nConnection: close\r\n\r\n")
+        data = await asyncio.wait_for(r.read(), 10)
+        w.close()
+        status = data.split(b" ", 2)[1].decode() if data else "none"
+    except Exception:
+        status = "error"
+    statuses[status] = statuses.get(status, 0) + 1
+    lat.append(time.monotonic() - at)
+async def main():
+    t0 = time.monotonic() + 0.2
+    await asyncio.gather(*(one(t0 + i / rate) for i in range(int(rate * seconds))))
+asyncio.run(main())
+lat.sort()
+json.dump({"sent": len(lat), "statuses": statuses, "p50": lat[len(lat) // 2], "p99": lat[int(len(lat) * 0.99)]},
+          open(path, "w"))
+PY
+      fi
+      echo "$path ${label[$port]} $r $(( $(ticks "${master[$port]}") - before_ticks ))" >> "$out/ticks"
+    done
+  done
+done
+
+$py - "$out" "$(getconf CLK_TCK)" <<'PY'
+import json, statistics, sys
+from pathlib import Path
+out, hz = Path(sys.argv[1]), int(sys.argv[2])
+rows = {}
+for line in (out / "ticks").read_text().split("\n"):
+    if not line:
+        continue
+    path, side, r, ticks = line.split()
+    data = json.loads((out / f"{path}-{side}-{r}.json").read_text())
+    if path == "busy":
+        phase = data["phases"][0]
+        answered = sum(phase["counts"].get(k, 0) for k in ("busy", "sold_out", "placed", "rejected"))
+        busy, p50, p99 = phase["counts"].get("busy", 0), phase["p50"], phase["p99"]
+    else:
+        answered, busy, p50, p99 = data["statuses"].get("404", 0), 0, data["p50"], data["p99"]
+    rows.setdefault((path, side), []).append((int(ticks) / hz * 1e6 / max(answered, 1), answered, busy, p50, p99))
+print(f"{'path':<9} {'side':<7} {'CPU us/answer':>14} {'answered':>9} {'busy':>7} {'p50 ms':>8} {'p99 ms':>8}   (medians of rounds)")
+for (path, side), runs in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1] != "before")):
+    med = [statistics.median(col) for col in zip(*runs, strict=True)]
+    print(f"{path:<9} {side:<7} {med[0]:>14.0f} {med[1]:>9.0f} {med[2]:>7.0f} {med[3] * 1e3:>8.1f} {med[4] * 1e3:>8.1f}")
+for path in sorted({p for p, _ in rows}):
+    b, a = (statistics.median(r[0] for r in rows[(path, s)]) for s in ("before", "after"))
+    print(f"{path}: CPU per answer after / before = {a / b:.2f}")
+PY
