@@ -18,15 +18,19 @@ from contextlib import AbstractContextManager, contextmanager
 
 import MySQLdb
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.db.utils import OperationalError
 
 from shop import errors
+from shop.invariants import check_invariants
 from shop.models import ApiToken, Order, Product
 from shop.plumbing.transactions import lost_connection
 from shop.services import place_order
+from tests.helpers import FORK, make_users, run_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+LIMIT = 3  # connections the test account may have at once
 
 
 def _root():
@@ -37,20 +41,21 @@ def _root():
 
 @pytest.fixture
 def connections_used_up(transactional_db) -> Iterator[Callable[[], AbstractContextManager[None]]]:
-    """`with connections_used_up():` this thread's Django connection connects as an account allowed
-    one connection, which another connection holds: the server refuses every connect (1226)."""
+    """`with connections_used_up():` this thread's Django connection (and forked children's)
+    connects as an account allowed LIMIT connections, of which other connections hold
+    `slots_held` (default: all): the server refuses every connect past them (1226)."""
     account, password = f"no_conn_{os.getpid()}", secrets.token_hex(8)
     admin = _root()
     cursor = admin.cursor()
     cursor.execute(f"DROP USER IF EXISTS '{account}'@'%'")
-    cursor.execute(f"CREATE USER '{account}'@'%' IDENTIFIED BY '{password}' WITH MAX_USER_CONNECTIONS 1")
+    cursor.execute(f"CREATE USER '{account}'@'%' IDENTIFIED BY '{password}' WITH MAX_USER_CONNECTIONS {LIMIT}")
     cursor.execute(f"GRANT ALL ON `{connection.settings_dict['NAME']}`.* TO '{account}'@'%'")
 
     @contextmanager
-    def used_up() -> Iterator[None]:
+    def used_up(*, slots_held: int = LIMIT) -> Iterator[None]:
         s = connection.settings_dict
-        holder = MySQLdb.connect(host=s["HOST"] or "127.0.0.1", port=int(s["PORT"] or 3306), user=account,
-                                 passwd=password, db=s["NAME"])
+        held = [MySQLdb.connect(host=s["HOST"] or "127.0.0.1", port=int(s["PORT"] or 3306), user=account,
+                                passwd=password, db=s["NAME"]) for _ in range(slots_held)]
         saved = dict(s)
         connection.close()
         s.update(USER=account, PASSWORD=password)
@@ -60,7 +65,8 @@ def connections_used_up(transactional_db) -> Iterator[Callable[[], AbstractConte
             connection.close()
             s.clear()
             s.update(saved)
-            holder.close()
+            for holder in held:
+                holder.close()
 
     try:
         yield used_up
@@ -128,3 +134,41 @@ def test_a_signed_in_page_that_cannot_connect_is_the_friendly_503_page(
     assert "Back in a moment" in refused.content.decode()
     assert refused["Retry-After"] == str(errors.DatabaseUnavailable.retry_after)
     assert not Order.objects.filter(user=user).exists()
+
+
+def _crowd_buyer(user, product_id: int, orders: int, tried) -> dict:
+    """Signed in already (its user was read before the connections ran out); orders, keeping
+    its connection, if it got one, until every buyer has tried once."""
+    told: dict = {"placed": [], "codes": []}
+    for n in range(orders):
+        try:
+            told["placed"].append(place_order(user=user, lines=[(product_id, 1)]).order_id)
+        except errors.ShopError as exc:
+            told["codes"].append(exc.code)
+        if n == 0:
+            tried.wait(30)
+    connections.close_all()
+    return told
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("combining", [True, False])
+def test_a_crowd_past_the_connection_limit_gets_typed_answers_and_the_books_hold(
+        connections_used_up, make_product, settings, combining):
+    """Eight buyers in processes of their own, one connection left to them all: whoever gets
+    it places orders; the others are database_unavailable (503), never a raw error, and nothing
+    is half-written (I1-I6, every order a buyer was told of committed)."""
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "COMBINING": combining}
+    product = make_product(stock=100)
+    users = make_users(8)
+    tried = FORK.Barrier(8)
+    with connections_used_up(slots_held=LIMIT - 1):
+        told = run_processes(_crowd_buyer, [(u, product.pk, 3, tried) for u in users], timeout=60)
+    placed = [oid for t in told for oid in t["placed"]]
+    codes = [code for t in told for code in t["codes"]]
+    assert set(codes) <= {"database_unavailable"}, codes
+    assert placed, told
+    if not combining:  # (combined, a buyer without a connection may be served by one with it)
+        assert codes, told
+    assert check_invariants(product_ids=[product.pk], initial_stock={product.pk: 100},
+                            seen_order_ids=placed) == []
