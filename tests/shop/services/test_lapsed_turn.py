@@ -68,7 +68,7 @@ def test_a_combiner_paused_past_its_lease_before_taking_the_queue_queues_again(m
     procs = []
     for i, token in enumerate(tokens):
         first = i == 0
-        procs.append(FORK.Process(target=_api_buyer, args=(token, p.pk, 10.0 if first else 5.0, first, acting, queue)))
+        procs.append(FORK.Process(target=_api_buyer, args=(token, p.pk, 15.0 if first else 8.0, first, acting, queue)))
         procs[-1].start()
         wait_until_queued(name, i + 1)
     gate.release()
