@@ -3,7 +3,8 @@ lock holder. The checkout writer (writer.py: a combined batch or a batch of one)
 "before_update" (locks held, nothing written), "before_commit" (everything written, not
 committed) and "after_commit" (committed, locks still held), with the holds by lock name; and
 "before_sold_out_mark" (the stock was read as 0 under the product's lock, the sold-out marker is
-not written yet: shop/plumbing/soldout.py), with no holds.
+not written yet: shop/plumbing/soldout.py), with no holds. A combiner (shop/checkout/combining.py)
+calls it at "before_take" (its turn came, nothing taken yet), with its turn's hold.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 import locks
 from locks import combining
-from shop import errors, lock_names
+from shop import errors, hooks, lock_names
 from shop.checkout import protocol, writer
 from shop.checkout.protocol import Placed, Refused, Request, Result
 from shop.conf import shop_settings
@@ -91,6 +91,7 @@ def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
     replies: dict[str, str] = {}
     try:
         taken: list[Request] = []
+        hooks.call("before_take", {turn.hold.name: turn.hold})
         try:
             try:
                 taken = [Request.from_payload(r.payload, deadline=r.deadline, token=r.token)
@@ -99,6 +100,13 @@ def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
                 # Redis went away under us: nothing committed. Requests the take may have moved
                 # are woken when our hold ends without replying, and queue again.
                 raise lock_error(exc, lock=turn.hold.name) from exc
+            except locks.LockNotOwned:
+                # Our lease lapsed before we took anyone (a long pause under load): the next in
+                # line has the lock and the queue. Nobody took our request and nothing was
+                # written: it queues again.
+                log.warning("combining: lock %s lapsed before its holder took the queue; queueing again",
+                            turn.hold.name)
+                return protocol.AGAIN
             if lanes > 0:
                 results = _write_lane([mine, *taken], also=also)
             else:

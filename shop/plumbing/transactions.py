@@ -1,7 +1,8 @@
 """Durable transactions that say what happened when MySQL goes away.
 
 A lost connection surfaces as MySQLdb errors 2006 (server has gone away), 2013 (lost during a
-query), 2055 (lost during a read) or, once Django knows, as an InterfaceError. Mid-order that
+query), 2055 (lost during a read) or, once Django knows, as an InterfaceError; a connection the
+server refuses (too many connections: 1040, 1203, 1226) is treated the same. Mid-order that
 must be a typed, retryable `DatabaseUnavailable`, never a 500, and the caller must learn whether
 anything could have been written: before COMMIT nothing was ("not_written"); during COMMIT the
 server may have committed ("unknown"), which an Idempotency-Key resolves on retry.
@@ -36,12 +37,19 @@ RETRYABLE_MYSQL = {1213, ER_LOCK_WAIT_TIMEOUT}
 # CR_SERVER_GONE_ERROR, CR_SERVER_LOST, CR_SERVER_LOST_EXTENDED; CR_CONNECTION_ERROR and
 # CR_CONN_HOST_ERROR when the reconnect of a later statement fails too.
 LOST_CONNECTION = {2006, 2013, 2055, 2002, 2003}
+# The server refuses a new connection: ER_CON_COUNT_ERROR ("Too many connections"),
+# ER_TOO_MANY_USER_CONNECTIONS (max_user_connections), ER_USER_LIMIT_REACHED (the account's own
+# MAX_USER_CONNECTIONS). A crowd's first seconds can use them all up.
+REFUSED_CONNECTION = {1040, 1203, 1226}
 
 
 def lost_connection(exc: BaseException) -> bool:
+    """The connection was lost, or the server would not give one: either way the database is
+    unavailable (`DatabaseUnavailable`, 503), not a bug."""
     if isinstance(exc, InterfaceError):
         return True
-    return isinstance(exc, OperationalError) and bool(exc.args) and exc.args[0] in LOST_CONNECTION
+    return (isinstance(exc, OperationalError) and bool(exc.args)
+            and exc.args[0] in LOST_CONNECTION | REFUSED_CONNECTION)
 
 
 def drop_connection() -> None:
