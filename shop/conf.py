@@ -48,6 +48,24 @@ DEFAULTS: dict[str, Any] = {
     "QUEUE_INTERVAL": 0.1,
     "QUEUE_MAX": None,
     "MAX_WAITING": None,
+    # The line of a drop (shop/line/, docs/design.md "The line"): buyers of a product with a drop
+    # window take a place at their first order request and are let through to the checkout in
+    # place order. LINE_WINDOW buyers of one line may be let through (and not yet answered) at
+    # once, across every app server: about what the checkout finishes in a second or two (its
+    # batch size times the batches it commits at once), so the checkout stays busy and nobody
+    # waits inside it. A buyer let through has LINE_TURN seconds to come; one who never comes
+    # (or whose server died mid-checkout) lapses and the line moves on. Waiting buyers are told
+    # to come back after their estimated wait, at most LINE_RETRY_MAX seconds (and at least 1);
+    # LINE_DEFAULT_RATE (buyers a second) estimates it before the line has finished anyone.
+    # Each process reads which products have a line at most every LINE_REFRESH seconds (one
+    # query); the units a line can still sell (stock plus unpaid reservations) at most every
+    # LINE_UNITS_REFRESH seconds (one query per line, by one process).
+    "LINE_WINDOW": 32,
+    "LINE_TURN": 15.0,
+    "LINE_RETRY_MAX": 5,
+    "LINE_DEFAULT_RATE": 50.0,
+    "LINE_REFRESH": 1.0,
+    "LINE_UNITS_REFRESH": 1.0,
     # Payment: a new order awaits payment this long (seconds) with its stock reserved;
     # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
     # and coupon go back. Checked when the order is paid, so a late payment is refused.

@@ -14,6 +14,7 @@ from django.db.models import (
     F,
     OuterRef,
     Prefetch,
+    Q,
     QuerySet,
     Subquery,
     Sum,
@@ -169,6 +170,20 @@ def reserved_units(*, product_id: int) -> int:
     units at checkout), back in it if they are not paid (`units_reserved` of `product_sales`)."""
     return (OrderLine.objects.filter(product_id=product_id, order__status=Order.Status.PENDING_PAYMENT)
             .aggregate(n=Sum("quantity"))["n"] or 0)
+
+
+def lined_products(*, now) -> QuerySet[Product]:
+    """Products whose drop has a line now (shop/line/): active, with opens_at, not closed yet."""
+    return (Product.objects.filter(active=True, opens_at__isnull=False)
+            .filter(Q(closes_at__isnull=True) | (Q(closes_at__gt=now) & Q(closes_at__gt=F("opens_at"))))
+            .only("id", "opens_at", "closes_at", "line_prequeue_seconds", "line_order", "line_paused"))
+
+
+def units_open(*, product_id: int) -> int:
+    """Units a drop's line can still sell: the stock, plus what unpaid orders hold (it comes back
+    if they are not paid)."""
+    stock = Product.objects.filter(pk=product_id).values_list("stock", flat=True).first() or 0
+    return stock + reserved_units(product_id=product_id)
 
 
 def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:
