@@ -14,7 +14,7 @@ SHOP = {
 # how paused holders are ended, the unpaid-orders limit, and a crowd bigger than the servers
 # (docs/operations.md): waiting buyers per process, and the worker's queue for a thread.
 for _key in ("COMBINE_LANES", "STALE_TRANSACTIONS", "MAX_UNPAID_ORDERS", "MAX_WAITING", "QUEUE_MAX", "QUEUE_TARGET",
-             "QUEUE_INTERVAL"):
+             "QUEUE_INTERVAL", "LINE_WINDOW", "LINE_TURN"):
     if (_override := value(f"SHOP_{_key}")) is not _UNSET:
         SHOP[_key] = _override
 # RATE_LIMITS="checkout=600/m,login=off" overrides some of SHOP["RATE_LIMITS"] (shop/ratelimits.py).

@@ -13,8 +13,14 @@ from shop import errors, line
 from shop.line import tickets
 from shop.models import Product
 from shop.services import place_order
+from tests import helpers
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def make_users(db):
+    return helpers.make_users
 
 
 @pytest.fixture
@@ -64,3 +70,124 @@ def test_a_full_window_answers_in_line_with_place_ahead_estimate_and_ticket(sett
     # The first buyer is answered: the second one's turn has come.
     line.finish([first], outcome=line.DONE, user_id=user.pk, lines={p.pk: line.config_of(p)})
     assert place_order(user=other_user, lines=[(p.pk, 1)]).order_id
+
+
+def test_one_place_per_account_whatever_the_key_or_how_often(settings, user, other_user, drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=5)
+    _take_turn(p, user.pk)
+    places = set()
+    for key in ["k-1", "k-2", None, "k-3"]:
+        with pytest.raises(errors.InLine) as waiting:
+            place_order(user=other_user, lines=[(p.pk, 1)], idempotency_key=key)
+        places.add(waiting.value.details["place"])
+    assert places == {2}
+    assert line.status(line.config_of(p)).places == 2
+
+
+def test_a_place_the_units_left_cannot_reach_is_told_sold_out_at_once(settings, make_users, drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=2)
+    first, second, third, fourth = make_users(4, prefix="cut")
+    started = _take_turn(p, first.pk)  # reads the units: 2
+    assert started.state == line.STARTED
+    with pytest.raises(errors.InLine):
+        place_order(user=second, lines=[(p.pk, 1)])  # one ahead, two units: it may still buy
+    with pytest.raises(errors.OutOfStock) as cut:
+        place_order(user=third, lines=[(p.pk, 1)])  # two ahead, two units
+    assert cut.value.details["line"] == {"product_id": p.pk, "place": 3, "state": "cut"}
+    assert cut.value.details["lines"] == [{"product_id": p.pk, "requested": 1, "available": 0}]
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=fourth, lines=[(p.pk, 1)])  # behind the cut
+    # The first buyer leaves without buying, the second buys: everyone before the cut was
+    # answered and a unit is left, so the cut is lifted and the earliest place goes first.
+    line.finish([started], outcome=line.DONE, user_id=first.pk, lines={p.pk: line.config_of(p)})
+    assert place_order(user=second, lines=[(p.pk, 1)]).order_id
+    with pytest.raises(errors.InLine):
+        place_order(user=fourth, lines=[(p.pk, 1)])  # third is let through first
+    assert place_order(user=third, lines=[(p.pk, 1)]).order_id
+    with pytest.raises(errors.OutOfStock) as sold_out:
+        place_order(user=fourth, lines=[(p.pk, 1)])
+    assert "line" not in sold_out.value.details  # the marker: sold out for every place
+
+
+def test_once_sold_out_every_waiting_place_is_told_so_on_its_next_request(settings, make_users, drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 2}
+    p = drop(stock=2)
+    buyers = make_users(8, prefix="soldout")
+    waiting = []
+    for buyer in buyers:
+        try:
+            place_order(user=buyer, lines=[(p.pk, 1)])
+        except (errors.InLine, errors.OutOfStock) as answer:
+            waiting.append((buyer, answer))
+    assert Product.objects.get(pk=p.pk).stock == 0
+    for buyer, _ in waiting:
+        with pytest.raises(errors.OutOfStock):
+            place_order(user=buyer, lines=[(p.pk, 1)])
+
+
+def test_a_replay_of_the_winning_key_returns_its_order_after_the_sell_out(user, make_users, drop):
+    p = drop(stock=1)
+    won = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="winner")
+    loser = make_users(1, prefix="replay")[0]
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=loser, lines=[(p.pk, 1)], idempotency_key="loser")
+    again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="winner")
+    assert again.replayed and again.order_id == won.order_id
+
+
+def test_a_forged_altered_or_other_accounts_ticket_is_refused_and_counted(settings, user, other_user, drop):
+    from shop import metrics
+
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=5)
+    _take_turn(p, user.pk)
+    with pytest.raises(errors.InLine) as waiting:
+        place_order(user=other_user, lines=[(p.pk, 1)])
+    good = waiting.value.details["ticket"]
+    body = good.rsplit(".", 1)[0]
+    product, drop_, kind, score = body.split(".")
+    altered = f"{product}.{drop_}.{kind}.{int(score) - 10_000_000}.{good.rsplit('.', 1)[1]}"  # an earlier place
+    before = metrics.LINE_TICKETS_REFUSED._value.get()
+    for bad in [altered, good[:-2] + "xx", "garbage", f"{p.pk}.1.p.1.AAAA"]:
+        with pytest.raises(errors.InvalidLineTicket):
+            place_order(user=other_user, lines=[(p.pk, 1)], line_ticket=bad)
+    with pytest.raises(errors.InvalidLineTicket):  # the ticket is this account's, not the first's
+        place_order(user=user, lines=[(p.pk, 1)], line_ticket=good)
+    assert metrics.LINE_TICKETS_REFUSED._value.get() - before == 5
+    with pytest.raises(errors.InLine) as again:  # its own ticket: the same place
+        place_order(user=other_user, lines=[(p.pk, 1)], line_ticket=good)
+    assert again.value.details["place"] == 2
+
+
+def test_before_the_pre_queue_an_order_is_refused_not_open_yet_without_the_line(user, drop):
+    p = drop(opens_at=timezone.now() + timedelta(hours=1), line_prequeue_seconds=60)
+    with pytest.raises(errors.NotOpenYet) as refused:
+        place_order(user=user, lines=[(p.pk, 1)])
+    assert refused.value.details == {"product_ids": [p.pk], "opens_at": p.opens_at.isoformat()}
+    assert line.status(line.config_of(p)).prequeue == 0
+
+
+@pytest.mark.parametrize("order", ["fifo", "shuffle"])
+def test_the_pre_queue_takes_the_first_places_at_the_opening_in_order_or_shuffled(order, make_users, drop):
+    opens = timezone.now() + timedelta(seconds=3)
+    p = drop(stock=100, opens_at=opens, line_prequeue_seconds=60, line_order=order)
+    early = make_users(50, prefix=f"early-{order}")
+    for buyer in early:
+        with pytest.raises(errors.InLine) as queued:
+            place_order(user=buyer, lines=[(p.pk, 1)])
+        assert queued.value.details["state"] == "pre_queue" and queued.value.details["opens_at"] == opens.isoformat()
+        assert queued.value.details["place"] is None and queued.value.retry_after <= 5
+    assert line.status(line.config_of(p)).prequeue == 50
+    time.sleep(max(0.0, (opens - timezone.now()).total_seconds()) + 0.05)
+    late = make_users(1, prefix=f"late-{order}")[0]
+    config = line.config_of(p)
+    first_after = line.join(config=config, user_id=late.pk, start=False, until=time.monotonic() + 5)
+    places = [line.join(config=config, user_id=b.pk, start=False, until=time.monotonic() + 5).place for b in early]
+    assert first_after.place == 51  # after every member of the pre-queue, though it opened the line
+    assert sorted(places) == list(range(1, 51))
+    if order == "fifo":
+        assert places == list(range(1, 51))
+    else:
+        assert places != list(range(1, 51))  # 1 chance in 50! of a false alarm
