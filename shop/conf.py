@@ -60,6 +60,8 @@ DEFAULTS: dict[str, Any] = {
     # Each process reads which products have a line at most every LINE_REFRESH seconds (one
     # query); the units a line can still sell (stock plus unpaid reservations) at most every
     # LINE_UNITS_REFRESH seconds (one query per line, by one process).
+    # LINES off: drops sell without a line, as before it existed (to compare). Env: SHOP_LINES.
+    "LINES": True,
     "LINE_WINDOW": 32,
     "LINE_TURN": 15.0,
     "LINE_RETRY_MAX": 5,

@@ -84,6 +84,9 @@ class Product(models.Model):
     line_paused = models.BooleanField(
         default=False, verbose_name="line paused",
         help_text="Let nobody new from the drop's line to the checkout (buyers keep their places).")
+    # When this drop's line was first made in Redis (shop/line/): a line found missing after it
+    # is one Redis lost, and is rebuilt from the buyers' tickets.
+    line_started_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -179,11 +179,11 @@ def lined_products(*, now) -> QuerySet[Product]:
             .only("id", "opens_at", "closes_at", "line_prequeue_seconds", "line_order", "line_paused"))
 
 
-def units_open(*, product_id: int) -> int:
-    """Units a drop's line can still sell: the stock, plus what unpaid orders hold (it comes back
-    if they are not paid)."""
+def stock_and_reserved(*, product_id: int) -> tuple[int, int]:
+    """A product's stock, and the units unpaid orders hold (they come back if not paid): what a
+    drop's line can still sell (shop/line/)."""
     stock = Product.objects.filter(pk=product_id).values_list("stock", flat=True).first() or 0
-    return stock + reserved_units(product_id=product_id)
+    return stock, reserved_units(product_id=product_id)
 
 
 def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:

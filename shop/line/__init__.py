@@ -38,6 +38,7 @@ from datetime import datetime
 from functools import cache
 from pathlib import Path
 
+from django.db.models import Q
 from django.db.models.signals import post_save
 from django.utils import timezone
 from django_redis import get_redis_connection
@@ -198,12 +199,14 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
     Raises RedisError if the line cannot be reached."""
     mine = ticket is not None and (ticket.product_id, ticket.drop) == (config.product_id, config.drop)
     claim = ticket if mine else None
-    checkout_ms = int((max(0.0, until - time.monotonic()) + CHECKOUT_MARGIN) * 1000)
-    reply = _run(config, "join", user_id, 1 if start else 0, checkout_ms, int(time.time() * 1000),
-                 int(config.opens_at.timestamp() * 1000), config.prequeue_seconds * 1000, 1 if config.fifo else 0,
-                 secrets.randbits(52), claim.kind if claim else "", claim.score if claim else "",
-                 int(float(shop_settings.LINE_UNITS_REFRESH) * 1000))
+    reply = _join(config, user_id=user_id, start=start, until=until, claim=claim)
     state = _text(reply[0])
+    units_due = state not in (NOT_OPEN, PRE_QUEUED) and bool(int(reply[7]))
+    if state != NOT_OPEN and int(reply[3 if state == PRE_QUEUED else 9]) and not _lost_before(config):
+        _run(config, "release")  # a new line, not one Redis lost: nobody need be held back
+        if state != PRE_QUEUED:
+            reply = _join(config, user_id=user_id, start=start, until=until, claim=claim)
+            state = _text(reply[0])
     found = Position(state=state, product_id=config.product_id, drop=config.drop, opens_at=config.opens_at)
     if state == NOT_OPEN:
         return found
@@ -211,13 +214,36 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
         score = int(reply[1])
         return _ticketed(Position(state=state, product_id=config.product_id, drop=config.drop, score=score,
                                   prequeue_size=int(reply[2]), opens_at=config.opens_at), PRE_QUEUE, user_id)
-    if int(reply[7]):
+    if units_due or int(reply[7]):
         _refresh_units(config)
     metrics.line_answered(state)
     return _ticketed(Position(state=state, product_id=config.product_id, drop=config.drop, score=int(reply[1]),
                               place=int(reply[2]), ahead=int(reply[3]), now_serving=int(reply[4]),
                               serving=int(reply[5]), rate=int(reply[6]) / 1000, opens_at=config.opens_at),
                      PLACE, user_id)
+
+
+def _join(config: LineConfig, *, user_id: int, start: bool, until: float, claim: Ticket | None) -> list:
+    checkout_ms = int((max(0.0, until - time.monotonic()) + CHECKOUT_MARGIN) * 1000)
+    return _run(config, "join", user_id, 1 if start else 0, checkout_ms, int(time.time() * 1000),
+                int(config.opens_at.timestamp() * 1000), config.prequeue_seconds * 1000, 1 if config.fifo else 0,
+                secrets.randbits(52), claim.kind if claim else "", claim.score if claim else "",
+                int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000)
+
+
+def hold_seconds() -> int:
+    """How long a line Redis lost lets nobody through: every waiting buyer comes back within its
+    Retry-After (at most LINE_RETRY_MAX) and takes its place back from its ticket first."""
+    return int(shop_settings.LINE_RETRY_MAX) + 1
+
+
+def _lost_before(config: LineConfig) -> bool:
+    """This drop had a line before this one was made (Redis lost it), as MySQL remembers: the
+    first line of a drop records its start (one UPDATE, once per line)."""
+    first = (Product.objects.filter(pk=config.product_id)
+             .filter(Q(line_started_at__isnull=True) | Q(line_started_at__lt=config.opens_at))
+             .update(line_started_at=timezone.now()))
+    return not first
 
 
 def _ticketed(position: Position, kind: str, user_id: int) -> Position:
@@ -231,11 +257,24 @@ def _text(value: bytes | str) -> str:
 
 
 def _refresh_units(config: LineConfig) -> None:
-    """The units this line can still sell, from MySQL (this caller was picked to refresh them)."""
+    """The stock and the units this line can still sell (stock + unpaid reservations), from
+    MySQL (this caller was picked to refresh them)."""
     try:
-        _run(config, "units", selectors.units_open(product_id=config.product_id))
+        stock, reserved = selectors.stock_and_reserved(product_id=config.product_id)
+        _run(config, "units", stock + reserved, stock)
     except Exception:
         log.warning("line of product %s: could not refresh its units", config.product_id, exc_info=True)
+
+
+def stock_left(left: dict[int, int]) -> None:
+    """The checkout's writer committed a batch: the stock it left of each product (read under
+    the product's lock). The lines of those in a drop let through no more buyers than that."""
+    for product_id, stock in left.items():
+        if (config := _configs.get(product_id)) is not None:
+            try:
+                _run(config, "stock", stock)
+            except Exception:
+                log.warning("line of product %s: could not record its stock", product_id, exc_info=True)
 
 
 def finish(positions: Iterable[Position], *, outcome: str, user_id: int, lines: dict[int, LineConfig]) -> None:

@@ -4,9 +4,10 @@
 -- nobody who comes later gets ahead of it.
 -- KEYS: 1 meta (hash), 2 places (zset user -> place), 3 waiting (zset user -> place),
 --       4 turns (zset user -> deadline ms: let through, not answered yet), 5 states (hash user ->
---       a let through | s in the checkout | d answered | l lapsed), 6 pre-queue (zset user -> order),
+--       a let through | s in the checkout | d answered | l lapsed; r:<user> -> 1 if its place came
+--       back from a ticket), 6 pre-queue (zset user -> order),
 --       7 the product's sold-out marker
--- ARGV: 1 op (join | finish | units | status), 2 ttl s, 3 window, 4 turn ms, 5 paused (0/1), then the op's.
+-- ARGV: 1 op (join | finish | units | release | status), 2 ttl s, 3 window, 4 turn ms, 5 paused (0/1), then the op's.
 local M, Q, W, T, S, P, MARK = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local op, ttl, window, turn_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local paused = ARGV[5] == '1'
@@ -60,10 +61,10 @@ local function sweep()
 end
 
 -- Let the head of the line through while fewer than `window` turns are open, up to the cut-off,
--- and no more than the units left could serve. Not while paused or marked sold out.
+-- and no more buyers at once than the stock has units. Not while paused, held or sold out.
 local function advance()
-  if paused or redis.call('EXISTS', MARK) == 1 then return end
-  local cut, units = field('cut'), field('units')
+  if paused or (field('hold') or 0) > now_ms or redis.call('EXISTS', MARK) == 1 then return end
+  local cut, units, stock = field('cut'), field('units'), field('stock')
   local busy = redis.call('ZCARD', T)
   if cut and busy == 0 and (units == nil or units > 0)
       and redis.call('ZCOUNT', W, '-inf', '(' .. num(cut)) == 0 then
@@ -75,7 +76,7 @@ local function advance()
   local front = field('front') or 0
   for i = 1, #head, 2 do
     local user, place = head[i], tonumber(head[i + 1])
-    if (cut and place >= cut) or (units and busy >= units) then break end
+    if (cut and place >= cut) or (stock and busy >= stock) then break end
     redis.call('ZREM', W, user)
     redis.call('ZADD', T, now_ms + turn_ms, user)
     redis.call('HSET', S, user, 'a')
@@ -106,10 +107,18 @@ end
 if op == 'join' then
   -- 6 user, 7 start (1: take the turn now), 8 checkout ms, 9 app time ms, 10 opens_at ms,
   -- 11 pre-queue ms, 12 fifo (1/0), 13 a random order, 14 claimed kind (p|q|''), 15 claimed score,
-  -- 16 units refresh ms
+  -- 16 units refresh ms, 17 hold ms
   local user, start, checkout_ms = ARGV[6], ARGV[7] == '1', tonumber(ARGV[8])
   local app_ms, opens_ms, prequeue_ms = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
   local kind, claim = ARGV[14], tonumber(ARGV[15])
+  -- A line made after its opening may be one Redis lost: let nobody through for `hold` ms
+  -- (17) while the caller asks MySQL whether this drop had a line before (then buyers come
+  -- back with their tickets meanwhile) or not (then it releases the hold at once).
+  local born = 0
+  if redis.call('HSETNX', M, 'born', num(now_us)) == 1 then
+    born = 1
+    if app_ms >= opens_ms + 2000 then redis.call('HSET', M, 'hold', now_ms + tonumber(ARGV[17])) end
+  end
   if redis.call('HGET', M, 'opened') ~= '1' then
     if app_ms < opens_ms then
       if app_ms < opens_ms - prequeue_ms then return {'not_open'} end
@@ -121,7 +130,7 @@ if op == 'join' then
         redis.call('ZADD', P, 'NX', num(order), user)
       end
       touch()
-      return {'pre_queue', num(tonumber(order)), redis.call('ZCARD', P)}
+      return {'pre_queue', num(tonumber(order)), redis.call('ZCARD', P), born}
     end
     open_line(opens_ms * 1000)
   end
@@ -131,6 +140,7 @@ if op == 'join' then
   if place == nil then
     if claim then
       place = claim  -- a place this account held before Redis lost the line (a signed ticket)
+      redis.call('HSET', S, 'r:' .. user, '1')
     else
       place = math.max(now_us, (field('last') or 0) + 1)
       redis.call('HSET', M, 'last', num(place))
@@ -139,6 +149,7 @@ if op == 'join' then
     redis.call('ZADD', W, num(place), user)
   elseif claim and claim < place then
     place = claim  -- came back without its ticket first: the ticket's earlier place stands
+    redis.call('HSET', S, 'r:' .. user, '1')
     redis.call('ZADD', Q, 'XX', num(place), user)
     redis.call('ZADD', W, 'XX', num(place), user)
   end
@@ -175,7 +186,7 @@ if op == 'join' then
   touch()
   local front, serving_rank = serving()
   return {answer, num(place), redis.call('ZRANK', Q, user) + 1, ahead, serving_rank, num(front),
-          rate_milli(), need_units, redis.call('ZCARD', W)}
+          rate_milli(), need_units, redis.call('ZCARD', W), born}
 elseif op == 'finish' then
   -- 6 user, 7 outcome: 'done' (answered: placed or refused) or 'retry' (keeps its turn)
   local user = ARGV[6]
@@ -192,9 +203,18 @@ elseif op == 'finish' then
   touch()
   return 1
 elseif op == 'units' then
-  -- 6 units the line can still sell (stock + unpaid reservations)
-  redis.call('HSET', M, 'units', ARGV[6], 'units_at', now_ms)
+  -- 6 units the line can still sell (stock + unpaid reservations), 7 the stock (MySQL, just read)
+  redis.call('HSET', M, 'units', ARGV[6], 'stock', ARGV[7], 'units_at', now_ms)
   touch()
+  return 1
+elseif op == 'stock' then
+  -- 6 the stock the checkout's writer left (after its COMMIT)
+  redis.call('HSET', M, 'stock', ARGV[6])
+  advance()
+  touch()
+  return 1
+elseif op == 'release' then
+  redis.call('HDEL', M, 'hold')  -- a new line, not one Redis lost
   return 1
 elseif op == 'status' then
   local front, serving_rank = serving()

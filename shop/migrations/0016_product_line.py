@@ -10,6 +10,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='product',
+            name='line_started_at',
+            field=models.DateTimeField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name='product',
             name='line_order',
             field=models.CharField(choices=[('shuffle', 'Shuffle at the opening'), ('fifo', 'Arrival order')], default='shuffle', help_text='How the pre-queue is put in line at the opening: shuffled (the default) or in arrival order.', max_length=8, verbose_name='pre-queue order'),
         ),

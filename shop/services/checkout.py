@@ -133,7 +133,7 @@ def place_order(
     # is in the line of every product of its order skips this process's admission: the line's
     # window bounds them already, and the gate's places stay for everyone else, so a drop's crowd
     # never makes other products' buyers `busy`.
-    configs = line.lined(product_ids)
+    configs = line.lined(product_ids) if shop_settings.LINES else {}
     if not configs:
         return served(gate=True)
     turns = _take_turns(configs, user=user, lines=lines, deadline=deadline, ticket=line_ticket, fast_path=fast_path)

@@ -340,6 +340,8 @@ VARIABLES: list[Variable] = [
              parse=_above_zero(float), shop_default="QUEUE_TARGET"),
     Variable("SHOP_QUEUE_INTERVAL", "CoDel: seconds a request may wait while the queue drains", optional=True,
              parse=_above_zero(float), shop_default="QUEUE_INTERVAL"),
+    Variable("SHOP_LINES", "a line for each drop (false: drops sell without one, as before)", kind="bool",
+             default=True),
     Variable("SHOP_LINE_WINDOW", "buyers of one drop's line let through to the checkout at once", optional=True,
              parse=_above_zero(int), shop_default="LINE_WINDOW"),
     Variable("SHOP_LINE_TURN", "seconds a buyer let through from a drop's line has to come", optional=True,

@@ -9,6 +9,7 @@ SHOP_CURRENCY = value("SHOP_CURRENCY")
 
 SHOP = {
     "COMBINING": value("SHOP_COMBINING"),
+    "LINES": value("SHOP_LINES"),
 }
 # Set only when the environment says so: otherwise shop/conf.py's default applies. Checkout lanes,
 # how paused holders are ended, the unpaid-orders limit, and a crowd bigger than the servers
