@@ -204,7 +204,7 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
     units_due = state not in (NOT_OPEN, PRE_QUEUED) and bool(int(reply[7]))
     if state != NOT_OPEN and int(reply[3 if state == PRE_QUEUED else 9]) and not _lost_before(config):
         _run(config, "release")  # a new line, not one Redis lost: nobody need be held back
-        if state != PRE_QUEUED:
+        if state == WAITING:  # held back just now: its turn may have come
             reply = _join(config, user_id=user_id, start=start, until=until, claim=claim)
             state = _text(reply[0])
     found = Position(state=state, product_id=config.product_id, drop=config.drop, opens_at=config.opens_at)
