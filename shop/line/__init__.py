@@ -288,6 +288,14 @@ def finish(positions: Iterable[Position], *, outcome: str, user_id: int, lines: 
             log.warning("line of product %s: could not end a turn", position.product_id, exc_info=True)
 
 
+def answered(positions: Iterable[Position], *, outcome: str) -> None:
+    """Count the time from these places (the buyers' first requests) to their final answer."""
+    now_us = time.time() * 1_000_000
+    for position in positions:
+        if position.state != PRE_QUEUED and position.score:
+            metrics.line_answered_finally(outcome, (now_us - position.score) / 1_000_000)
+
+
 @dataclass(frozen=True)
 class Status:
     """A line as an operator sees it (`manage.py shop line`)."""

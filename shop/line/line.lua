@@ -114,6 +114,7 @@ if op == 'join' then
   -- A line made after its opening may be one Redis lost: let nobody through for `hold` ms
   -- (17) while the caller asks MySQL whether this drop had a line before (then buyers come
   -- back with their tickets meanwhile) or not (then it releases the hold at once).
+  if redis.call('HGET', M, 'opened') ~= '1' and app_ms < opens_ms - prequeue_ms then return {'not_open'} end
   local born = 0
   if redis.call('HSETNX', M, 'born', num(now_us)) == 1 then
     born = 1
@@ -121,7 +122,6 @@ if op == 'join' then
   end
   if redis.call('HGET', M, 'opened') ~= '1' then
     if app_ms < opens_ms then
-      if app_ms < opens_ms - prequeue_ms then return {'not_open'} end
       local order = redis.call('ZSCORE', P, user)
       if not order then
         if kind == 'q' and claim then order = claim

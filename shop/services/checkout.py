@@ -145,10 +145,12 @@ def place_order(
     try:
         receipt = served(gate=len(turns) < len(lines))
         outcome = line.DONE
+        line.answered(turns, outcome="placed")
         return receipt
     except errors.ShopError as exc:
         if exc.status < 500:  # answered (refused); a retryable one keeps its turn
             outcome = line.DONE
+            line.answered(turns, outcome="refused")
         raise
     finally:
         line.finish(turns, outcome=outcome, user_id=user.pk, lines=configs)
@@ -177,9 +179,9 @@ def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[
             elif position.state == line.NOT_OPEN:
                 # One product: refused here, without the lock. A cart: the writer says which of
                 # its lines cannot be sold, in its order of reasons.
-                row = {"active": True, "opens_at": config.opens_at, "closes_at": config.closes_at}
-                if len(lines) == 1 and drop_state(config.opens_at, config.closes_at, timezone.now()) == UPCOMING:
-                    raise rules.not_on_sale([pid], {pid: row}, timezone.now())
+                row, now = {"active": True, "opens_at": config.opens_at, "closes_at": config.closes_at}, timezone.now()
+                if len(lines) == 1 and drop_state(config.opens_at, config.closes_at, now) == UPCOMING:
+                    raise rules.not_on_sale([pid], {pid: row}, now)
             elif position.state in (line.WAITING, line.PRE_QUEUED):
                 raise errors.InLine(details=position.details())
             elif (replayed := fast_path()) is not None:  # sold out, cut or busy: but a replay first
@@ -189,6 +191,7 @@ def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[
                 raise errors.Busy(details={"reason": "in_checkout", "retry_after": errors.Busy.retry_after})
             else:  # cut (the units left cannot reach this place) or sold out
                 metrics.soldout_rejected()
+                line.answered([position], outcome="sold_out")
                 raise errors.OutOfStock(details={
                     "lines": [{"product_id": pid, "requested": quantity, "available": 0}],
                     "line": {"product_id": pid, "place": position.place, "state": position.state}})
