@@ -53,7 +53,8 @@ DEFAULTS: dict[str, Any] = {
     # place order. LINE_WINDOW buyers of one line may be let through (and not yet answered) at
     # once, across every app server: about what the checkout finishes in a second or two (its
     # batch size times the batches it commits at once), so the checkout stays busy and nobody
-    # waits inside it. A buyer let through has LINE_TURN seconds to come; one who never comes
+    # waits inside it. A buyer let through has LINE_TURN seconds to come (more than the longest
+    # Retry-After it was given, LINE_RETRY_MAX, plus a few seconds); one who never comes
     # (or whose server died mid-checkout) lapses and the line moves on. Waiting buyers are told
     # to come back after their estimated wait, at most LINE_RETRY_MAX seconds (and at least 1);
     # LINE_DEFAULT_RATE (buyers a second) estimates it before the line has finished anyone.
@@ -63,7 +64,7 @@ DEFAULTS: dict[str, Any] = {
     # LINES off: drops sell without a line, as before it existed (to compare). Env: SHOP_LINES.
     "LINES": True,
     "LINE_WINDOW": 32,
-    "LINE_TURN": 15.0,
+    "LINE_TURN": 8.0,
     "LINE_RETRY_MAX": 5,
     "LINE_DEFAULT_RATE": 50.0,
     "LINE_REFRESH": 1.0,

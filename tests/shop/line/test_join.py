@@ -191,3 +191,18 @@ def test_the_pre_queue_takes_the_first_places_at_the_opening_in_order_or_shuffle
         assert places == list(range(1, 51))
     else:
         assert places != list(range(1, 51))  # 1 chance in 50! of a false alarm
+
+
+def test_the_web_checkout_shows_the_place_and_sends_the_order_again_by_itself(settings, client, user, other_user,
+                                                                               drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=5)
+    _take_turn(p, other_user.pk)
+    client.force_login(user)
+    client.post(f"/products/{p.pk}/", {"quantity": 1})
+    key = client.get("/checkout/").context["form"].initial["idempotency_key"]
+    response = client.post("/checkout/", {"idempotency_key": key})
+    page = response.content.decode()
+    assert response.status_code == 202 and 1 <= int(response["Retry-After"]) <= 5
+    assert "You are number 2 in line, with 1 ahead of you" in page and 'id="busy-retry"' in page
+    assert response.context["form"].initial["idempotency_key"] == key  # the same order, sent again
