@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -21,6 +22,8 @@ from django.conf import settings
 
 PLACE, PRE_QUEUE = "p", "q"
 MAX_LENGTH = 120
+# Digits in ASCII only, written the one way the shop writes them (int() would read "+5" or "٣").
+_FORM = re.compile(r"(\d{1,12})\.(\d{1,12})\.([pq])\.(\d{1,20})\.([A-Za-z0-9_-]{24})", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -50,16 +53,10 @@ def _signature(user_id: int, body: str) -> str:
 def read(text: str, *, user_id: int) -> Ticket | None:
     """The ticket `text` carries if this shop signed it for this account, else None (malformed,
     altered, forged or another account's)."""
-    if not isinstance(text, str) or len(text) > MAX_LENGTH:
+    if not isinstance(text, str) or len(text) > MAX_LENGTH or not (found := _FORM.fullmatch(text.strip())):
         return None
-    parts = text.strip().split(".")
-    if len(parts) != 5 or parts[2] not in (PLACE, PRE_QUEUE) or not all(p.isdigit() for p in (parts[0], parts[1])):
-        return None
-    try:
-        ticket = Ticket(product_id=int(parts[0]), drop=int(parts[1]), kind=parts[2], score=int(parts[3]))
-    except ValueError:
-        return None
-    if not hmac.compare_digest(parts[4], _signature(user_id, ticket._body())):
+    ticket = Ticket(product_id=int(found[1]), drop=int(found[2]), kind=found[3], score=int(found[4]))
+    if not hmac.compare_digest(found[5].encode(), _signature(user_id, ticket._body()).encode()):
         return None
     return ticket
 

@@ -206,3 +206,18 @@ def test_the_web_checkout_shows_the_place_and_sends_the_order_again_by_itself(se
     assert response.status_code == 202 and 1 <= int(response["Retry-After"]) <= 5
     assert "You are number 2 in line, with 1 ahead of you" in page and 'id="busy-retry"' in page
     assert response.context["form"].initial["idempotency_key"] == key  # the same order, sent again
+
+
+def test_a_cart_goes_on_when_it_is_its_turn_in_every_line_and_keeps_the_turns_it_got(settings, user, other_user,
+                                                                                      drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    a, b = drop(stock=5), drop(stock=5)
+    held = _take_turn(b, other_user.pk)
+    with pytest.raises(errors.InLine) as waiting:
+        place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)])
+    assert waiting.value.details["product_id"] == b.pk
+    assert line.status(line.config_of(a)).in_turn == 1  # its turn in a's line is kept, not counted
+    assert line.status(line.config_of(a)).finished == 0
+    line.finish([held], outcome=line.DONE, user_id=other_user.pk, lines={b.pk: line.config_of(b)})
+    assert place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)]).order_id
+    assert (line.status(line.config_of(a)).finished, line.status(line.config_of(b)).finished) == (1, 2)
