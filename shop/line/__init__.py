@@ -50,7 +50,7 @@ from shop.line.tickets import PLACE, PRE_QUEUE, Ticket, not_yet, read
 from shop.models import Product
 
 __all__ = ["LineConfig", "Position", "Status", "Ticket", "finish", "forget", "join", "lined", "not_yet",
-           "read_ticket", "status"]
+           "now_serving", "read_ticket", "status"]
 
 log = logging.getLogger("shop")
 
@@ -137,15 +137,14 @@ def lined(product_ids: Iterable[int]) -> dict[int, LineConfig]:
     """The lines of these products (those with a drop window not over), by product id. No I/O
     but one query per process every LINE_REFRESH seconds; a product scheduled meanwhile sells
     without a line until then (the writer still keeps its window)."""
-    global _read_at
+    global _configs, _read_at
     if time.monotonic() - _read_at >= float(shop_settings.LINE_REFRESH):
         with _guard:
             if time.monotonic() - _read_at >= float(shop_settings.LINE_REFRESH):
-                fresh = {c.product_id: c for c in _read_configs()}
-                _configs.clear()
-                _configs.update(fresh)
+                _configs = {c.product_id: c for c in _read_configs()}  # swapped whole: threads read it meanwhile
                 _read_at = time.monotonic()
-    return {pid: _configs[pid] for pid in product_ids if pid in _configs}
+    configs = _configs
+    return {pid: configs[pid] for pid in product_ids if pid in configs}
 
 
 def _read_configs() -> list[LineConfig]:
@@ -286,6 +285,13 @@ def finish(positions: Iterable[Position], *, outcome: str, user_id: int, lines: 
             _run(lines[position.product_id], "finish", user_id, outcome)
         except Exception:
             log.warning("line of product %s: could not end a turn", position.product_id, exc_info=True)
+
+
+def now_serving(config: LineConfig) -> int:
+    """The score of the last place let through (0: nobody yet): what a front door compares a
+    ticket with (`tickets.not_yet`), read a few times a second. One HGET."""
+    value = _client().hget(redis_keys.line(config.product_id, config.drop), "front")
+    return int(value) if value is not None else 0
 
 
 def answered(positions: Iterable[Position], *, outcome: str) -> None:

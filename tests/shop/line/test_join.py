@@ -66,9 +66,10 @@ def test_a_full_window_answers_in_line_with_place_ahead_estimate_and_ticket(sett
     ticket = tickets.read(details["ticket"], user_id=other_user.pk)
     assert ticket is not None and ticket.product_id == p.pk and ticket.kind == tickets.PLACE
     assert tickets.read(details["ticket"], user_id=user.pk) is None  # another account's: refused
-    assert tickets.not_yet(ticket, first.serving)
+    assert tickets.not_yet(ticket, first.serving) and tickets.not_yet(ticket, line.now_serving(line.config_of(p)))
     # The first buyer is answered: the second one's turn has come.
     line.finish([first], outcome=line.DONE, user_id=user.pk, lines={p.pk: line.config_of(p)})
+    assert not tickets.not_yet(ticket, line.now_serving(line.config_of(p)))  # a front door would let it in
     assert place_order(user=other_user, lines=[(p.pk, 1)]).order_id
 
 
