@@ -33,7 +33,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -167,11 +167,14 @@ def _script() -> Script:
     return Script(None, (Path(__file__).parent / "line.lua").read_bytes())
 
 
-def _client():
+def client():
+    """The shop's Redis, where the lines live (SHOP["REDIS_ALIAS"])."""
     return get_redis_connection(shop_settings.REDIS_ALIAS)
 
 
-def _keys(product_id: int, drop: int) -> list[str]:
+def keys(product_id: int, drop: int) -> list[str]:
+    """A line's keys, in line.lua's KEYS order: meta, places, waiting, turns, states, pre-queue,
+    and the product's sold-out marker."""
     base = redis_keys.line(product_id, drop)
     return [base, f"{base}:places", f"{base}:waiting", f"{base}:turns", f"{base}:states", f"{base}:prequeue",
             redis_keys.sold_out_marker(product_id)]
@@ -180,7 +183,7 @@ def _keys(product_id: int, drop: int) -> list[str]:
 def _run(config: LineConfig, op: str, *args: object) -> list | int:
     head = [op, TTL, int(shop_settings.LINE_WINDOW), int(float(shop_settings.LINE_TURN) * 1000),
             1 if config.paused else 0]
-    return _script()(keys=_keys(config.product_id, config.drop), args=[*head, *args], client=_client())
+    return _script()(keys=keys(config.product_id, config.drop), args=[*head, *args], client=client())
 
 
 def read_ticket(text: str, *, user_id: int) -> Ticket | None:
@@ -248,7 +251,7 @@ def _lost_before(config: LineConfig) -> bool:
 def _ticketed(position: Position, kind: str, user_id: int) -> Position:
     text = Ticket(product_id=position.product_id, drop=position.drop, kind=kind, score=position.score).text(
         user_id=user_id)
-    return Position(**{**position.__dict__, "ticket": text})
+    return replace(position, ticket=text)
 
 
 def _text(value: bytes | str) -> str:
@@ -290,7 +293,7 @@ def finish(positions: Iterable[Position], *, outcome: str, user_id: int, lines: 
 def now_serving(config: LineConfig) -> int:
     """The score of the last place let through (0: nobody yet): what a front door compares a
     ticket with (`tickets.not_yet`), read a few times a second. One HGET."""
-    value = _client().hget(redis_keys.line(config.product_id, config.drop), "front")
+    value = client().hget(redis_keys.line(config.product_id, config.drop), "front")
     return int(value) if value is not None else 0
 
 

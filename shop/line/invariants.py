@@ -16,8 +16,8 @@ def line_violations(product: Product) -> list[str]:
     config = line.config_of(product)
     if config is None:
         return []
-    client = line._client()
-    meta, places, waiting, _, states, _, _ = line._keys(config.product_id, config.drop)
+    client = line.client()
+    meta, places, waiting, _, states, _, _ = line.keys(config.product_id, config.drop)
     placed = dict((user.decode(), score) for user, score in client.zrange(places, 0, -1, withscores=True))
     queued = dict((user.decode(), score) for user, score in client.zrange(waiting, 0, -1, withscores=True))
     state = {k.decode(): v.decode() for k, v in client.hgetall(states).items()}

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -157,7 +158,7 @@ def place_order(
 
 
 def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[int, int]], deadline: float,
-                ticket: str | None, fast_path) -> list[line.Position] | Receipt:
+                ticket: str | None, fast_path: Callable[[], Receipt | None]) -> list[line.Position] | Receipt:
     """This buyer's turn in the line of each lined product of its order (the turns begun), or the
     answer it gets instead: in line (InLine), sold out, a replay of its key's order."""
     mine = None
