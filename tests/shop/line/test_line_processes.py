@@ -241,22 +241,37 @@ def _order_for(url: str, token: str, product_id: int, seconds: float) -> tuple[i
     return product_id, statuses
 
 
+def _one_line_through(settings) -> Product:
+    """Two buyers and one turn at a time: the second waits, then buys; a third is told sold out."""
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = _drop(stock=2)
+    first, second, third = helpers.make_users(3, prefix=f"ha-{p.pk}")
+    held = line.join(config=line.config_of(p), user_id=first.pk, start=True, until=time.monotonic() + 30)
+    with pytest.raises(errors.InLine) as waiting:
+        place_order(user=second, lines=[(p.pk, 1)])
+    assert waiting.value.details["place"] == 2
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=third, lines=[(p.pk, 1)])  # two ahead of two units
+    line.finish([held], outcome=line.DONE, user_id=first.pk, lines={p.pk: line.config_of(p)})
+    assert place_order(user=second, lines=[(p.pk, 1)], line_ticket=waiting.value.details["ticket"]).order_id
+    return p
+
+
+def test_the_line_works_through_redis_sentinel(settings):
+    from loadtest.servers.sentinel import SentinelSet
+    from tests.locks.backends.ha import use_redis_url
+
+    with SentinelSet() as sentinels:
+        use_redis_url(settings, sentinels.url)
+        _one_line_through(settings)
+
+
 def test_the_line_works_on_a_redis_cluster(settings):
     from loadtest.servers.cluster import RedisClusterSet
     from tests.locks.backends.ha import use_redis_url
 
     with RedisClusterSet() as cluster:
         use_redis_url(settings, cluster.url)
-        settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
-        p = _drop(stock=2)
-        first, second, third = helpers.make_users(3, prefix="cluster")
-        held = line.join(config=line.config_of(p), user_id=first.pk, start=True, until=time.monotonic() + 30)
-        with pytest.raises(errors.InLine) as waiting:
-            place_order(user=second, lines=[(p.pk, 1)])
-        assert waiting.value.details["place"] == 2
-        with pytest.raises(errors.OutOfStock):
-            place_order(user=third, lines=[(p.pk, 1)])  # two ahead of two units
-        line.finish([held], outcome=line.DONE, user_id=first.pk, lines={p.pk: line.config_of(p)})
-        assert place_order(user=second, lines=[(p.pk, 1)], line_ticket=waiting.value.details["ticket"]).order_id
+        p = _one_line_through(settings)
         keys = [k for node in cluster.nodes if node.running for k in node.client().keys(f"*line:{{{p.pk}}}*")]
         assert keys and len({cluster.slot_of(k.decode()) for k in keys}) == 1  # one slot
