@@ -74,6 +74,7 @@ local function advance()
   if busy >= window then return end
   local head = redis.call('ZRANGE', W, 0, window - busy - 1, 'WITHSCORES')
   local front = field('front') or 0
+  local moved = false
   for i = 1, #head, 2 do
     local user, place = head[i], tonumber(head[i + 1])
     if (cut and place >= cut) or (stock and busy >= stock) then break end
@@ -81,9 +82,9 @@ local function advance()
     redis.call('ZADD', T, now_ms + turn_ms, user)
     redis.call('HSET', S, user, 'a')
     busy = busy + 1
-    if place > front then front = place end
+    if place > front then front, moved = place, true end
   end
-  redis.call('HSET', M, 'front', num(front))
+  if moved then redis.call('HSET', M, 'front', num(front)) end
 end
 
 -- The first call at or after opens_at: the pre-queue takes the first places, in its order.
