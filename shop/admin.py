@@ -226,6 +226,7 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
     list_filter = ("active", DropFilter)
     search_fields = ("name", "sku")
     readonly_fields = ("stock", "created_at", "updated_at")  # not the fence: the ledger and lock dashboard show it
+    exclude = ("line_prequeue_seconds", "line_order", "line_paused")  # steered by `manage.py shop line` for now
     # The window is written by the drop service (with its log row), not by the form's save.
     guarded_fields = ("stock", "fence", *WINDOW)
     price_money = money_column("price", "Price")

@@ -217,9 +217,21 @@ def orders(request: HttpRequest) -> JsonResponse:
         except errors.InvalidInput as exc:
             exc.details = {"Idempotency-Key": exc.details.get("idempotency_key", "invalid")}
             raise
-    placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key,
-                         deadline=deadlines.of_request(request))
+    try:
+        placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key,
+                             deadline=deadlines.of_request(request), line_ticket=request.headers.get("Line-Ticket"))
+    except errors.InLine as waiting:
+        return line_response(waiting)
     return JsonResponse(receipt_json(placed), status=200 if placed.replayed else 201)
+
+
+def line_response(waiting: errors.InLine) -> JsonResponse:
+    """Not this buyer's turn yet (202, not an error): its place in the drop's line, when to come
+    back (Retry-After), and its ticket to send back as a Line-Ticket header."""
+    response = JsonResponse({"line": waiting.details}, status=202)
+    response["Retry-After"] = str(waiting.retry_after)
+    response["Line-Ticket"] = waiting.details.get("ticket", "")
+    return response
 
 
 @api_view(("GET",))

@@ -59,6 +59,27 @@ DEFAULTS: dict[str, Any] = {
     "HEAD_SLOTS_PER_CLIENT": 16,
     "HEAD_MAX": 32 * 1024,
     "BODY_BUFFER": 64 * 1024,
+    # The line of a drop (shop/line/, docs/design.md "The line"): buyers of a product with a drop
+    # window take a place at their first order request and are let through to the checkout in
+    # place order. LINE_WINDOW buyers of one line may be let through (and not yet answered) at
+    # once, across every app server: about what the checkout finishes in a second or two (its
+    # batch size times the batches it commits at once), so the checkout stays busy and nobody
+    # waits inside it. A buyer let through has LINE_TURN seconds to come (more than the longest
+    # Retry-After it was given, LINE_RETRY_MAX, plus a few seconds); one who never comes
+    # (or whose server died mid-checkout) lapses and the line moves on. Waiting buyers are told
+    # to come back after their estimated wait, at most LINE_RETRY_MAX seconds (and at least 1);
+    # LINE_DEFAULT_RATE (buyers a second) estimates it before the line has finished anyone.
+    # Each process reads which products have a line at most every LINE_REFRESH seconds (one
+    # query); the units a line can still sell (stock plus unpaid reservations) at most every
+    # LINE_UNITS_REFRESH seconds (one query per line, by one process).
+    # LINES off: drops sell without a line, as before it existed (to compare). Env: SHOP_LINES.
+    "LINES": True,
+    "LINE_WINDOW": 32,
+    "LINE_TURN": 8.0,
+    "LINE_RETRY_MAX": 5,
+    "LINE_DEFAULT_RATE": 50.0,
+    "LINE_REFRESH": 1.0,
+    "LINE_UNITS_REFRESH": 1.0,
     # Payment: a new order awaits payment this long (seconds) with its stock reserved;
     # unpaid past it, the `shop.expire_unpaid` job (manage.py run_jobs) expires it and the stock
     # and coupon go back. Checked when the order is paid, so a late payment is refused.

@@ -296,6 +296,31 @@ class Busy(ShopError):
     default_message = "The shop is very busy right now; nothing was done. Please retry in a moment."
 
 
+# --- the line of a drop (shop/line/) ----------------------------------------------------------
+class InLine(ShopError):
+    """Not this buyer's turn yet: it holds a place in the drop's line, and nothing was written.
+    Not a failure (HTTP 202): the API answers {"line": details}, with Retry-After and a
+    Line-Ticket header. details = {"product_id", "place", "ahead", "now_serving",
+    "estimated_wait", "retry_after", "ticket", "state" ("waiting" or "pre_queue"), and
+    "opens_at" for the pre-queue}."""
+
+    code = "in_line"
+    status = 202
+    default_message = "You have a place in line; come back when it is your turn."
+
+    def __init__(self, message: str | None = None, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details=details)
+        self.retry_after = int(self.details.get("retry_after") or 1)
+
+
+class InvalidLineTicket(InvalidInput):
+    """The Line-Ticket sent is not one this shop gave this account (forged, altered, or another
+    account's). Send the order again without it: the account's place is kept by the shop."""
+
+    code = "invalid_line_ticket"
+    default_message = "This line ticket is not valid for your account."
+
+
 # --- infrastructure (retryable) --------------------------------------------------------------
 class LockTimeout(ShopError):
     code = "lock_timeout"

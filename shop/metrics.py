@@ -70,6 +70,16 @@ QUEUE_WAIT = Histogram("flashsale_queue_wait_seconds", "How long a request waite
 FENCE_REFUSALS = Counter("flashsale_fence_refusals", "Writes refused because a newer lock holder had already "
                          "written the row (a stale fence: the holder lost its lock); retried.", ["operation"])
 
+LINE_ANSWERS = Counter("flashsale_line_answers", "Order requests of a drop's line, by what the line answered: "
+                       "started (its turn: on to the checkout), waiting, pre_queue, cut (told sold out by the line), "
+                       "sold_out, in_checkout (the account's other request is in the checkout), admitted.", ["state"])
+LINE_ANSWER_SECONDS = Histogram("flashsale_line_answer_seconds", "From a buyer's place in a drop's line (its first "
+                                "request) to its final answer, by outcome: placed, refused (by the checkout), "
+                                "sold_out (told by the line).", ["outcome"],
+                                buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0))
+LINE_TICKETS_REFUSED = Counter("flashsale_line_tickets_refused", "Line-Ticket headers refused: not signed by this "
+                               "shop for the account that sent it (forged, altered, another account's).")
+
 
 def checkout_outcome(place_order: F) -> F:
     """Count how each `place_order` call ended: placed, replayed or refused (by error code)."""
@@ -99,6 +109,18 @@ def _refused(reason: str) -> None:
 
 def soldout_rejected() -> None:
     _safely(SOLDOUT_REJECTIONS.inc)
+
+
+def line_answered(state: str) -> None:
+    _safely(lambda: LINE_ANSWERS.labels(state).inc())
+
+
+def line_answered_finally(outcome: str, seconds: float) -> None:
+    _safely(lambda: LINE_ANSWER_SECONDS.labels(outcome).observe(max(0.0, seconds)))
+
+
+def line_ticket_refused() -> None:
+    _safely(LINE_TICKETS_REFUSED.inc)
 
 
 def fence_refused(operation: str) -> None:

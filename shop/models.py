@@ -71,6 +71,22 @@ class Product(models.Model):
     closes_at = models.DateTimeField(
         null=True, blank=True, verbose_name="closes at",
         help_text="The sale ends at this time: orders are refused from then on. Empty: no end.")
+    # The line of a drop (shop/line/): buyers who come this many seconds before opens_at join a
+    # pre-queue, put in line at the opening in arrival order ("fifo") or at random ("shuffle":
+    # arriving early buys nothing). Paused: nobody new is let through to the checkout.
+    line_prequeue_seconds = models.PositiveIntegerField(
+        default=0, verbose_name="pre-queue (seconds)",
+        help_text="Buyers who come this many seconds before the drop opens join its line early. 0: no pre-queue.")
+    line_order = models.CharField(
+        max_length=8, choices=[("shuffle", "Shuffle at the opening"), ("fifo", "Arrival order")], default="shuffle",
+        verbose_name="pre-queue order",
+        help_text="How the pre-queue is put in line at the opening: shuffled (the default) or in arrival order.")
+    line_paused = models.BooleanField(
+        default=False, verbose_name="line paused",
+        help_text="Let nobody new from the drop's line to the checkout (buyers keep their places).")
+    # When this drop's line was first made in Redis (shop/line/): a line found missing after it
+    # is one Redis lost, and is rebuilt from the buyers' tickets.
+    line_started_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -55,3 +55,10 @@ def token_user(key_hash: str) -> str:
 def overload_counts(bucket: int) -> str:
     """The cluster's busy and deadline counts of one 10-second bucket (shop/overload.py)."""
     return f"{namespace()}:overload:{bucket}"
+
+
+def line(product_id: int, drop: int) -> str:
+    """The prefix of one drop's line (shop/line/): `drop` is its opens_at in unix seconds, so a
+    rescheduled drop gets a new line. Its keys carry the product's hash tag, as the sold-out marker
+    does: the line's script reads the marker in the same Redis Cluster slot."""
+    return f"{namespace()}:line:{{{product_id}}}:{drop}"

@@ -19,6 +19,7 @@ from django.db.models import (
     Max,
     OuterRef,
     Prefetch,
+    Q,
     QuerySet,
     Subquery,
     Sum,
@@ -207,6 +208,20 @@ def reservations(*, product_ids: Iterable[int]) -> dict[int, dict]:
             .order_by().values("product_id")
             .annotate(orders=Count("order_id", distinct=True), units=Sum("quantity"), last_pay_by=Max("order__pay_by")))
     return {row.pop("product_id"): row for row in rows}
+
+
+def lined_products(*, now) -> QuerySet[Product]:
+    """Products whose drop has a line now (shop/line/): active, with opens_at, not closed yet."""
+    return (Product.objects.filter(active=True, opens_at__isnull=False)
+            .filter(Q(closes_at__isnull=True) | (Q(closes_at__gt=now) & Q(closes_at__gt=F("opens_at"))))
+            .only("id", "opens_at", "closes_at", "line_prequeue_seconds", "line_order", "line_paused"))
+
+
+def stock_and_reserved(*, product_id: int) -> tuple[int, int]:
+    """A product's stock, and the units unpaid orders hold (they come back if not paid): what a
+    drop's line can still sell (shop/line/)."""
+    stock = Product.objects.filter(pk=product_id).values_list("stock", flat=True).first() or 0
+    return stock, reserved_units(product_id=product_id)
 
 
 def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:

@@ -43,6 +43,11 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
     names = names or {}
     if isinstance(exc, errors.OutOfStock):  # the writer's message names them; the fast path's cannot
         return rules.out_of_stock_message(exc.details.get("lines", []), names)
+    if isinstance(exc, errors.InLine):
+        if exc.details.get("state") == "pre_queue":
+            return "You are in the line for this drop: it opens soon, and your place is kept."
+        return (f"You are number {exc.details.get('place')} in line, with {exc.details.get('ahead')} ahead of you: "
+                f"about {max(1, round(exc.details.get('estimated_wait') or 0))} s to go. Your place is kept.")
     if isinstance(exc, errors.NotOpenYet | errors.SaleEnded):  # the message says when
         products = ", ".join(names.get(pid, "This product") for pid in exc.details.get("product_ids", []))
         return f"{products or 'This product'}: {exc.message}"
@@ -261,10 +266,10 @@ def checkout(request: HttpRequest) -> HttpResponse:
                 deadline=deadlines.of_request(request),
             )
         except errors.ShopError as exc:
-            if exc.status == 503:  # retryable: the same key, so a resubmit never orders twice
+            if exc.status in (202, 503):  # in line, or retryable: the same key, so a resubmit never orders twice
                 form = CheckoutForm(codes=codes, initial={"idempotency_key": key,
                                                           "coupon_code": form.cleaned_data["coupon_code"]})
-                response = _checkout_page(request, rows, form, effects, status=503,
+                response = _checkout_page(request, rows, form, effects, status=exc.status,
                                           retry={"in": exc.retry_after or 1, "why": plain_words(
                                               exc, {r.product_id: r.name for r in rows}, staff=request.user.is_staff)})
                 response["Retry-After"] = str(exc.retry_after or 1)

@@ -39,6 +39,7 @@ from django.utils import timezone
 
 import locks
 from shop import clock, errors, hooks, metrics, rules
+from shop import line as lines_of_drops
 from shop.checkout import purchase_limits
 from shop.checkout.protocol import AGAIN, Placed, Refused, Request, Result
 from shop.conf import shop_settings
@@ -126,6 +127,7 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
         for pid, stock in left.items():
             if stock == 0:
                 soldout.mark_under(pid, holds.get(pid))
+        lines_of_drops.stock_left(left)  # a drop's line lets through no more buyers than units are left
         return {**results, **done}
     conflict = Refused.of(errors.Conflict(details={"retries": retries}))
     return {**results, **{r.id: conflict for r in pending}}

@@ -18,14 +18,19 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
+
+from django.utils import timezone
+from redis.exceptions import RedisError
 
 import locks
 from locks.combining import Guarded
-from shop import admission, deadlines, errors, metrics, redis_keys, rules, selectors
+from shop import admission, deadlines, errors, line, metrics, redis_keys, rules, selectors
 from shop.checkout import combining, protocol, writer
 from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
 from shop.lock_names import product_lock
+from shop.models import UPCOMING, drop_state
 from shop.plumbing import soldout
 from shop.plumbing.locking import held, refuse_outer_transaction
 from shop.plumbing.transactions import backoff, connection_errors
@@ -60,13 +65,16 @@ def place_order(
     idempotency_key: str | None = None,
     use_lock: bool | None = None,
     deadline: float | None = None,
+    line_ticket: str | None = None,
 ) -> Receipt:
     """Place an order, all or nothing.
 
     `deadline`: time.monotonic() when the answer is due (shop/deadlines.py; default: the
     server's budget from now). Raises a `shop.errors.ShopError` for every refusal, with nothing
     written: `busy` when the order cannot be started in time (this process lets no more buyers
-    wait, or the deadline has passed), `lock_timeout` when it waited in line until its deadline.
+    wait, or the deadline has passed), `lock_timeout` when it waited in line until its deadline,
+    `in_line` (not a failure: 202) when a product is in a drop's line and it is not this buyer's
+    turn yet. `line_ticket`: the Line-Ticket the buyer was given (refused if not its own).
     """
     refuse_outer_transaction("place_order")
     if deadline is None:
@@ -98,26 +106,100 @@ def place_order(
 
     if not guards and (replayed := fast_path()) is not None:
         return replayed
-    late = deadlines.passed(deadline)
-    if late or not admission.enter():
-        if guards and (replayed := fast_path()) is not None:  # not checked yet
-            return replayed
-        if late:
-            metrics.deadline_expired("arrival")
-            raise errors.Busy(details={"reason": "deadline", "retry_after": errors.Busy.retry_after})
-        raise admission.refusal()
+
+    def served(*, gate: bool) -> Receipt:
+        late = deadlines.passed(deadline)
+        if late or (gate and not admission.enter()):
+            if guards and (replayed := fast_path()) is not None:  # not checked yet
+                return replayed
+            if late:
+                metrics.deadline_expired("arrival")
+                raise errors.Busy(details={"reason": "deadline", "retry_after": errors.Busy.retry_after})
+            raise admission.refusal()
+        try:
+            mine = Request(id=protocol.new_request_id(), user_id=user.pk, lines=tuple(lines), code=code, key=key,
+                           digest=digest, deadline=deadlines.line_wait_until(deadline), recorded=combined)
+            result = _in_line(mine, combined=combined, guards=guards, use_locks=use_locks, user=user, key=key,
+                              digest=digest, record_key=record_key)
+        finally:
+            if gate:
+                admission.leave()
+        if isinstance(result, Receipt):
+            return result
+        if isinstance(result, Refused):
+            raise result.error()
+        return _receipt(result, user=user, key=key)
+
+    # A drop's line (shop/line/): after the cheap answers, before admission. A buyer whose turn it
+    # is in the line of every product of its order skips this process's admission: the line's
+    # window bounds them already, and the gate's places stay for everyone else, so a drop's crowd
+    # never makes other products' buyers `busy`.
+    configs = line.lined(product_ids) if shop_settings.LINES else {}
+    if not configs:
+        return served(gate=True)
+    turns = _take_turns(configs, user=user, lines=lines, deadline=deadline, ticket=line_ticket, fast_path=fast_path)
+    if isinstance(turns, Receipt):
+        return turns
+    if not turns:
+        return served(gate=True)
+    outcome = line.RETRY
     try:
-        mine = Request(id=protocol.new_request_id(), user_id=user.pk, lines=tuple(lines), code=code, key=key,
-                       digest=digest, deadline=deadlines.line_wait_until(deadline), recorded=combined)
-        result = _in_line(mine, combined=combined, guards=guards, use_locks=use_locks, user=user, key=key,
-                          digest=digest, record_key=record_key)
+        receipt = served(gate=len(turns) < len(lines))
+        outcome = line.DONE
+        line.answered(turns, outcome="placed")
+        return receipt
+    except errors.ShopError as exc:
+        if exc.status < 500:  # answered (refused); a retryable one keeps its turn
+            outcome = line.DONE
+            line.answered(turns, outcome="refused")
+        raise
     finally:
-        admission.leave()
-    if isinstance(result, Receipt):
-        return result
-    if isinstance(result, Refused):
-        raise result.error()
-    return _receipt(result, user=user, key=key)
+        line.finish(turns, outcome=outcome, user_id=user.pk, lines=configs)
+
+
+def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[int, int]], deadline: float,
+                ticket: str | None, fast_path: Callable[[], Receipt | None]) -> list[line.Position] | Receipt:
+    """This buyer's turn in the line of each lined product of its order (the turns begun), or the
+    answer it gets instead: in line (InLine), sold out, a replay of its key's order."""
+    mine = None
+    if ticket:
+        mine = line.read_ticket(ticket, user_id=user.pk)
+        if mine is None:
+            raise errors.InvalidLineTicket(details={"Line-Ticket": "not valid for this account"})
+    started: list[line.Position] = []
+    try:
+        for pid, quantity in lines:
+            if (config := configs.get(pid)) is None:
+                continue
+            try:
+                position = line.join(config=config, user_id=user.pk, start=True, until=deadline, ticket=mine)
+            except RedisError as exc:
+                raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc
+            if position.state == line.STARTED:
+                started.append(position)
+            elif position.state == line.NOT_OPEN:
+                # One product: refused here, without the lock. A cart: the writer says which of
+                # its lines cannot be sold, in its order of reasons.
+                row, now = {"active": True, "opens_at": config.opens_at, "closes_at": config.closes_at}, timezone.now()
+                if len(lines) == 1 and drop_state(config.opens_at, config.closes_at, now) == UPCOMING:
+                    raise rules.not_on_sale([pid], {pid: row}, now)
+            elif position.state in (line.WAITING, line.PRE_QUEUED):
+                raise errors.InLine(details=position.details())
+            elif (replayed := fast_path()) is not None:  # sold out, cut or busy: but a replay first
+                line.finish(started, outcome=line.RETRY, user_id=user.pk, lines=configs)
+                return replayed
+            elif position.state == line.IN_CHECKOUT:
+                raise errors.Busy(details={"reason": "in_checkout", "retry_after": errors.Busy.retry_after})
+            else:  # cut (the units left cannot reach this place) or sold out
+                metrics.soldout_rejected()
+                line.answered([position], outcome="sold_out")
+                raise errors.OutOfStock(details={
+                    "lines": [{"product_id": pid, "requested": quantity, "available": 0}],
+                    "line": {"product_id": pid, "place": position.place, "state": position.state}})
+    except BaseException:
+        line.finish(started, outcome=line.RETRY, user_id=user.pk, lines=configs)
+        raise
+    return started
 
 
 def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: bool, user, key: str | None,

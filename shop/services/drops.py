@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from shop import clock, errors
+from shop import clock, errors, line
 from shop.models import ENDED, DropLog, Product, drop_state
 from shop.plumbing.transactions import connection_errors, durable_transaction
 from shop.rules import shop_time
@@ -114,6 +114,7 @@ def _change(products: Sequence[Product], *, action: str, actor: str,
             Product.objects.filter(pk=product.pk).update(opens_at=new[0], closes_at=new[1], updated_at=now)
             log.append(DropLog(product=product, action=action, opens_at=new[0], closes_at=new[1], actor=str(actor)))
         DropLog.objects.bulk_create(log)
+    line.forget()  # this process sees the new window's line at once (the others within LINE_REFRESH)
     return list(Product.objects.filter(pk__in=ids).order_by("pk"))
 
 

@@ -351,6 +351,12 @@ VARIABLES: list[Variable] = [
              optional=True, parse=_above_zero(float), shop_default="HEAD_TIMEOUT"),
     Variable("SHOP_HEAD_SLOTS_PER_CLIENT", "connections one client address may have still sending a request "
              "(0: no bound)", optional=True, parse=_head_slots, shop_default="HEAD_SLOTS_PER_CLIENT"),
+    Variable("SHOP_LINES", "a line for each drop (false: drops sell without one, as before)", kind="bool",
+             default=True),
+    Variable("SHOP_LINE_WINDOW", "buyers of one drop's line let through to the checkout at once", optional=True,
+             parse=_above_zero(int), shop_default="LINE_WINDOW"),
+    Variable("SHOP_LINE_TURN", "seconds a buyer let through from a drop's line has to come", optional=True,
+             parse=_above_zero(float), shop_default="LINE_TURN"),
     # ratelimits
     Variable("RATELIMIT_ENABLE", "false switches every rate limit off (benchmark servers)", kind="bool",
              default=True),

@@ -18,7 +18,7 @@ FLOORS = {
         "converters", "templatetags", "order_requests"],
     1: ["settings", "rules", "validation", "receipts", "deadlines", "overload", "metrics", "admission",
         "ratelimits", "tokens", "exports", "invariants", "selectors", "cart"],
-    2: ["plumbing"],
+    2: ["plumbing", "line"],
     3: ["checkout"],
     4: ["services"],
     5: ["jobs", "forms", "api", "views", "admin", "middleware", "urls", "apps", "checks", "management",

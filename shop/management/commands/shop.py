@@ -23,6 +23,12 @@
     manage.py shop drop PRODUCT... --end      end their sale now (the admin's "End sale now")
     manage.py shop drop PRODUCT... --clear    no window: on sale whenever active
     manage.py shop drop                       list the products with a window and where each stands
+    manage.py shop line PRODUCT [--pause | --resume] [--prequeue SECONDS] [--order shuffle|fifo]
+                                              the drop's line (docs/design.md, "The line"): places,
+                                              waiting, let through, now serving, finished, lapsed,
+                                              the window, drain rate, estimated wait at the back,
+                                              the sold-out cut, units open; pause or resume it, set
+                                              its pre-queue window and order
 
 Each calls what the admin calls (shop.services restock / adjust_stock / cancel_order / refund_order,
 under the same locks; schedule_drop / end_drop / clear_drop; shop.selectors.product_sales and
@@ -47,7 +53,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
 
 from locks.services import cli_actor_name
-from shop import errors, rules
+from shop import errors, line, rules
+from shop.conf import shop_settings
 from shop.models import Order, Product, StockLedger
 from shop.selectors import (
     MONEY_FIGURES,
@@ -58,7 +65,16 @@ from shop.selectors import (
     sales_totals,
     units_per_minute,
 )
-from shop.services import adjust_stock, cancel_order, clear_drop, end_drop, refund_order, restock, schedule_drop
+from shop.services import (
+    adjust_stock,
+    cancel_order,
+    clear_drop,
+    end_drop,
+    refund_order,
+    restock,
+    schedule_drop,
+    steer_line,
+)
 from shop.services.drops import parse_time
 from shop.templatetags.shop_tags import money
 
@@ -105,11 +121,11 @@ def _order_dict(order: Order) -> dict[str, Any]:
 
 
 class Command(BaseCommand):
-    help = "The admin's operator actions from the command line: restock, adjust, cancel, refund, sales, drop."
+    help = "The admin's operator actions from the command line: restock, adjust, cancel, refund, sales, drop, line."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True,
-                                    metavar="{restock,adjust,cancel,refund,sales,drop}")
+                                    metavar="{restock,adjust,cancel,refund,sales,drop,line}")
 
         def action(name: str, help_: str, *, writes: bool = True, asks: bool = False) -> CommandParser:
             p = sub.add_parser(name, help=help_, description=help_)
@@ -151,12 +167,22 @@ class Command(BaseCommand):
         p.add_argument("--closes", metavar="WHEN", help="the sale ends at WHEN (default: no end)")
         p.add_argument("--end", action="store_true", help="end their sale now")
         p.add_argument("--clear", action="store_true", help="remove their window: on sale whenever active")
+        p = action("line", "the line of PRODUCT's drop; pause or resume it, its pre-queue window and order",
+                   writes=False)
+        p.add_argument("product", help="the product's id or SKU")
+        p.add_argument("--pause", action="store_true", help="let nobody new through (places are kept)")
+        p.add_argument("--resume", action="store_true", help="let buyers through again")
+        p.add_argument("--prequeue", type=int, metavar="SECONDS", help="buyers join this long before the opening")
+        p.add_argument("--order", choices=["shuffle", "fifo"], help="the pre-queue's order at the opening")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         action = opts["action"]
         try:
             if action == "sales":
                 self._sales(opts)
+                return
+            if action == "line":
+                self._line(opts)
                 return
             if action == "drop" and not opts["products"]:
                 if opts["opens"] is not None or opts["closes"] is not None or opts["end"] or opts["clear"]:
@@ -191,6 +217,39 @@ class Command(BaseCommand):
         if product is None:
             raise errors.UnknownProduct(f"No product {ref!r} (give its id or SKU).", details={"product": ref})
         return product
+
+    def _line(self, opts: dict[str, Any]) -> None:
+        if opts["pause"] and opts["resume"]:
+            raise CommandError("line: --pause or --resume, not both")
+        product = steer_line(product=self._product(opts["product"]),
+                             paused=True if opts["pause"] else False if opts["resume"] else None,
+                             prequeue_seconds=opts["prequeue"], order=opts["order"])
+        config = line.config_of(product)
+        if config is None:
+            raise errors.InvalidInput(f"{product.name} has no drop, so no line (schedule one: shop drop).",
+                                      details={"product_id": product.pk})
+        found = line.status(config)
+        shown = {"product_id": product.pk, "drop": product.opens_at.isoformat(), "opened": found.opened,
+                 "paused": product.line_paused, "prequeue_seconds": product.line_prequeue_seconds,
+                 "order": product.line_order, "places": found.places, "waiting": found.waiting,
+                 "let_through": found.in_turn, "prequeue": found.prequeue, "now_serving": found.now_serving,
+                 "finished": found.finished, "lapsed": found.lapsed, "window": int(shop_settings.LINE_WINDOW),
+                 "rate": found.rate, "wait_at_back": round(found.wait_at_back, 2), "cut": found.cut is not None,
+                 "units": found.units, "sold_out": found.sold_out}
+        if opts["json"]:
+            self.stdout.write(json.dumps(shown, indent=2))
+            return
+        state = "paused" if product.line_paused else "open" if found.opened else "pre-queue"
+        self.stdout.write(
+            f"{product.name} ({product.sku}), drop {rules.shop_time(product.opens_at)}: line {state}\n"
+            f"  places {found.places}, waiting {found.waiting}, let through {found.in_turn} of "
+            f"{shown['window']}, pre-queue {found.prequeue} ({product.line_order}, "
+            f"{product.line_prequeue_seconds} s before)\n"
+            f"  now serving place {found.now_serving}; finished {found.finished} (lapsed {found.lapsed}); "
+            f"{found.rate:.1f} a second; wait at the back about {found.wait_at_back:.0f} s\n"
+            f"  units open (stock and unpaid orders) {'?' if found.units is None else found.units}"
+            f"{'; sold-out cut in force' if found.cut is not None else ''}"
+            f"{'; sold out' if found.sold_out else ''}")
 
     # --- writes --------------------------------------------------------------------------------
     def _restock(self, opts: dict[str, Any], actor: str) -> None:

@@ -1,0 +1,37 @@
+"""Steering a drop's line (shop/line/): pause or resume it, its pre-queue window and order.
+
+The fields are the product's; every process reads them again within SHOP["LINE_REFRESH"]
+seconds (this one at once). Places are kept whatever changes: a paused line lets nobody new
+through, and resumes where it stood.
+"""
+
+from __future__ import annotations
+
+from shop import errors, line
+from shop.models import Product
+
+ORDERS = ("shuffle", "fifo")
+MAX_PREQUEUE = 7 * 24 * 3600
+
+
+def steer_line(*, product: Product, paused: bool | None = None, prequeue_seconds: int | None = None,
+               order: str | None = None) -> Product:
+    """Change what is given (None: left as it is). Refused, nothing written, for a pre-queue
+    window outside 0..a week or an order other than shuffle or fifo."""
+    changes: dict[str, object] = {}
+    if paused is not None:
+        changes["line_paused"] = bool(paused)
+    if prequeue_seconds is not None:
+        if not isinstance(prequeue_seconds, int) or not 0 <= prequeue_seconds <= MAX_PREQUEUE:
+            raise errors.InvalidInput(f"The pre-queue window is 0 to {MAX_PREQUEUE} seconds.",
+                                      details={"prequeue_seconds": prequeue_seconds})
+        changes["line_prequeue_seconds"] = prequeue_seconds
+    if order is not None:
+        if order not in ORDERS:
+            raise errors.InvalidInput("The pre-queue order is shuffle or fifo.", details={"order": order})
+        changes["line_order"] = order
+    if changes:
+        Product.objects.filter(pk=product.pk).update(**changes)
+        line.forget()
+        product.refresh_from_db()
+    return product

@@ -1,0 +1,224 @@
+"""The line of a drop, one process at a time: places, turns, the cut, the pre-queue, tickets,
+against the real Redis and MariaDB (the multi-process tests are in test_line_processes.py)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from shop import errors, line
+from shop.line import tickets
+from shop.models import Product
+from shop.services import place_order
+from tests import helpers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def make_users(db):
+    return helpers.make_users
+
+
+@pytest.fixture
+def drop(make_product):
+    """A product whose drop opened a minute ago (a line), with `stock` units."""
+
+    def make(stock: int = 10, **fields) -> Product:
+        p = make_product(stock=stock)
+        fields.setdefault("opens_at", timezone.now() - timedelta(minutes=1))
+        Product.objects.filter(pk=p.pk).update(**fields)
+        line.forget()
+        p.refresh_from_db()
+        return p
+
+    return make
+
+
+def _take_turn(product: Product, user_id: int) -> line.Position:
+    """A buyer in the checkout (its turn begun, not finished): what a slow request looks like."""
+    return line.join(config=line.config_of(product), user_id=user_id, start=True, until=time.monotonic() + 60)
+
+
+def test_a_short_line_lets_a_buyer_through_at_once(user, drop):
+    p = drop(stock=3)
+    receipt = place_order(user=user, lines=[(p.pk, 1)])
+    assert receipt.order_id
+    state = line.status(line.config_of(p))
+    assert (state.places, state.waiting, state.in_turn, state.finished) == (1, 0, 0, 1)
+
+
+def test_a_full_window_answers_in_line_with_place_ahead_estimate_and_ticket(settings, user, other_user, drop,
+                                                                              django_user_model):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=5)
+    first = _take_turn(p, user.pk)
+    assert first.state == line.STARTED and first.place == 1
+    with pytest.raises(errors.InLine) as waiting:
+        place_order(user=other_user, lines=[(p.pk, 1)])
+    details = waiting.value.details
+    assert details["state"] == "waiting" and details["place"] == 2 and details["ahead"] == 1
+    assert details["now_serving"] == 1 and details["product_id"] == p.pk
+    assert details["estimated_wait"] > 0 and waiting.value.retry_after == details["retry_after"] >= 1
+    ticket = tickets.read(details["ticket"], user_id=other_user.pk)
+    assert ticket is not None and ticket.product_id == p.pk and ticket.kind == tickets.PLACE
+    assert tickets.read(details["ticket"], user_id=user.pk) is None  # another account's: refused
+    assert tickets.not_yet(ticket, first.serving) and tickets.not_yet(ticket, line.now_serving(line.config_of(p)))
+    # The first buyer is answered: the second one's turn has come.
+    line.finish([first], outcome=line.DONE, user_id=user.pk, lines={p.pk: line.config_of(p)})
+    assert not tickets.not_yet(ticket, line.now_serving(line.config_of(p)))  # a front door would let it in
+    assert place_order(user=other_user, lines=[(p.pk, 1)]).order_id
+
+
+def test_one_place_per_account_whatever_the_key_or_how_often(settings, user, other_user, drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=5)
+    _take_turn(p, user.pk)
+    places = set()
+    for key in ["k-1", "k-2", None, "k-3"]:
+        with pytest.raises(errors.InLine) as waiting:
+            place_order(user=other_user, lines=[(p.pk, 1)], idempotency_key=key)
+        places.add(waiting.value.details["place"])
+    assert places == {2}
+    assert line.status(line.config_of(p)).places == 2
+
+
+def test_a_place_the_units_left_cannot_reach_is_told_sold_out_at_once(settings, make_users, drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=2)
+    first, second, third, fourth = make_users(4, prefix="cut")
+    started = _take_turn(p, first.pk)  # reads the units: 2
+    assert started.state == line.STARTED
+    with pytest.raises(errors.InLine):
+        place_order(user=second, lines=[(p.pk, 1)])  # one ahead, two units: it may still buy
+    with pytest.raises(errors.OutOfStock) as cut:
+        place_order(user=third, lines=[(p.pk, 1)])  # two ahead, two units
+    assert cut.value.details["line"] == {"product_id": p.pk, "place": 3, "state": "cut"}
+    assert cut.value.details["lines"] == [{"product_id": p.pk, "requested": 1, "available": 0}]
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=fourth, lines=[(p.pk, 1)])  # behind the cut
+    # The first buyer leaves without buying, the second buys: everyone before the cut was
+    # answered and a unit is left, so the cut is lifted and the earliest place goes first.
+    line.finish([started], outcome=line.DONE, user_id=first.pk, lines={p.pk: line.config_of(p)})
+    assert place_order(user=second, lines=[(p.pk, 1)]).order_id
+    with pytest.raises(errors.InLine):
+        place_order(user=fourth, lines=[(p.pk, 1)])  # third is let through first
+    assert place_order(user=third, lines=[(p.pk, 1)]).order_id
+    with pytest.raises(errors.OutOfStock) as sold_out:
+        place_order(user=fourth, lines=[(p.pk, 1)])
+    assert "line" not in sold_out.value.details  # the marker: sold out for every place
+
+
+def test_once_sold_out_every_waiting_place_is_told_so_on_its_next_request(settings, make_users, drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 2}
+    p = drop(stock=2)
+    buyers = make_users(8, prefix="soldout")
+    waiting = []
+    for buyer in buyers:
+        try:
+            place_order(user=buyer, lines=[(p.pk, 1)])
+        except (errors.InLine, errors.OutOfStock) as answer:
+            waiting.append((buyer, answer))
+    assert Product.objects.get(pk=p.pk).stock == 0
+    for buyer, _ in waiting:
+        with pytest.raises(errors.OutOfStock):
+            place_order(user=buyer, lines=[(p.pk, 1)])
+
+
+def test_a_replay_of_the_winning_key_returns_its_order_after_the_sell_out(user, make_users, drop):
+    p = drop(stock=1)
+    won = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="winner")
+    loser = make_users(1, prefix="replay")[0]
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=loser, lines=[(p.pk, 1)], idempotency_key="loser")
+    again = place_order(user=user, lines=[(p.pk, 1)], idempotency_key="winner")
+    assert again.replayed and again.order_id == won.order_id
+
+
+def test_a_forged_altered_or_other_accounts_ticket_is_refused_and_counted(settings, user, other_user, drop):
+    from shop import metrics
+
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=5)
+    _take_turn(p, user.pk)
+    with pytest.raises(errors.InLine) as waiting:
+        place_order(user=other_user, lines=[(p.pk, 1)])
+    good = waiting.value.details["ticket"]
+    body = good.rsplit(".", 1)[0]
+    product, drop_, kind, score = body.split(".")
+    altered = f"{product}.{drop_}.{kind}.{int(score) - 10_000_000}.{good.rsplit('.', 1)[1]}"  # an earlier place
+    before = metrics.LINE_TICKETS_REFUSED._value.get()
+    for bad in [altered, good[:-2] + "xx", "garbage", f"{p.pk}.1.p.1.AAAA"]:
+        with pytest.raises(errors.InvalidLineTicket):
+            place_order(user=other_user, lines=[(p.pk, 1)], line_ticket=bad)
+    with pytest.raises(errors.InvalidLineTicket):  # the ticket is this account's, not the first's
+        place_order(user=user, lines=[(p.pk, 1)], line_ticket=good)
+    assert metrics.LINE_TICKETS_REFUSED._value.get() - before == 5
+    with pytest.raises(errors.InLine) as again:  # its own ticket: the same place
+        place_order(user=other_user, lines=[(p.pk, 1)], line_ticket=good)
+    assert again.value.details["place"] == 2
+
+
+def test_before_the_pre_queue_an_order_is_refused_not_open_yet_without_the_line(user, drop):
+    p = drop(opens_at=timezone.now() + timedelta(hours=1), line_prequeue_seconds=60)
+    with pytest.raises(errors.NotOpenYet) as refused:
+        place_order(user=user, lines=[(p.pk, 1)])
+    assert refused.value.details == {"product_ids": [p.pk], "opens_at": p.opens_at.isoformat()}
+    assert line.status(line.config_of(p)).prequeue == 0
+
+
+@pytest.mark.parametrize("order", ["fifo", "shuffle"])
+def test_the_pre_queue_takes_the_first_places_at_the_opening_in_order_or_shuffled(order, make_users, drop):
+    opens = timezone.now() + timedelta(seconds=3)
+    p = drop(stock=100, opens_at=opens, line_prequeue_seconds=60, line_order=order)
+    early = make_users(50, prefix=f"early-{order}")
+    for buyer in early:
+        with pytest.raises(errors.InLine) as queued:
+            place_order(user=buyer, lines=[(p.pk, 1)])
+        assert queued.value.details["state"] == "pre_queue" and queued.value.details["opens_at"] == opens.isoformat()
+        assert queued.value.details["place"] is None and queued.value.retry_after <= 5
+    assert line.status(line.config_of(p)).prequeue == 50
+    time.sleep(max(0.0, (opens - timezone.now()).total_seconds()) + 0.05)
+    late = make_users(1, prefix=f"late-{order}")[0]
+    config = line.config_of(p)
+    first_after = line.join(config=config, user_id=late.pk, start=False, until=time.monotonic() + 5)
+    places = [line.join(config=config, user_id=b.pk, start=False, until=time.monotonic() + 5).place for b in early]
+    assert first_after.place == 51  # after every member of the pre-queue, though it opened the line
+    assert sorted(places) == list(range(1, 51))
+    if order == "fifo":
+        assert places == list(range(1, 51))
+    else:
+        assert places != list(range(1, 51))  # 1 chance in 50! of a false alarm
+
+
+def test_the_web_checkout_shows_the_place_and_sends_the_order_again_by_itself(settings, client, user, other_user,
+                                                                               drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=5)
+    _take_turn(p, other_user.pk)
+    client.force_login(user)
+    client.post(f"/products/{p.pk}/", {"quantity": 1})
+    key = client.get("/checkout/").context["form"].initial["idempotency_key"]
+    response = client.post("/checkout/", {"idempotency_key": key})
+    page = response.content.decode()
+    assert response.status_code == 202 and 1 <= int(response["Retry-After"]) <= 5
+    assert "You are number 2 in line, with 1 ahead of you" in page and 'id="busy-retry"' in page
+    assert response.context["form"].initial["idempotency_key"] == key  # the same order, sent again
+
+
+def test_a_cart_goes_on_when_it_is_its_turn_in_every_line_and_keeps_the_turns_it_got(settings, user, other_user,
+                                                                                      drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    a, b = drop(stock=5), drop(stock=5)
+    held = _take_turn(b, other_user.pk)
+    with pytest.raises(errors.InLine) as waiting:
+        place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)])
+    assert waiting.value.details["product_id"] == b.pk
+    assert line.status(line.config_of(a)).in_turn == 1  # its turn in a's line is kept, not counted
+    assert line.status(line.config_of(a)).finished == 0
+    line.finish([held], outcome=line.DONE, user_id=other_user.pk, lines={b.pk: line.config_of(b)})
+    assert place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)]).order_id
+    assert (line.status(line.config_of(a)).finished, line.status(line.config_of(b)).finished) == (1, 2)
