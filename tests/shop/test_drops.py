@@ -89,7 +89,8 @@ def test_end_sale_now_from_an_admin_whose_clock_is_slow_ends_it_at_the_database_
     p = make_product(stock=5)
     skew_app_clock(-60, monkeypatch.setattr)
     before = db_now()
-    admin_client.post("/admin/shop/product/", {"_selected_action": [p.pk], "action": "end_sale_now", "index": 0})
+    admin_client.post("/admin/shop/product/", {"_selected_action": [p.pk], "action": "end_sale_now", "index": 0,
+                                               "confirm": "1"})  # confirmed (issue 37: it asks first)
     after = db_now()
     p.refresh_from_db()
     assert before <= p.closes_at <= after

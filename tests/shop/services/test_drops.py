@@ -373,7 +373,7 @@ def test_two_servers_whose_clocks_disagree_sell_only_inside_the_window_by_the_da
         assert refused["not_open_yet"] and refused["sale_ended"]  # each server crossed both edges
         assert all(before < opens for _, before, _ in refused["not_open_yet"])
         assert all(after >= closes for _, _, after in refused["sale_ended"])
-        slack = 0.05  # the clock's reading between two queries' times, not exactly on them
+        slack = 0.25  # the clock's reading between two queries' times, not exactly on them (the skews are 2 s)
         assert all(math.floor((opens - after).total_seconds() - slack) <= retry
                    <= math.ceil((opens - before).total_seconds() + slack)
                    for retry, before, after in refused["not_open_yet"])
