@@ -304,23 +304,13 @@ def run(plan: DropPlan, *, t_open: float) -> DropResult:
     queue = openloop.FORK.Queue()
     procs = [openloop.FORK.Process(target=_client, args=(plan, plan.buyers[k::plan.clients], t_open, queue),
                                    daemon=True) for k in range(plan.clients)]
-    for proc in procs:
-        proc.start()
-    result, errors = DropResult(plan=plan), []
+    result = DropResult(plan=plan)
     last = max((b.arrival for b in plan.buyers), default=0.0)
     total = max(t_open - time.monotonic(), 0) + last + plan.patience + plan.answer_wait + 60
-    for _ in procs:
-        status, value = queue.get(timeout=total)
-        if status == "ok":
-            result.records += value[0]
-            result.attempts += value[1]
-            result.client_cpu += value[2]
-        else:
-            errors.append(value)
-    for proc in procs:
-        proc.join(10)
-    if errors:
-        raise RuntimeError("a client process failed: " + "; ".join(errors))
+    for records, attempts, cpu in openloop.gather(procs, queue, timeout=total):
+        result.records += records
+        result.attempts += attempts
+        result.client_cpu += cpu
     result.records.sort(key=lambda r: r.index)
     result.attempts.sort(key=lambda a: a.sent)
     return result

@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import urlsplit
 
 FORK = multiprocessing.get_context("fork")
@@ -273,23 +274,29 @@ def run(plan: Plan, *, start_in: float = 1.0) -> Result:
     queue = FORK.Queue()
     procs = [FORK.Process(target=_client, args=(plan, schedule[k::plan.clients], t0, queue), daemon=True)
              for k in range(plan.clients)]
+    result = Result(plan=plan)
+    total = sum(ph.seconds for ph in plan.phases) + plan.pause * len(plan.phases) + plan.patience + start_in + 60
+    for sent, cpu in gather(procs, queue, timeout=total):
+        result.sent += sent
+        result.client_cpu += cpu
+    result.sent.sort(key=lambda s: s.index)
+    return result
+
+
+def gather(procs: list, queue, *, timeout: float) -> list[Any]:
+    """Start the client processes and collect what each one put on `queue` ("ok", value); one
+    that failed ("error", why) fails the run, once all have answered."""
     for proc in procs:
         proc.start()
-    result, errors = Result(plan=plan), []
-    total = sum(ph.seconds for ph in plan.phases) + plan.pause * len(plan.phases) + plan.patience + start_in + 60
+    values, errors = [], []
     for _ in procs:
-        status, value = queue.get(timeout=total)
-        if status == "ok":
-            result.sent += value[0]
-            result.client_cpu += value[1]
-        else:
-            errors.append(value)
+        status, value = queue.get(timeout=timeout)
+        (values if status == "ok" else errors).append(value)
     for proc in procs:
         proc.join(10)
     if errors:
         raise RuntimeError("a client process failed: " + "; ".join(errors))
-    result.sent.sort(key=lambda s: s.index)
-    return result
+    return values
 
 
 # --- capacity: closed-loop ---------------------------------------------------------------------

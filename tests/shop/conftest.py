@@ -8,8 +8,10 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connections
 from django.utils import timezone
 
+from loadtest import appservers
 from shop.models import Coupon, Product
 
 _seq = itertools.count(1)
@@ -72,3 +74,13 @@ def mysql8():
 
     with emulation.emulate(connection):
         yield
+
+
+@pytest.fixture
+def server():
+    """A real gunicorn with the shop's worker: one worker of 4 threads (the overload and triage tests)."""
+    connections.close_all()
+    small = appservers.AppServer(workers=1, threads=4)
+    small.start()
+    yield small
+    small.stop()

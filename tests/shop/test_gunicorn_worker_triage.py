@@ -17,9 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connections
 
-from loadtest import appservers
 from locks import Lock
 from shop import order_requests
 from shop.lock_names import product_lock
@@ -119,15 +117,6 @@ def worker_pids(master: int) -> set[int]:
         if int(fields[1]) == master and fields[0] != "Z":
             pids.add(int(entry.name))
     return pids
-
-
-@pytest.fixture
-def server():
-    connections.close_all()
-    small = appservers.AppServer(workers=1, threads=4)
-    small.start()
-    yield small
-    small.stop()
 
 
 def _buy(url_port: int, token: str, product_id: int, key: str, answers: dict) -> None:

@@ -15,9 +15,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from django.db import connections
 
-from loadtest import appservers, openloop
+from loadtest import openloop
 from locks import Lock
 from shop.lock_names import product_lock
 from shop.models import ApiToken, Order
@@ -28,15 +27,6 @@ from tests.helpers import make_users
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 HOLD = 3.0  # seconds the test keeps the product's lock: buyers wait in line meanwhile
-
-
-@pytest.fixture
-def server():
-    connections.close_all()
-    small = appservers.AppServer(workers=1, threads=4)
-    small.start()
-    yield small
-    small.stop()
 
 
 @pytest.fixture
