@@ -62,6 +62,21 @@ def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result |
     if (isinstance(result, Refused) and result.code == errors.DatabaseUnavailable.code
             and result.details.get("outcome") == "unknown"):
         return _settled(mine) or Refused.of(errors.DatabaseUnavailable(details={"outcome": "not_written"}))
+    return settle_failure(mine, result)
+
+
+# Failures that say "we stopped waiting", not "nothing can be committed": a holder that took the
+# request earlier and lost its lock (lapsed, forced out) may still commit it.
+UNSETTLED = (errors.LockTimeout.code, errors.LockUnavailable.code)
+
+
+def settle_failure(mine: Request, result: Result) -> Result:
+    """`result`, unless it is a wait's failure (`UNSETTLED`): then the request id is settled
+    first, so the buyer is told either the order an earlier holder committed or a failure that
+    stays true (I5). A combiner's deadline refusal, a lane's hand-back that timed out on the
+    product's lock: the request may still sit in the batch of a holder that lost its lock."""
+    if isinstance(result, Refused) and result.code in UNSETTLED:
+        return _settled(mine) or result
     return result
 
 

@@ -152,3 +152,77 @@ def test_a_lane_holder_killed_mid_batch_commits_nothing_and_the_next_serves_its_
     assert_books([a.pk, b.pk], {a.pk: 50, b.pk: 50}, seen)
     for proc in procs[1:]:
         proc.join(5)
+
+
+def _gated_buyer(user_id: int, product_id: int, wait: float, gates: dict, queue) -> None:
+    """A forked buyer that, at each checkout stage in `gates` (stage -> (reached, go) events),
+    says it got there and waits for the test to let it go on (alive: its leases are renewed)."""
+    from django.conf import settings as django_settings
+
+    from shop import hooks
+
+    django_settings.SHOP = {**django_settings.SHOP, "LOCK_WAIT": wait}
+
+    def hook(stage: str, holds: dict) -> None:
+        if stage in gates:
+            reached, go = gates.pop(stage)
+            reached.set()
+            assert go.wait(60), f"never let go on at {stage}"
+
+    hooks.checkout_hook = hook
+    user = get_user_model().objects.get(pk=user_id)
+    try:
+        queue.put((user_id, "placed", place_order(user=user, lines=[(product_id, 1)]).order_id))
+    except errors.ShopError as exc:
+        queue.put((user_id, exc.code, None))
+    finally:
+        hooks.checkout_hook = None
+        connections.close_all()
+
+
+def test_a_buyer_handed_back_while_a_stale_lane_holder_commits_it_is_never_told_lock_timeout(settings, make_product):
+    """The lane's holder A took B's request and holds the product's lock, then loses the lane
+    (here an operator's force release; under load, a lapsed lease). B's request is woken as an
+    orphan, queues again, is handed back (ALONE: A holds the product) and waits for the product
+    itself. A, still the product's holder, commits B's order and is slow to release. B's wait
+    ends: it must answer what happened to its request id (the order), never `lock_timeout` for
+    an order that exists (I5)."""
+    from locks import inspect as lock_inspect
+
+    settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1}
+    p = make_product(stock=10)
+    user_a, user_b = make_users(2)
+    lane = lane_lock(p.pk, lanes=1)
+    gate = Lock(lane, ttl=30.0)
+    gate.acquire()
+    connections.close_all()
+    queue = FORK.Queue()
+    at_update, go_update, at_commit, go_commit = (FORK.Event() for _ in range(4))
+    holder = FORK.Process(target=_gated_buyer, args=(
+        user_a.pk, p.pk, 20.0, {"before_update": (at_update, go_update), "after_commit": (at_commit, go_commit)},
+        queue))
+    holder.start()
+    wait_until_queued(lane, 1)
+    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 5.0, {}, queue))
+    buyer.start()
+    wait_until_queued(lane, 2)
+    try:
+        gate.release()  # A gets the lane, takes B's request, takes the product's lock
+        assert at_update.wait(15), "the lane's holder never reached its write"
+        assert lock_inspect.force_release(lane, actor="test") is not None  # A loses the lane
+        wait_until_queued(product_lock(p.pk), 1)  # B: woken, handed back, waiting for the product
+        go_update.set()
+        assert at_commit.wait(15), "the lane's holder never committed"  # B's order among them
+        told_b = queue.get(timeout=30)  # B's wait ends while A still holds the product
+    finally:
+        go_update.set()
+        go_commit.set()
+    told_a = queue.get(timeout=30)
+    for proc in (holder, buyer):
+        proc.join(10)
+    told = {told_a[0]: told_a[1:], told_b[0]: told_b[1:]}
+    committed_b = list(Order.objects.filter(user=user_b).values_list("pk", flat=True))
+    assert len(committed_b) == 1, "A was to commit B's order while B waited for the product"
+    assert told[user_b.pk] == ("placed", committed_b[0]), f"B was told {told[user_b.pk]} for a committed order"
+    assert told[user_a.pk][0] == "placed"
+    assert_books([p.pk], {p.pk: 10}, [oid for _, oid in told.values()])
