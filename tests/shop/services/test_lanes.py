@@ -154,14 +154,15 @@ def test_a_lane_holder_killed_mid_batch_commits_nothing_and_the_next_serves_its_
         proc.join(5)
 
 
-def _gated_buyer(user_id: int, product_id: int, wait: float, gates: dict, queue) -> None:
+def _gated_buyer(user_id: int, product_id: int, wait: float, gates: dict, queue, ttl: dict | None = None) -> None:
     """A forked buyer that, at each checkout stage in `gates` (stage -> (reached, go) events),
-    says it got there and waits for the test to let it go on (alive: its leases are renewed)."""
+    says it got there and waits for the test to let it go on (alive: its leases are renewed).
+    Told (user id, code, order id or the error's outcome)."""
     from django.conf import settings as django_settings
 
     from shop import hooks
 
-    django_settings.SHOP = {**django_settings.SHOP, "LOCK_WAIT": wait}
+    django_settings.SHOP = {**django_settings.SHOP, "LOCK_WAIT": wait, **(ttl or {})}
 
     def hook(stage: str, holds: dict) -> None:
         if stage in gates:
@@ -174,7 +175,7 @@ def _gated_buyer(user_id: int, product_id: int, wait: float, gates: dict, queue)
     try:
         queue.put((user_id, "placed", place_order(user=user, lines=[(product_id, 1)]).order_id))
     except errors.ShopError as exc:
-        queue.put((user_id, exc.code, None))
+        queue.put((user_id, exc.code, exc.details.get("outcome")))
     finally:
         hooks.checkout_hook = None
         connections.close_all()
@@ -226,3 +227,66 @@ def test_a_buyer_handed_back_while_a_stale_lane_holder_commits_it_is_never_told_
     assert told[user_b.pk] == ("placed", committed_b[0]), f"B was told {told[user_b.pk]} for a committed order"
     assert told[user_a.pk][0] == "placed"
     assert_books([p.pk], {p.pk: 10}, [oid for _, oid in told.values()])
+
+
+def _kill_blocked_insert(table: str, timeout: float = 15.0) -> None:
+    """KILL the connection whose INSERT into `table` is waiting (on a row another transaction
+    wrote and has not committed)."""
+    import time
+
+    import MySQLdb
+
+    admin = MySQLdb.connect(host="127.0.0.1", port=3306, user="root", passwd="")
+    try:
+        cursor = admin.cursor()
+        until = time.monotonic() + timeout
+        while time.monotonic() < until:
+            cursor.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE %s",
+                           [f"INSERT INTO `{table}`%"])
+            if rows := cursor.fetchall():
+                cursor.execute(f"KILL {int(rows[0][0])}")
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"no INSERT into {table} waited")
+    finally:
+        admin.close()
+
+
+def test_a_settle_that_loses_its_connection_never_says_not_written(settings, make_product):
+    """B's wait ends while its combiner A is about to COMMIT B's order (every check passed): B
+    settles its request id, and that INSERT waits for A's. Its connection is lost there: B cannot
+    know whether A commits, so its answer is `database_unavailable` with outcome `unknown` (a retry
+    with its key settles it), never `not_written` for an order A then commits (I5)."""
+    from shop.models import CheckoutRequest
+
+    settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1}
+    p = make_product(stock=10)
+    user_a, user_b = make_users(2)
+    lane = lane_lock(p.pk, lanes=1)
+    gate = Lock(lane, ttl=30.0)
+    gate.acquire()
+    connections.close_all()
+    queue = FORK.Queue()
+    at_commit, go_commit = FORK.Event(), FORK.Event()
+    # A's lease (and MariaDB's idle timeout of its transaction, ceil(LOCK_TTL) + 1) outlasts the test's steps.
+    holder = FORK.Process(target=_gated_buyer, args=(user_a.pk, p.pk, 20.0, {"at_commit": (at_commit, go_commit)},
+                                                     queue, {"LOCK_TTL": 15.0}))
+    holder.start()
+    wait_until_queued(lane, 1)
+    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 1.5, {}, queue))
+    buyer.start()
+    wait_until_queued(lane, 2)
+    try:
+        gate.release()
+        assert at_commit.wait(15), "the combiner never reached its COMMIT"
+        _kill_blocked_insert(CheckoutRequest._meta.db_table)  # B's settle, waiting on A's row
+        told_b = queue.get(timeout=30)
+    finally:
+        go_commit.set()
+    told_a = queue.get(timeout=30)
+    for proc in (holder, buyer):
+        proc.join(10)
+    told = {told_a[0]: told_a[1:], told_b[0]: told_b[1:]}
+    assert told[user_a.pk][0] == "placed"
+    assert Order.objects.filter(user=user_b).exists(), "A was to commit B's order"
+    assert told[user_b.pk] == ("database_unavailable", "unknown"), told[user_b.pk]
