@@ -230,19 +230,21 @@ def test_a_buyer_handed_back_while_a_stale_lane_holder_commits_it_is_never_told_
 
 
 def _kill_blocked_insert(table: str, timeout: float = 15.0) -> None:
-    """KILL the connection whose INSERT into `table` is waiting (on a row another transaction
-    wrote and has not committed)."""
+    """KILL the connection of this test's database whose INSERT into `table` is waiting (on a
+    row another transaction wrote and has not committed). Only this database's: other test runs
+    share the server."""
     import time
 
     import MySQLdb
 
+    database = connections["default"].settings_dict["NAME"]
     admin = MySQLdb.connect(host="127.0.0.1", port=3306, user="root", passwd="")
     try:
         cursor = admin.cursor()
         until = time.monotonic() + timeout
         while time.monotonic() < until:
-            cursor.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE %s",
-                           [f"INSERT INTO `{table}`%"])
+            cursor.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s AND INFO LIKE %s",
+                           [database, f"INSERT INTO `{table}`%"])
             if rows := cursor.fetchall():
                 cursor.execute(f"KILL {int(rows[0][0])}")
                 return
@@ -273,7 +275,7 @@ def test_a_settle_that_loses_its_connection_never_says_not_written(settings, mak
                                                      queue, {"LOCK_TTL": 15.0}))
     holder.start()
     wait_until_queued(lane, 1)
-    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 1.5, {}, queue))
+    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 3.0, {}, queue))
     buyer.start()
     wait_until_queued(lane, 2)
     try:
