@@ -176,6 +176,8 @@ def _gated_buyer(user_id: int, product_id: int, wait: float, gates: dict, queue,
         queue.put((user_id, "placed", place_order(user=user, lines=[(product_id, 1)]).order_id))
     except errors.ShopError as exc:
         queue.put((user_id, exc.code, exc.details.get("outcome")))
+    except Exception as exc:  # what a view would answer with a 500
+        queue.put((user_id, "unexpected", repr(exc)))
     finally:
         hooks.checkout_hook = None
         connections.close_all()
@@ -292,3 +294,42 @@ def test_a_settle_that_loses_its_connection_never_says_not_written(settings, mak
     assert told[user_a.pk][0] == "placed"
     assert Order.objects.filter(user=user_b).exists(), "A was to commit B's order"
     assert told[user_b.pk] == ("database_unavailable", "unknown"), told[user_b.pk]
+
+
+def test_a_settle_still_waiting_for_its_combiners_row_after_its_retries_is_unknown_not_a_500(settings, make_product):
+    """Kill mode (MySQL 8's): a row wait ends after ceil(LOCK_TTL) s. B's settle waits for its
+    combiner A's transaction, which holds B's id and stays open (A is about to COMMIT): after its
+    retries, B's answer is `database_unavailable` with outcome `unknown` (old code: the raw
+    lock-wait timeout, a 500), and A's order for B stands."""
+    from shop.models import CheckoutRequest
+
+    settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1, "STALE_TRANSACTIONS": "kill", "RETRIES": 1}
+    p = make_product(stock=10)
+    user_a, user_b = make_users(2)
+    lane = lane_lock(p.pk, lanes=1)
+    gate = Lock(lane, ttl=30.0)
+    gate.acquire()
+    connections.close_all()
+    queue = FORK.Queue()
+    at_commit, go_commit = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_gated_buyer, args=(user_a.pk, p.pk, 20.0, {"at_commit": (at_commit, go_commit)},
+                                                     queue, {"LOCK_TTL": 15.0}))
+    holder.start()
+    wait_until_queued(lane, 1)
+    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 3.0, {}, queue))
+    buyer.start()
+    wait_until_queued(lane, 2)
+    try:
+        gate.release()
+        assert at_commit.wait(15), "the combiner never reached its COMMIT"
+        told_b = queue.get(timeout=30)  # B's settle waited twice, a second each, for A's row
+    finally:
+        go_commit.set()
+    told_a = queue.get(timeout=30)
+    for proc in (holder, buyer):
+        proc.join(10)
+    assert told_b == (user_b.pk, "database_unavailable", "unknown")
+    assert told_a[1] == "placed"
+    committed_b = list(Order.objects.filter(user=user_b).values_list("pk", flat=True))
+    assert len(committed_b) == 1 and CheckoutRequest.objects.get(order_id=committed_b[0])
+    assert_books([p.pk], {p.pk: 10}, [told_a[2], committed_b[0]])  # B's retry with its key would get its order
