@@ -17,7 +17,10 @@ thousands of short connections do not run out of source ports.
 
 The books say the rest: `unseen(...)` lists the orders committed for requests whose buyer never
 saw the answer (abandoned, or a connection error): a crowd's success must not sell to buyers who
-left.
+left. `unseen_by_answer(...)` says what each of those buyers got instead: a failure answer for a
+committed order is the server contradicting itself (I5); an abandoned request is the server's
+lateness only if it had the request for longer than its deadline (it counts from when it took the
+request; a connection the server's kernel accepted late, or a client that sent late, left it less).
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class Sent:
     code: str = ""
     order_id: int | None = None
     retry_after: str | None = None
+    connected: float | None = None  # when the connection was established (seconds from the start)
 
 
 @dataclass
@@ -171,11 +175,16 @@ def _complete(data: bytearray, *, eof: bool = False) -> tuple[int, dict[str, str
     return (status, headers, body) if eof else None
 
 
-async def _exchange(host: str, port: int, local: str | None, request: bytes) -> tuple[int, dict[str, str], bytes]:
+async def _exchange(host: str, port: int, local: str | None, request: bytes,
+                    connected: list[float] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One request's answer; the loop's time the connection was established is appended to
+    `connected` (kept when the answer never comes)."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
     transport, _ = await loop.create_connection(lambda: _Exchange(request, done), host, port,
                                                 local_addr=(local, 0) if local else None)
+    if connected is not None:
+        connected.append(loop.time())
     try:
         return await done
     finally:
@@ -233,18 +242,21 @@ async def _send_all(plan: Plan, mine: list[tuple[int, int, float]], t0: float) -
         started = loop.time() - t0
         request = _request_bytes(plan, index, plan.phases[p].product_id, host_header)
         left = offset + plan.patience - started
+        connected: list[float] = []
         try:
             status, headers, body = await asyncio.wait_for(
-                _exchange(host, port, sources[index % len(sources)], request), timeout=max(left, 0.001))
+                _exchange(host, port, sources[index % len(sources)], request, connected), timeout=max(left, 0.001))
         except TimeoutError:
-            out.append(Sent(index, p, offset, started, plan.patience, ABANDONED))
+            out.append(Sent(index, p, offset, started, plan.patience, ABANDONED,
+                            connected=connected[0] - t0 if connected else None))
             return
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
-            out.append(Sent(index, p, offset, started, loop.time() - t0 - offset, CONN_ERROR))
+            out.append(Sent(index, p, offset, started, loop.time() - t0 - offset, CONN_ERROR,
+                            connected=connected[0] - t0 if connected else None))
             return
         kind, code, order_id = classify(status, body)
         out.append(Sent(index, p, offset, started, loop.time() - t0 - offset, kind, status, code, order_id,
-                        headers.get("retry-after")))
+                        headers.get("retry-after"), connected[0] - t0))
 
     tasks = []
     for index, p, offset in mine:
@@ -396,6 +408,39 @@ def unseen(result: Result, p: int | None = None) -> tuple[int, int]:
     return len(keys), sum(1 for k in keys if k not in seen)
 
 
+# What a buyer whose order was committed got instead of seeing it (`unseen_by_answer`).
+LEFT_EARLY = "abandoned (reached the server late)"  # its whole deadline did not fit in the patience left
+LEFT_LATE = "abandoned (past the server's deadline)"
+
+
+def unseen_by_answer(result: Result, p: int | None = None, *, deadline: float) -> dict[str, int]:
+    """The orders committed for this run's requests (of phase `p`) whose buyer did not see them,
+    by what the buyer got instead: an answer's outcome and code (a failure told for a committed
+    order: the server broke I5), `CONN_ERROR`, or abandoned, split by how long the server had
+    the request before the buyer left (from the connection's establishment; `deadline`: the
+    server's): LEFT_EARLY when that was less than its deadline (the time went before the server
+    had it: a late send, SYN retries on a full backlog), else LEFT_LATE (the server was late)."""
+    from shop.models import Order
+
+    patience = result.plan.patience
+    sent = {result.plan.key(s.index): s for s in (result.sent if p is None else result.of_phase(p))}
+    keys = Order.objects.filter(idempotency_key__startswith=f"ol-{result.plan.run_id}-").values_list(
+        "idempotency_key", flat=True)
+    out: Counter[str] = Counter()
+    for key in keys:
+        s = sent.get(key)
+        if s is None or s.outcome in (PLACED, REPLAYED):
+            continue
+        if s.outcome == ABANDONED:
+            had = None if s.connected is None else s.scheduled + patience - s.connected
+            out[LEFT_EARLY if had is not None and had < deadline else LEFT_LATE] += 1
+        elif s.outcome == CONN_ERROR:
+            out[CONN_ERROR] += 1
+        else:
+            out[f"{s.outcome}:{s.code}" if s.code else s.outcome] += 1
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 # --- a crowd: the profiles of `loadtest --url URL --profile spike|flash` ---------------------
 SPIKE = (0.5, 1.0, 2.0, 4.0, 10.0, 0.5)  # multiples of the capacity, one phase each
 FLASH = (4.0, 10.0)  # one flash sale each, on a product of its own
@@ -414,6 +459,7 @@ class Crowd:
     oversold: int
     sold_out_at: list[float | None]  # per phase: seconds into it of the first "sold out" answer
     deadline: float
+    unseen_by: list[dict[str, int]] = field(default_factory=list)  # per phase: unseen_by_answer
 
 
 def crowd(url: str, *, profile: str, capacity: float | None = None, rate: float | None = None,
@@ -456,6 +502,7 @@ def crowd(url: str, *, profile: str, capacity: float | None = None, rate: float 
         return Crowd(profile=profile, capacity=float(capacity or 0), result=result, summaries=summaries,
                      unseen=[unseen(result, p) for p in range(len(phases))],
                      oversold=sum(max(b.oversold, 0) for b in workload.books(w)), sold_out_at=sold_out_at,
-                     deadline=deadline)
+                     deadline=deadline,
+                     unseen_by=[unseen_by_answer(result, p, deadline=deadline) for p in range(len(phases))])
     finally:
         workload.cleanup(w)

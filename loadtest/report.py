@@ -435,6 +435,8 @@ def crowd_report(c: openloop.Crowd) -> str:
     total = sum(u for _, u in c.unseen)
     books = (f"books: {sum(o for o, _ in c.unseen):,} orders committed, {total:,} of them for buyers who never saw "
              f"them, {c.oversold} units oversold")
+    books += "".join(f"\nunseen ({s.phase.name}), what the buyer got: {by_code(by)}"
+                     for s, by in zip(c.summaries, c.unseen_by, strict=False) if by)
     return "\n".join([head, body, books])
 
 
@@ -445,9 +447,10 @@ def crowd_json(c: openloop.Crowd) -> dict[str, Any]:
                         "goodput": s.goodput, "p50": s.p50, "p99": s.p99, "within_deadline": s.within_deadline,
                         "busy_p99": s.busy_p99, "sold_out_p99": s.sold_out_p99, "counts": s.counts,
                         "first_second_p99": s.first_second_p99, "rejected": s.rejected, "orders": committed,
-                        "unseen": unseen,
+                        "unseen": unseen, "unseen_by": by,
                         "sold_out_at": at}
-                       for s, (committed, unseen), at in zip(c.summaries, c.unseen, c.sold_out_at, strict=True)]}
+                       for s, (committed, unseen), at, by in zip(
+                           c.summaries, c.unseen, c.sold_out_at, c.unseen_by or [{}] * len(c.summaries), strict=True)]}
 
 
 # --- a drop's crowd (loadtest/drop.py) ----------------------------------------------------------

@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from django.db import IntegrityError, OperationalError
+from django.db import IntegrityError, InterfaceError, OperationalError
 from redis.exceptions import RedisError
 
 import locks
@@ -36,7 +36,7 @@ from shop.lock_names import lane_lock, product_lock
 from shop.models import CheckoutRequest
 from shop.plumbing import stale_transactions
 from shop.plumbing.locking import lock_error, release_all_safely, release_safely, shop_lock
-from shop.plumbing.transactions import RETRYABLE_MYSQL, backoff, durable_transaction
+from shop.plumbing.transactions import RETRYABLE_MYSQL, backoff, drop_connection, durable_transaction, lost_connection
 
 log = logging.getLogger("shop")
 
@@ -62,25 +62,51 @@ def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result |
     if (isinstance(result, Refused) and result.code == errors.DatabaseUnavailable.code
             and result.details.get("outcome") == "unknown"):
         return _settled(mine) or Refused.of(errors.DatabaseUnavailable(details={"outcome": "not_written"}))
+    return settle_failure(mine, result)
+
+
+# Failures that say "we stopped waiting", not "nothing can be committed": a holder that took the
+# request earlier and lost its lock (lapsed, forced out) may still commit it.
+UNSETTLED = (errors.LockTimeout.code, errors.LockUnavailable.code)
+
+
+def settle_failure(mine: Request, result: Result) -> Result:
+    """`result`, unless it is a wait's failure (`UNSETTLED`): then the request id is settled
+    first, so the buyer is told either the order an earlier holder committed or a failure that
+    stays true (I5). A combiner's deadline refusal, a lane's hand-back that timed out on the
+    product's lock: the request may still sit in the batch of a holder that lost its lock."""
+    if isinstance(result, Refused) and result.code in UNSETTLED:
+        return _settled(mine) or result
     return result
 
 
 def _settled(mine: Request) -> Placed | None:
     """Claim our request id as given up. None: nothing was committed for it, and nothing will be.
     Placed: a combiner committed it (its INSERT of the same id came first). The INSERT may wait
-    for a combiner's transaction that has our id; a deadlock with it is tried again."""
+    for a combiner's transaction that has our id; a deadlock or lock-wait timeout with it is tried
+    again. A lost connection, or a combiner's transaction that still holds our id after the
+    retries, leaves the outcome unknown: `database_unavailable` says so (a retry with the
+    request's Idempotency-Key settles it), never "not written" for an order it may commit."""
     retries = int(shop_settings.RETRIES)
     for n in range(retries + 1):
         try:
-            with durable_transaction():
-                CheckoutRequest.objects.create(request_id=mine.id)
-            return None
-        except IntegrityError:
-            claim = CheckoutRequest.objects.select_related("order").get(request_id=mine.id)
-            return None if claim.order is None else Placed.of(claim.order, replayed=False)
-        except OperationalError as exc:
-            if not exc.args or exc.args[0] not in RETRYABLE_MYSQL or n == retries:
+            try:
+                with durable_transaction():
+                    CheckoutRequest.objects.create(request_id=mine.id)
+                return None
+            except IntegrityError:
+                claim = CheckoutRequest.objects.select_related("order").get(request_id=mine.id)
+                return None if claim.order is None else Placed.of(claim.order, replayed=False)
+        except errors.DatabaseUnavailable as exc:  # our claim was not written: the order's fate is not known
+            raise errors.DatabaseUnavailable(details={"outcome": "unknown"}) from exc
+        except (OperationalError, InterfaceError) as exc:
+            lost = lost_connection(exc)
+            if lost:
+                drop_connection()
+            elif not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
                 raise
+            if lost or n == retries:
+                raise errors.DatabaseUnavailable(details={"outcome": "unknown"}) from exc
             backoff(n)
     raise AssertionError("unreachable")
 

@@ -202,6 +202,7 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
         if _closed_since(rows, totals):
             raise _Closed()  # rolls back: no order is committed after its sale closed
         check_before_commit(named)
+        hooks.call("at_commit", named)
         results.update({r.id: o for r, o in written})
     return results, {pid: n - totals.get(pid, 0) for pid, n in stock.items()}
 

@@ -221,8 +221,7 @@ def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: boo
             guards = []  # a record without its order (the order was deleted): queue after all
             result = combining.queue(mine, wait=mine.deadline - time.monotonic())
         if isinstance(result, Alone):  # not combined, or handed back by a lane's holder: lock it ourselves
-            with held([product_lock(pid) for pid in product_ids], use_locks=use_locks, until=mine.deadline) as holds:
-                result = writer.write([mine], holds={pid: holds[product_lock(pid)] for pid in product_ids})[mine.id]
+            result = _alone(mine, combined=combined, use_locks=use_locks)
         if not isinstance(result, Again):
             break
         log.info("place_order: again (%d) after a lost lock", n + 1)
@@ -232,6 +231,21 @@ def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: boo
         result = (combining.queue(mine, wait=0) if combined
                   else Refused.of(errors.Conflict(details={"retries": retries})))
     return result
+
+
+def _alone(mine: Request, *, combined: bool, use_locks: bool) -> Result:
+    """Take the order's product locks ourselves and write it as a batch of one. A combined
+    request that fails here (its wait ran out, Redis failed) settles its id first: it was
+    queued, so a holder that took it and lost its lock may still commit it."""
+    product_ids = [pid for pid, _ in mine.lines]
+    try:
+        with held([product_lock(pid) for pid in product_ids], use_locks=use_locks, until=mine.deadline) as holds:
+            result = writer.write([mine], holds={pid: holds[product_lock(pid)] for pid in product_ids})[mine.id]
+    except (errors.LockTimeout, errors.LockUnavailable) as exc:
+        if not combined:
+            raise
+        result = Refused.of(exc)
+    return combining.settle_failure(mine, result) if combined else result
 
 
 def _fast_path(fast: soldout.FastPath, *, user, key: str | None, digest: str,

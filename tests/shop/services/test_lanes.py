@@ -152,3 +152,184 @@ def test_a_lane_holder_killed_mid_batch_commits_nothing_and_the_next_serves_its_
     assert_books([a.pk, b.pk], {a.pk: 50, b.pk: 50}, seen)
     for proc in procs[1:]:
         proc.join(5)
+
+
+def _gated_buyer(user_id: int, product_id: int, wait: float, gates: dict, queue, ttl: dict | None = None) -> None:
+    """A forked buyer that, at each checkout stage in `gates` (stage -> (reached, go) events),
+    says it got there and waits for the test to let it go on (alive: its leases are renewed).
+    Told (user id, code, order id or the error's outcome)."""
+    from django.conf import settings as django_settings
+
+    from shop import hooks
+
+    django_settings.SHOP = {**django_settings.SHOP, "LOCK_WAIT": wait, **(ttl or {})}
+
+    def hook(stage: str, holds: dict) -> None:
+        if stage in gates:
+            reached, go = gates.pop(stage)
+            reached.set()
+            assert go.wait(60), f"never let go on at {stage}"
+
+    hooks.checkout_hook = hook
+    user = get_user_model().objects.get(pk=user_id)
+    try:
+        queue.put((user_id, "placed", place_order(user=user, lines=[(product_id, 1)]).order_id))
+    except errors.ShopError as exc:
+        queue.put((user_id, exc.code, exc.details.get("outcome")))
+    except Exception as exc:  # what a view would answer with a 500
+        queue.put((user_id, "unexpected", repr(exc)))
+    finally:
+        hooks.checkout_hook = None
+        connections.close_all()
+
+
+def test_a_buyer_handed_back_while_a_stale_lane_holder_commits_it_is_never_told_lock_timeout(settings, make_product):
+    """The lane's holder A took B's request and holds the product's lock, then loses the lane
+    (here an operator's force release; under load, a lapsed lease). B's request is woken as an
+    orphan, queues again, is handed back (ALONE: A holds the product) and waits for the product
+    itself. A, still the product's holder, commits B's order and is slow to release. B's wait
+    ends: it must answer what happened to its request id (the order), never `lock_timeout` for
+    an order that exists (I5)."""
+    from locks import inspect as lock_inspect
+
+    settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1}
+    p = make_product(stock=10)
+    user_a, user_b = make_users(2)
+    lane = lane_lock(p.pk, lanes=1)
+    gate = Lock(lane, ttl=30.0)
+    gate.acquire()
+    connections.close_all()
+    queue = FORK.Queue()
+    at_update, go_update, at_commit, go_commit = (FORK.Event() for _ in range(4))
+    holder = FORK.Process(target=_gated_buyer, args=(
+        user_a.pk, p.pk, 20.0, {"before_update": (at_update, go_update), "after_commit": (at_commit, go_commit)},
+        queue))
+    holder.start()
+    wait_until_queued(lane, 1)
+    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 5.0, {}, queue))
+    buyer.start()
+    wait_until_queued(lane, 2)
+    try:
+        gate.release()  # A gets the lane, takes B's request, takes the product's lock
+        assert at_update.wait(15), "the lane's holder never reached its write"
+        assert lock_inspect.force_release(lane, actor="test") is not None  # A loses the lane
+        wait_until_queued(product_lock(p.pk), 1)  # B: woken, handed back, waiting for the product
+        go_update.set()
+        assert at_commit.wait(15), "the lane's holder never committed"  # B's order among them
+        told_b = queue.get(timeout=30)  # B's wait ends while A still holds the product
+    finally:
+        go_update.set()
+        go_commit.set()
+    told_a = queue.get(timeout=30)
+    for proc in (holder, buyer):
+        proc.join(10)
+    told = {told_a[0]: told_a[1:], told_b[0]: told_b[1:]}
+    committed_b = list(Order.objects.filter(user=user_b).values_list("pk", flat=True))
+    assert len(committed_b) == 1, "A was to commit B's order while B waited for the product"
+    assert told[user_b.pk] == ("placed", committed_b[0]), f"B was told {told[user_b.pk]} for a committed order"
+    assert told[user_a.pk][0] == "placed"
+    assert_books([p.pk], {p.pk: 10}, [oid for _, oid in told.values()])
+
+
+def _kill_blocked_insert(table: str, timeout: float = 15.0) -> None:
+    """KILL the connection of this test's database whose INSERT into `table` is waiting (on a
+    row another transaction wrote and has not committed). Only this database's: other test runs
+    share the server."""
+    import time
+
+    import MySQLdb
+
+    database = connections["default"].settings_dict["NAME"]
+    admin = MySQLdb.connect(host="127.0.0.1", port=3306, user="root", passwd="")
+    try:
+        cursor = admin.cursor()
+        until = time.monotonic() + timeout
+        while time.monotonic() < until:
+            cursor.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s AND INFO LIKE %s",
+                           [database, f"INSERT INTO `{table}`%"])
+            if rows := cursor.fetchall():
+                cursor.execute(f"KILL {int(rows[0][0])}")
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"no INSERT into {table} waited")
+    finally:
+        admin.close()
+
+
+def test_a_settle_that_loses_its_connection_never_says_not_written(settings, make_product):
+    """B's wait ends while its combiner A is about to COMMIT B's order (every check passed): B
+    settles its request id, and that INSERT waits for A's. Its connection is lost there: B cannot
+    know whether A commits, so its answer is `database_unavailable` with outcome `unknown` (a retry
+    with its key settles it), never `not_written` for an order A then commits (I5)."""
+    from shop.models import CheckoutRequest
+
+    settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1}
+    p = make_product(stock=10)
+    user_a, user_b = make_users(2)
+    lane = lane_lock(p.pk, lanes=1)
+    gate = Lock(lane, ttl=30.0)
+    gate.acquire()
+    connections.close_all()
+    queue = FORK.Queue()
+    at_commit, go_commit = FORK.Event(), FORK.Event()
+    # A's lease (and MariaDB's idle timeout of its transaction, ceil(LOCK_TTL) + 1) outlasts the test's steps.
+    holder = FORK.Process(target=_gated_buyer, args=(user_a.pk, p.pk, 20.0, {"at_commit": (at_commit, go_commit)},
+                                                     queue, {"LOCK_TTL": 15.0}))
+    holder.start()
+    wait_until_queued(lane, 1)
+    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 3.0, {}, queue))
+    buyer.start()
+    wait_until_queued(lane, 2)
+    try:
+        gate.release()
+        assert at_commit.wait(15), "the combiner never reached its COMMIT"
+        _kill_blocked_insert(CheckoutRequest._meta.db_table)  # B's settle, waiting on A's row
+        told_b = queue.get(timeout=30)
+    finally:
+        go_commit.set()
+    told_a = queue.get(timeout=30)
+    for proc in (holder, buyer):
+        proc.join(10)
+    told = {told_a[0]: told_a[1:], told_b[0]: told_b[1:]}
+    assert told[user_a.pk][0] == "placed"
+    assert Order.objects.filter(user=user_b).exists(), "A was to commit B's order"
+    assert told[user_b.pk] == ("database_unavailable", "unknown"), told[user_b.pk]
+
+
+def test_a_settle_still_waiting_for_its_combiners_row_after_its_retries_is_unknown_not_a_500(settings, make_product):
+    """Kill mode (MySQL 8's): a row wait ends after ceil(LOCK_TTL) s. B's settle waits for its
+    combiner A's transaction, which holds B's id and stays open (A is about to COMMIT): after its
+    retries, B's answer is `database_unavailable` with outcome `unknown` (old code: the raw
+    lock-wait timeout, a 500), and A's order for B stands."""
+    from shop.models import CheckoutRequest
+
+    settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1, "STALE_TRANSACTIONS": "kill", "RETRIES": 1}
+    p = make_product(stock=10)
+    user_a, user_b = make_users(2)
+    lane = lane_lock(p.pk, lanes=1)
+    gate = Lock(lane, ttl=30.0)
+    gate.acquire()
+    connections.close_all()
+    queue = FORK.Queue()
+    at_commit, go_commit = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_gated_buyer, args=(user_a.pk, p.pk, 20.0, {"at_commit": (at_commit, go_commit)},
+                                                     queue, {"LOCK_TTL": 15.0}))
+    holder.start()
+    wait_until_queued(lane, 1)
+    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 3.0, {}, queue))
+    buyer.start()
+    wait_until_queued(lane, 2)
+    try:
+        gate.release()
+        assert at_commit.wait(15), "the combiner never reached its COMMIT"
+        told_b = queue.get(timeout=30)  # B's settle waited twice, a second each, for A's row
+    finally:
+        go_commit.set()
+    told_a = queue.get(timeout=30)
+    for proc in (holder, buyer):
+        proc.join(10)
+    assert told_b == (user_b.pk, "database_unavailable", "unknown")
+    assert told_a[1] == "placed"
+    committed_b = list(Order.objects.filter(user=user_b).values_list("pk", flat=True))
+    assert len(committed_b) == 1 and CheckoutRequest.objects.get(order_id=committed_b[0])
+    assert_books([p.pk], {p.pk: 10}, [told_a[2], committed_b[0]])  # B's retry with its key would get its order
