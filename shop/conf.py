@@ -100,6 +100,7 @@ DEFAULTS: dict[str, Any] = {
         # ...and per address asked for (normalized, hashed), from any IP: no flooding one inbox.
         "password_reset_address": "5/h",
         "token_create": "20/h",  # new API tokens on /account/tokens/, per user
+        "token_create_ip": "30/h",  # ...and per client IP, whichever accounts ask (a farm of fresh accounts)
         "coupon_claim": "30/m",  # coupon claims (web and API), per user
         "checkout": "600/m",  # orders (web and API), per user
         # Paying and cancelling (web and API), per user. Pay as generous as checkout: `loadtest

@@ -365,10 +365,16 @@ class SafeNextMixin:
 
 
 @require_http_methods(["GET", "HEAD", "POST"])
-@ratelimits.limit_posts("signup")
 def signup(request: HttpRequest) -> HttpResponse:
-    """Create an account and log in; then back where the buyer was (`next`: the cart, a product...)."""
+    """Create an account and log in; then back where the buyer was (`next`: the cart, a product...).
+    Every POST counts against the per-IP sign-up limit, before the form is read."""
     form = SignUpForm(request.POST or None)
+    if request.method == "POST":
+        try:
+            ratelimits.check(request, "signup")
+        except errors.RateLimited as exc:
+            return ratelimits.rate_limited_form(request, "registration/signup.html",
+                                                {"form": form, "next": safe_next(request)}, exc)
     if request.method == "POST" and form.is_valid():
         user = form.save()
         login(request, user)
@@ -428,10 +434,12 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
                 revoke(token=token)
                 messages.success(request, f"Token {token.prefix}... revoked.")
             return redirect("api_tokens")
-        try:
+        try:  # per account, and per address (a farm of fresh accounts behind one address)
             ratelimits.check(request, "token_create")
+            ratelimits.check(request, "token_create_ip")
         except errors.RateLimited as exc:
-            return ratelimits.rate_limited_page(request, exc)
+            return ratelimits.rate_limited_form(request, "shop/tokens.html", {
+                "form": form, "new_token": None, "tokens": ApiToken.objects.filter(user=request.user)}, exc)
         if form.is_valid():
             new_token = ApiToken.issue(user_id=request.user.pk, name=form.cleaned_data["name"])
             form = TokenForm()
