@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import timedelta
 from functools import partial
 
 from django import forms
@@ -35,7 +36,7 @@ from django.views.decorators.http import require_http_methods
 
 from locks import inspect
 from locks.exceptions import LockUnavailable
-from shop import errors, rules
+from shop import account_age, errors, rules
 from shop.conf import shop_settings
 from shop.exports import order_csv
 from shop.models import (
@@ -144,6 +145,22 @@ def _to_the_second(value):
     return value.replace(microsecond=0) if value is not None else None
 
 
+class AccountAgeField(forms.Field):
+    """A minimum account age as operators write it ("7d", "24h", "90m"; empty: none), read by
+    `shop.account_age.parse_age` as the command line reads it."""
+
+    def prepare_value(self, value):
+        return account_age.compact(value) if isinstance(value, timedelta) else value
+
+    def to_python(self, value):
+        try:
+            return account_age.parse_age(str(value or ""))
+        except errors.InvalidAccountAge as exc:
+            longest = account_age.describe(account_age.MAX_AGE)
+            raise ValidationError(f"Write an age as 7d, 24h, 90m or 45s (at most {longest}), or leave it empty "
+                                  f"({exc.message})") from None
+
+
 class ProductForm(forms.ModelForm):
     """The product form; a moved drop window must close after it opens, and not in the past.
 
@@ -152,6 +169,10 @@ class ProductForm(forms.ModelForm):
     microseconds): renaming a product never rewrites, or re-checks, its window."""
 
     moved: tuple[str, ...] = ()
+    min_account_age = AccountAgeField(
+        required=False, label="Min account age",
+        help_text="Only accounts at least this old may buy (against bots on fresh accounts): 7d, 24h, 90m. "
+                  "Empty: any account.")
 
     def clean(self):
         data = super().clean()

@@ -87,6 +87,11 @@ DEFAULTS: dict[str, Any] = {
     # recorded with the older fence: MySQL 8; same database user for every app server), "auto"
     # (timeout on MariaDB, kill elsewhere), or "off" (wait for the paused holder).
     "STALE_TRANSACTIONS": "auto",
+    # Bots (shop/account_age.py, docs/operations.md "Bots"): an account younger than
+    # YOUNG_ACCOUNT_AGE seconds whose first order request for a drop comes within
+    # DROP_OPENING_WINDOW seconds of its opening is counted in flashsale_drop_young_buyers_total.
+    "YOUNG_ACCOUNT_AGE": 24 * 3600,
+    "DROP_OPENING_WINDOW": 60,
     # Rate limits (shop/ratelimits.py), "count/period" (s, m, h, d) per key; None lifts a limit.
     # settings.SHOP["RATE_LIMITS"] (or the RATE_LIMITS environment variable) overrides them one by
     # one; RATELIMIT_ENABLE=false switches them all off. Checkout is generous on purpose: a buyer

@@ -71,6 +71,10 @@ class Product(models.Model):
     closes_at = models.DateTimeField(
         null=True, blank=True, verbose_name="closes at",
         help_text="The sale ends at this time: orders are refused from then on. Empty: no end.")
+    # Against bots on fresh accounts: only accounts at least this old may buy (shop/account_age.py).
+    min_account_age = models.DurationField(
+        null=True, blank=True, verbose_name="min account age",
+        help_text="Only accounts at least this old may buy this product, e.g. 7d, 24h, 90m. Empty: any account.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

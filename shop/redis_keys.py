@@ -55,3 +55,8 @@ def token_user(key_hash: str) -> str:
 def overload_counts(bucket: int) -> str:
     """The cluster's busy and deadline counts of one 10-second bucket (shop/overload.py)."""
     return f"{namespace()}:overload:{bucket}"
+
+
+def young_buyer(product_id: int, opens_at: int, user_id: int) -> str:
+    """Set at a young account's first order request in a drop's opening window (shop/account_age.py)."""
+    return f"{namespace()}:young:{product_id}:{opens_at}:{user_id}"

@@ -14,6 +14,7 @@ from django.db.models import (
     F,
     OuterRef,
     Prefetch,
+    Q,
     QuerySet,
     Subquery,
     Sum,
@@ -169,6 +170,13 @@ def reserved_units(*, product_id: int) -> int:
     units at checkout), back in it if they are not paid (`units_reserved` of `product_sales`)."""
     return (OrderLine.objects.filter(product_id=product_id, order__status=Order.Status.PENDING_PAYMENT)
             .aggregate(n=Sum("quantity"))["n"] or 0)
+
+
+def drop_rules(*, now) -> list[tuple[int, timedelta | None, datetime | None]]:
+    """(id, min_account_age, opens_at) of the products with a minimum account age or a drop window,
+    whose sale is not over: what the checkout's account-age check keeps per process (shop/account_age.py)."""
+    return list(Product.objects.filter(Q(min_account_age__isnull=False) | Q(opens_at__isnull=False))
+                .exclude(closes_at__lte=now).values_list("pk", "min_account_age", "opens_at"))
 
 
 def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:

@@ -16,7 +16,7 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from shop import cart, deadlines, errors, ratelimits, rules, selectors, validation
+from shop import account_age, cart, deadlines, errors, ratelimits, rules, selectors, validation
 from shop.conf import shop_settings
 from shop.forms import (
     AddToCartForm,
@@ -45,7 +45,7 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
             left = line["available"]
             parts.append(f"{name}: Sold out" if left == 0 else f"{name}: Only {left} left")
         return "; ".join(parts) or "Sold out"
-    if isinstance(exc, errors.NotOpenYet | errors.SaleEnded):  # the message says when
+    if isinstance(exc, errors.NotOpenYet | errors.SaleEnded | errors.AccountTooNew):  # the message says when
         products = ", ".join(names.get(pid, "This product") for pid in exc.details.get("product_ids", []))
         return f"{products or 'This product'}: {exc.message}"
     return {
@@ -100,6 +100,8 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
     return render(request, "shop/product.html", {
         "product": product, "form": form, "held": held.get(product.pk, 0),
         "cap_left": cart.cap_left(product, held.get(product.pk, 0)),
+        "min_account_age": account_age.describe(product.min_account_age) if product.min_account_age else "",
+        "eligible_at": account_age.eligible_at(user=request.user, product=product),
     }, status=status)
 
 

@@ -21,6 +21,9 @@
                                               no end); the window given replaces theirs
     manage.py shop drop PRODUCT... --end      end their sale now (the admin's "End sale now")
     manage.py shop drop PRODUCT... --clear    no window: on sale whenever active
+    manage.py shop drop PRODUCT... --min-account-age AGE
+                                              only accounts at least AGE old may buy ("7d", "24h",
+                                              "90m"; "none": any account); alone or with a window
     manage.py shop drop                       list the products with a window and where each stands
 
 Each calls what the admin calls (shop.services restock / adjust_stock / cancel_order / refund_order,
@@ -45,11 +48,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
 
 from locks.services import cli_actor_name
-from shop import errors, rules
+from shop import account_age, errors, rules
 from shop.models import OPEN, Order, Product, StockLedger
 from shop.selectors import RATE_WINDOW, SALES_FIGURES, STOCK_LEVELS, product_sales, sales_totals, units_per_minute
 from shop.services import adjust_stock, cancel_order, clear_drop, end_drop, refund_order, restock, schedule_drop
-from shop.services.drops import parse_time
+from shop.services.drops import parse_time, require_account_age
 from shop.templatetags.shop_tags import money
 
 ACTOR_LENGTH = StockLedger._meta.get_field("actor").max_length
@@ -69,9 +72,16 @@ def _product_dict(product: Product) -> dict[str, Any]:
 
 
 def _drop_dict(product: Product) -> dict[str, Any]:
-    """A product with its window and where it stands now: "upcoming", "open" or "ended"."""
+    """A product with its window and where it stands now: "upcoming", "open" or "ended"; its
+    minimum account age in seconds (None: any account)."""
+    age = product.min_account_age
     return {**_product_dict(product), "opens_at": _when(product.opens_at), "closes_at": _when(product.closes_at),
-            "drop": product.drop_state}
+            "drop": product.drop_state, "min_account_age": int(age.total_seconds()) if age else None}
+
+
+def _age_rule(product: Product) -> str:
+    age = product.min_account_age
+    return f"accounts at least {account_age.describe(age)} old" if age else "any account"
 
 
 def _window(product: Product) -> str:
@@ -134,6 +144,8 @@ class Command(BaseCommand):
         p.add_argument("--closes", metavar="WHEN", help="the sale ends at WHEN (default: no end)")
         p.add_argument("--end", action="store_true", help="end their sale now")
         p.add_argument("--clear", action="store_true", help="remove their window: on sale whenever active")
+        p.add_argument("--min-account-age", metavar="AGE", help='only accounts at least AGE old may buy: "7d", '
+                                                                '"24h", "90m", "45s"; "none": any account')
 
     def handle(self, *args: Any, **opts: Any) -> None:
         action = opts["action"]
@@ -142,7 +154,8 @@ class Command(BaseCommand):
                 self._sales(opts)
                 return
             if action == "drop" and not opts["products"]:
-                if opts["opens"] is not None or opts["closes"] is not None or opts["end"] or opts["clear"]:
+                if (opts["opens"] is not None or opts["closes"] is not None or opts["end"] or opts["clear"]
+                        or opts["min_account_age"] is not None):
                     raise CommandError("drop: name the products (ids or SKUs)")
                 self._drops(opts)
                 return
@@ -199,13 +212,17 @@ class Command(BaseCommand):
                                              f"stock {done.before} -> {done.after}."))
 
     def _drop(self, opts: dict[str, Any], actor: str) -> None:
-        """Exactly one of: a window (--opens and/or --closes), --end, --clear; then the service, once."""
+        """At most one of: a window (--opens and/or --closes), --end, --clear; then the service,
+        once; and/or --min-account-age (read first: an age that cannot be read writes nothing)."""
         given = [what for what, on in (("--opens/--closes", opts["opens"] is not None or opts["closes"] is not None),
                                        ("--end", opts["end"]), ("--clear", opts["clear"])) if on]
-        if len(given) != 1:
-            raise CommandError("drop: give --opens WHEN [--closes WHEN], or --end, or --clear"
-                               + (f" (not {' and '.join(given)})" if given else ""))
+        aged = opts["min_account_age"] is not None
+        if len(given) > 1 or not (given or aged):
+            raise CommandError("drop: give --opens WHEN [--closes WHEN], or --end, or --clear, and/or "
+                               "--min-account-age AGE" + (f" (not {' and '.join(given)})" if given else ""))
+        age = account_age.parse_age(opts["min_account_age"]) if aged else None
         products = [self._product(ref) for ref in opts["products"]]
+        changed, done = products, {p.pk: "" for p in products}
         if opts["end"]:
             before = {p.pk: p.drop_state for p in products}
             changed = end_drop(products=products, actor=actor)
@@ -213,11 +230,14 @@ class Command(BaseCommand):
         elif opts["clear"]:
             changed = clear_drop(products=products, actor=actor)
             done = {p.pk: "window cleared" for p in changed}
-        else:
+        elif given:
             opens = parse_time(opts["opens"]) if opts["opens"] is not None else None
             closes = parse_time(opts["closes"]) if opts["closes"] is not None else None
             changed = schedule_drop(products=products, opens_at=opens, closes_at=closes, actor=actor)
             done = {p.pk: "scheduled" for p in changed}
+        if aged:
+            changed = require_account_age(products=products, min_account_age=age, actor=actor)
+            done = {p.pk: "; ".join(filter(None, (done.get(p.pk), _age_rule(p)))) for p in changed}
         if opts["json"]:
             self.stdout.write(json.dumps({"products": [{**_drop_dict(p), "done": done[p.pk]} for p in changed],
                                           "actor": actor}, indent=2))
@@ -237,7 +257,8 @@ class Command(BaseCommand):
             self.stdout.write("  none: every product is on sale whenever it is active")
         for p in products:
             hidden = "" if p.active else " (hidden)"
-            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {(p.name + hidden)[:32]:<32} {_window(p)}")
+            rule = f", {_age_rule(p)}" if p.min_account_age else ""
+            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {(p.name + hidden)[:32]:<32} {_window(p)}{rule}")
 
     def _operate(self, opts: dict[str, Any], actor: str) -> None:
         """Cancel or refund: say the order's state, ask (unless --yes), then the service, once."""
