@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from shop import account_age, errors
 from shop.models import ApiToken, Order, Product, StockLedger
-from shop.services import drops, place_order
 from shop.services import checkout as checkout_service
+from shop.services import drops, place_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
