@@ -22,8 +22,11 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers, widgets
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import F, OuterRef, Subquery
 from django.http import HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -53,6 +56,7 @@ from shop.models import (
     StockLedger,
 )
 from shop.selectors import (
+    QUICK_TOKEN,
     RATE_WINDOW,
     STOCK_LEVELS,
     by_stock_level,
@@ -60,6 +64,7 @@ from shop.selectors import (
     product_sales,
     reserved_units,
     sales_totals,
+    signups_per_minute,
     units_per_minute,
 )
 from shop.services import cancel_order, clear_drop, end_drop, inventory, refund_order, restock, schedule_drop
@@ -764,3 +769,80 @@ class ApiTokenAdmin(admin.ModelAdmin):
         for token in queryset:
             revoke(token=token)
         self.message_user(request, f"Revoked {queryset.count()} token(s).")
+
+
+# --- accounts: who signs up, who makes API tokens (issue 36, bots) ----------------------------------
+class JoinedFilter(admin.SimpleListFilter):
+    title = "joined"
+    parameter_name = "joined"
+    SPANS = {"hour": ("In the last hour", timedelta(hours=1)), "day": ("In the last day", timedelta(days=1)),
+             "week": ("In the last 7 days", timedelta(days=7))}
+
+    def lookups(self, request, model_admin):
+        return [(key, label) for key, (label, _) in self.SPANS.items()]
+
+    def queryset(self, request, queryset):
+        if self.value() not in self.SPANS:
+            return queryset
+        return queryset.filter(date_joined__gt=timezone.now() - self.SPANS[self.value()][1])
+
+
+class FirstTokenFilter(admin.SimpleListFilter):
+    title = "first API token"
+    parameter_name = "first_token"
+
+    def lookups(self, request, model_admin):
+        return [("quick", f"Within {int(QUICK_TOKEN.total_seconds())} s of sign-up"), ("any", "Has one"),
+                ("none", "None")]
+
+    def queryset(self, request, queryset):
+        return {
+            "quick": lambda: queryset.filter(first_token_at__lte=F("date_joined") + QUICK_TOKEN),
+            "any": lambda: queryset.filter(first_token_at__isnull=False),
+            "none": lambda: queryset.filter(first_token_at__isnull=True),
+        }.get(self.value(), lambda: queryset)()
+
+
+def _short_span(span: timedelta) -> str:
+    seconds = max(0, int(span.total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h" if seconds < 2 * 86400 else f"{seconds // 86400} days"
+
+
+class AccountAdmin(UserAdmin):
+    """Django's user admin, plus what an operator watching for bots asks: when each account joined,
+    when it made its first API token and how soon after sign-up (scripts do it at once), filters
+    for both, and over the list the last hour's sign-ups and tokens per minute
+    (`shop.selectors.signups_per_minute`)."""
+
+    list_display = ("username", "email", "date_joined", "first_token", "token_after", "is_active", "is_staff")
+    list_filter = (JoinedFilter, FirstTokenFilter, "is_staff", "is_superuser", "is_active")
+    ordering = ("-date_joined",)
+
+    def get_queryset(self, request):
+        first = ApiToken.objects.filter(user=OuterRef("pk")).order_by("created_at").values("created_at")[:1]
+        return super().get_queryset(request).annotate(first_token_at=Subquery(first))  # a WHERE, not a HAVING
+
+    @admin.display(description="First API token", ordering="first_token_at")
+    def first_token(self, obj) -> str:
+        return date_format(localtime(obj.first_token_at), "DATETIME_FORMAT") if obj.first_token_at else "-"
+
+    @admin.display(description="Token after sign-up")
+    def token_after(self, obj) -> str:
+        return _short_span(obj.first_token_at - obj.date_joined) if obj.first_token_at else "-"
+
+    def changelist_view(self, request, extra_context=None):
+        minutes = signups_per_minute(now=timezone.now())
+        totals = {k: sum(m[k] for m in minutes) for k in ("accounts", "tokens", "quick_tokens")}
+        return super().changelist_view(request, {"signups": minutes, "signups_total": totals,
+                                                 "quick_seconds": int(QUICK_TOKEN.total_seconds()),
+                                                 **(extra_context or {})})
+
+
+User = get_user_model()
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+admin.site.register(User, AccountAdmin)
