@@ -106,17 +106,18 @@ _guard = threading.Lock()
 
 
 def rules(product_ids: Iterable[int]) -> dict[int, DropRule]:
-    """The rules of these products that have one (a minimum age or a drop window), by id."""
-    global _read_at
+    """The rules of these products that have one (a minimum age or a drop window), by id. A
+    refresh replaces the whole dict at once: a thread reading meanwhile sees the old rules or the
+    new ones, never none."""
+    global _read_at, _rules
     if time.monotonic() - _read_at >= REFRESH:
         with _guard:
             if time.monotonic() - _read_at >= REFRESH:
-                fresh = {pid: DropRule(pid, age, opens)
-                         for pid, age, opens in selectors.drop_rules(now=timezone.now())}
-                _rules.clear()
-                _rules.update(fresh)
+                rows = selectors.drop_rules(now=timezone.now())
+                _rules = {pid: DropRule(pid, age, opens) for pid, age, opens in rows}
                 _read_at = time.monotonic()
-    return {pid: _rules[pid] for pid in product_ids if pid in _rules}
+    current = _rules
+    return {pid: current[pid] for pid in product_ids if pid in current}
 
 
 def forget(**_: object) -> None:

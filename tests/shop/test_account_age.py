@@ -126,6 +126,11 @@ def test_the_api_answers_403_account_too_new_with_details_and_writes_nothing(cli
     assert nothing_written(p, 5)
 
 
+def test_the_api_shows_the_rule_on_the_product(client, make_product):
+    p = require(make_product(stock=5), timedelta(hours=36))
+    assert client.get(f"/api/products/{p.pk}/").json()["min_account_age"] == 36 * 3600
+
+
 def test_the_web_checkout_says_when_the_account_may_buy_with_403(client, user, make_product):
     p = require(make_product(stock=5), WEEK)
     client.force_login(user)
@@ -149,6 +154,8 @@ def test_the_product_page_states_the_rule_and_when_a_young_account_may_buy(clien
     assert "Your account may buy from" in page and (user.date_joined + WEEK).isoformat() in page
     plain = client.get(f"/products/{make_product().pk}/").content.decode()
     assert "Accounts must be at least" not in plain
+    drops.end_drop(products=[p], actor="test")  # nothing to buy any more: nothing to say
+    assert "Accounts must be at least" not in client.get(f"/products/{p.pk}/").content.decode()
 
 
 @pytest.fixture
@@ -180,3 +187,42 @@ def test_the_product_form_sets_and_clears_the_rule_beside_the_window(admin_clien
     assert admin_client.post(f"/admin/shop/product/{p.pk}/change/", _form(p)).status_code == 302
     p.refresh_from_db()
     assert p.min_account_age is None
+
+
+def test_a_refresh_never_shows_a_thread_no_rules(make_product, monkeypatch):
+    """gunicorn's threads share the rules: one refreshing them must not leave another a moment
+    with none (a young account would slip through). The rows are read once, then handed out again
+    at once, so that refreshes come as fast as they can."""
+    import sys
+    import threading
+
+    from shop import selectors
+
+    p = require(make_product(), WEEK)
+    rows = selectors.drop_rules(now=timezone.now())
+    monkeypatch.setattr(selectors, "drop_rules", lambda now: rows)
+    assert p.pk in account_age.rules([p.pk])
+    stop, missed = threading.Event(), []
+
+    def refresher():
+        while not stop.is_set():
+            account_age.forget()
+            account_age.rules([p.pk])
+
+    def reader():
+        for _ in range(200_000):
+            if p.pk not in account_age.rules([p.pk]):
+                missed.append(1)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        worker = threading.Thread(target=refresher)
+        worker.start()
+        reader()
+    finally:
+        stop.set()
+        worker.join()
+        sys.setswitchinterval(interval)
+    assert missed == []
