@@ -6,7 +6,8 @@ Counting is django-ratelimit's (fixed windows, one atomic INCR in the default Re
 rates are SHOP["RATE_LIMITS"] (defaults in shop/conf.py), looked up by name on every request so
 tests and operators can change them without a restart of the code path. RATELIMIT_ENABLE=false
 switches every limit off. A refused request raises `errors.RateLimited` (429 with Retry-After):
-the API answers with its JSON error envelope, the web with templates/shop/rate_limited.html.
+the API answers with its JSON error envelope, the web with templates/shop/rate_limited.html, or on
+the sign-up and token pages with their own form and its error (`rate_limited_form`).
 
 A limiter that cannot reach Redis lets the request through: the request then meets the lock,
 which answers a Redis outage with its own fast 503, instead of a 500 from the limiter.
