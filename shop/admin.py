@@ -818,7 +818,7 @@ class AccountAdmin(UserAdmin):
     for both, and over the list the last hour's sign-ups and tokens per minute
     (`shop.selectors.signups_per_minute`)."""
 
-    list_display = ("username", "email", "date_joined", "first_token", "token_after", "is_active", "is_staff")
+    list_display = ("username", "joined", "first_token", "token_after")
     list_filter = (JoinedFilter, FirstTokenFilter, "is_staff", "is_superuser", "is_active")
     ordering = ("-date_joined",)
 
@@ -826,9 +826,13 @@ class AccountAdmin(UserAdmin):
         first = ApiToken.objects.filter(user=OuterRef("pk")).order_by("created_at").values("created_at")[:1]
         return super().get_queryset(request).annotate(first_token_at=Subquery(first))  # a WHERE, not a HAVING
 
+    @admin.display(description="Date joined", ordering="date_joined")
+    def joined(self, obj) -> str:
+        return _short_time(obj.date_joined)
+
     @admin.display(description="First API token", ordering="first_token_at")
     def first_token(self, obj) -> str:
-        return date_format(localtime(obj.first_token_at), "DATETIME_FORMAT") if obj.first_token_at else "-"
+        return _short_time(obj.first_token_at)
 
     @admin.display(description="Token after sign-up")
     def token_after(self, obj) -> str:
