@@ -25,6 +25,9 @@
                                               only accounts at least AGE old may buy ("7d", "24h",
                                               "90m"; "none": any account); alone or with a window
     manage.py shop drop                       list the products with a window and where each stands
+    manage.py shop signups [--minutes N]      per minute of the last N (60): accounts created, API
+                                              tokens created, tokens made within 60 s of their
+                                              account's sign-up (the admin's user list)
 
 Each calls what the admin calls (shop.services restock / adjust_stock / cancel_order / refund_order,
 under the same locks; schedule_drop / end_drop / clear_drop; shop.selectors.product_sales and
@@ -46,11 +49,21 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
+from django.utils import timezone
 
 from locks.services import cli_actor_name
 from shop import account_age, errors, rules
 from shop.models import OPEN, Order, Product, StockLedger
-from shop.selectors import RATE_WINDOW, SALES_FIGURES, STOCK_LEVELS, product_sales, sales_totals, units_per_minute
+from shop.selectors import (
+    QUICK_TOKEN,
+    RATE_WINDOW,
+    SALES_FIGURES,
+    STOCK_LEVELS,
+    product_sales,
+    sales_totals,
+    signups_per_minute,
+    units_per_minute,
+)
 from shop.services import adjust_stock, cancel_order, clear_drop, end_drop, refund_order, restock, schedule_drop
 from shop.services.drops import parse_time, require_account_age
 from shop.templatetags.shop_tags import money
@@ -100,11 +113,12 @@ def _order_dict(order: Order) -> dict[str, Any]:
 
 
 class Command(BaseCommand):
-    help = "The admin's operator actions from the command line: restock, adjust, cancel, refund, sales, drop."
+    help = ("The admin's operator actions from the command line: restock, adjust, cancel, refund, sales, drop, "
+            "signups.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True,
-                                    metavar="{restock,adjust,cancel,refund,sales,drop}")
+                                    metavar="{restock,adjust,cancel,refund,sales,drop,signups}")
 
         def action(name: str, help_: str, *, writes: bool = True, asks: bool = False) -> CommandParser:
             p = sub.add_parser(name, help=help_, description=help_)
@@ -146,12 +160,18 @@ class Command(BaseCommand):
         p.add_argument("--clear", action="store_true", help="remove their window: on sale whenever active")
         p.add_argument("--min-account-age", metavar="AGE", help='only accounts at least AGE old may buy: "7d", '
                                                                 '"24h", "90m", "45s"; "none": any account')
+        p = action("signups", "accounts and API tokens created per minute, and tokens made within "
+                              f"{int(QUICK_TOKEN.total_seconds())} s of sign-up (the admin's user list)", writes=False)
+        p.add_argument("--minutes", type=int, default=60, help="how far back (1 to 1440; default 60)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         action = opts["action"]
         try:
             if action == "sales":
                 self._sales(opts)
+                return
+            if action == "signups":
+                self._signups(opts)
                 return
             if action == "drop" and not opts["products"]:
                 if (opts["opens"] is not None or opts["closes"] is not None or opts["end"] or opts["clear"]
@@ -293,6 +313,25 @@ class Command(BaseCommand):
             answer = ""
         if answer.strip().lower() not in {"y", "yes"}:
             raise CommandError(f"not {'cancelled' if action == 'cancel' else 'refunded'}")
+
+    # --- sign-ups and API tokens (the admin's user list) -----------------------------------------
+    def _signups(self, opts: dict[str, Any]) -> None:
+        minutes = opts["minutes"]
+        if not 1 <= minutes <= 24 * 60:
+            raise CommandError("--minutes: from 1 to 1440")
+        rows = signups_per_minute(now=timezone.now(), minutes=minutes)
+        totals = {k: sum(r[k] for r in rows) for k in ("accounts", "tokens", "quick_tokens")}
+        if opts["json"]:
+            self.stdout.write(json.dumps({
+                "minutes": minutes, "quick_token_seconds": int(QUICK_TOKEN.total_seconds()),
+                "per_minute": [{**r, "minute": r["minute"].isoformat()} for r in rows], "totals": totals}, indent=2))
+            return
+        self.stdout.write(self.style.MIGRATE_HEADING(f"Sign-ups and API tokens, last {minutes} minutes"))
+        self.stdout.write(f"{'minute':<17} {'accounts':>8} {'tokens':>8} {'quick':>8}")
+        for r in rows:
+            self.stdout.write(f"{rules.shop_time(r['minute'])[:16]:<17} {r['accounts']:>8} {r['tokens']:>8} "
+                              f"{r['quick_tokens']:>8}")
+        self.stdout.write(f"{'total':<17} {totals['accounts']:>8} {totals['tokens']:>8} {totals['quick_tokens']:>8}")
 
     # --- the Sales view ------------------------------------------------------------------------
     def _sales(self, opts: dict[str, Any]) -> None:
