@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import timedelta
 from functools import partial
 
 from django import forms
@@ -21,8 +22,11 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers, widgets
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import F, OuterRef, Subquery
 from django.http import HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -35,7 +39,7 @@ from django.views.decorators.http import require_http_methods
 
 from locks import inspect
 from locks.exceptions import LockUnavailable
-from shop import clock, errors, rules
+from shop import account_age, clock, errors, rules
 from shop.conf import shop_settings
 from shop.exports import line_csv, order_csv
 from shop.models import (
@@ -52,6 +56,7 @@ from shop.models import (
     StockLedger,
 )
 from shop.selectors import (
+    QUICK_TOKEN,
     RATE_WINDOW,
     STOCK_LEVELS,
     by_stock_level,
@@ -60,6 +65,7 @@ from shop.selectors import (
     reservations,
     reserved_units,
     sales_totals,
+    signups_per_minute,
     units_per_minute,
 )
 from shop.services import cancel_order, clear_drop, end_drop, inventory, refund_order, restock, schedule_drop
@@ -150,6 +156,22 @@ def _to_the_second(value):
     return value.replace(microsecond=0) if value is not None else None
 
 
+class AccountAgeField(forms.Field):
+    """A minimum account age as operators write it ("7d", "24h", "90m"; empty: none), read by
+    `shop.account_age.parse_age` as the command line reads it."""
+
+    def prepare_value(self, value):
+        return account_age.compact(value) if isinstance(value, timedelta) else value
+
+    def to_python(self, value):
+        try:
+            return account_age.parse_age(str(value or ""))
+        except errors.InvalidAccountAge as exc:
+            longest = account_age.describe(account_age.MAX_AGE)
+            raise ValidationError(f"Write an age as 7d, 24h, 90m or 45s (at most {longest}), or leave it empty "
+                                  f"({exc.message})") from None
+
+
 class ProductForm(forms.ModelForm):
     """The product form; a moved drop window must close after it opens, and not in the past.
 
@@ -158,6 +180,10 @@ class ProductForm(forms.ModelForm):
     microseconds): renaming a product never rewrites, or re-checks, its window."""
 
     moved: tuple[str, ...] = ()
+    min_account_age = AccountAgeField(
+        required=False, label="Min account age",
+        help_text="Only accounts at least this old may buy (against bots on fresh accounts): 7d, 24h, 90m. "
+                  "Empty: any account.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -864,3 +890,84 @@ class ApiTokenAdmin(admin.ModelAdmin):
         for token in queryset:
             revoke(token=token)
         self.message_user(request, f"Revoked {count_of(queryset.count(), 'token')}.")
+
+
+# --- accounts: who signs up, who makes API tokens (issue 36, bots) ----------------------------------
+class JoinedFilter(admin.SimpleListFilter):
+    title = "joined"
+    parameter_name = "joined"
+    SPANS = {"hour": ("In the last hour", timedelta(hours=1)), "day": ("In the last day", timedelta(days=1)),
+             "week": ("In the last 7 days", timedelta(days=7))}
+
+    def lookups(self, request, model_admin):
+        return [(key, label) for key, (label, _) in self.SPANS.items()]
+
+    def queryset(self, request, queryset):
+        if self.value() not in self.SPANS:
+            return queryset
+        return queryset.filter(date_joined__gt=timezone.now() - self.SPANS[self.value()][1])
+
+
+class FirstTokenFilter(admin.SimpleListFilter):
+    title = "first API token"
+    parameter_name = "first_token"
+
+    def lookups(self, request, model_admin):
+        return [("quick", f"Within {int(QUICK_TOKEN.total_seconds())} s of sign-up"), ("any", "Has one"),
+                ("none", "None")]
+
+    def queryset(self, request, queryset):
+        return {
+            "quick": lambda: queryset.filter(first_token_at__lte=F("date_joined") + QUICK_TOKEN),
+            "any": lambda: queryset.filter(first_token_at__isnull=False),
+            "none": lambda: queryset.filter(first_token_at__isnull=True),
+        }.get(self.value(), lambda: queryset)()
+
+
+def _short_span(span: timedelta) -> str:
+    seconds = max(0, int(span.total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h" if seconds < 2 * 86400 else f"{seconds // 86400} days"
+
+
+class AccountAdmin(UserAdmin):
+    """Django's user admin, plus what an operator watching for bots asks: when each account joined,
+    when it made its first API token and how soon after sign-up (scripts do it at once), filters
+    for both, and over the list the last hour's sign-ups and tokens per minute
+    (`shop.selectors.signups_per_minute`)."""
+
+    list_display = ("username", "joined", "first_token", "token_after")
+    list_filter = (JoinedFilter, FirstTokenFilter, "is_staff", "is_superuser", "is_active")
+    ordering = ("-date_joined",)
+
+    def get_queryset(self, request):
+        first = ApiToken.objects.filter(user=OuterRef("pk")).order_by("created_at").values("created_at")[:1]
+        return super().get_queryset(request).annotate(first_token_at=Subquery(first))  # a WHERE, not a HAVING
+
+    @admin.display(description="Date joined", ordering="date_joined")
+    def joined(self, obj) -> str:
+        return _short_time(obj.date_joined)
+
+    @admin.display(description="First API token", ordering="first_token_at")
+    def first_token(self, obj) -> str:
+        return _short_time(obj.first_token_at)
+
+    @admin.display(description="Token after sign-up")
+    def token_after(self, obj) -> str:
+        return _short_span(obj.first_token_at - obj.date_joined) if obj.first_token_at else "-"
+
+    def changelist_view(self, request, extra_context=None):
+        minutes = signups_per_minute(now=timezone.now())
+        totals = {k: sum(m[k] for m in minutes) for k in ("accounts", "tokens", "quick_tokens")}
+        return super().changelist_view(request, {"signups": minutes, "signups_total": totals,
+                                                 "quick_seconds": int(QUICK_TOKEN.total_seconds()),
+                                                 **(extra_context or {})})
+
+
+User = get_user_model()
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+admin.site.register(User, AccountAdmin)

@@ -153,10 +153,13 @@ def parse_order(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None
 
 def product_json(p: Product) -> dict[str, Any]:
     """A product; `opens_at` / `closes_at`: its drop window (ISO 8601, null: no bound), outside
-    which orders are refused `not_open_yet` / `sale_ended`."""
+    which orders are refused `not_open_yet` / `sale_ended`; `min_account_age`: seconds an account
+    must have existed to buy it (null: any account), else `account_too_new`."""
+    age = p.min_account_age
     return {"id": p.pk, "sku": p.sku, "name": p.name, "price": str(p.price), "stock": p.stock,
             "opens_at": p.opens_at.isoformat() if p.opens_at else None,
-            "closes_at": p.closes_at.isoformat() if p.closes_at else None}
+            "closes_at": p.closes_at.isoformat() if p.closes_at else None,
+            "min_account_age": int(age.total_seconds()) if age else None}
 
 
 def receipt_json(receipt: Receipt) -> dict[str, Any]:

@@ -12,7 +12,7 @@ class ShopConfig(AppConfig):
         from django.db.models.signals import post_save
 
         # The shop's scheduled jobs (run by `manage.py run_jobs` on every server).
-        from shop import checks, jobs, tokens  # noqa: F401
+        from shop import checks, jobs, metrics, tokens  # noqa: F401
         from shop.plumbing import stale_transactions
 
         # Service transactions are bounded; everything else on a pooled connection is not.
@@ -20,3 +20,7 @@ class ShopConfig(AppConfig):
         # A new password ends the API tokens issued under the old one.
         post_save.connect(tokens.revoke_on_password_change, sender=settings.AUTH_USER_MODEL,
                           dispatch_uid="shop.tokens.revoke_on_password_change")
+        # Accounts and API tokens created: counted for the operator (docs/metrics.md, Bots).
+        post_save.connect(metrics.account_created, sender=settings.AUTH_USER_MODEL,
+                          dispatch_uid="shop.metrics.account_created")
+        post_save.connect(metrics.token_created, sender="shop.ApiToken", dispatch_uid="shop.metrics.token_created")

@@ -119,6 +119,11 @@ DEFAULTS: dict[str, Any] = {
     # recorded with the older fence: MySQL 8; same database user for every app server), "auto"
     # (timeout on MariaDB, kill elsewhere), or "off" (wait for the paused holder).
     "STALE_TRANSACTIONS": "auto",
+    # Bots (shop/account_age.py, docs/operations.md "Bots"): an account younger than
+    # YOUNG_ACCOUNT_AGE seconds whose first order request for a drop comes within
+    # DROP_OPENING_WINDOW seconds of its opening is counted in flashsale_drop_young_buyers_total.
+    "YOUNG_ACCOUNT_AGE": 24 * 3600,
+    "DROP_OPENING_WINDOW": 60,
     # Rate limits (shop/ratelimits.py), "count/period" (s, m, h, d) per key; None lifts a limit.
     # settings.SHOP["RATE_LIMITS"] (or the RATE_LIMITS environment variable) overrides them one by
     # one; RATELIMIT_ENABLE=false switches them all off. Checkout is generous on purpose: a buyer
@@ -132,6 +137,7 @@ DEFAULTS: dict[str, Any] = {
         # ...and per address asked for (normalized, hashed), from any IP: no flooding one inbox.
         "password_reset_address": "5/h",
         "token_create": "20/h",  # new API tokens on /account/tokens/, per user
+        "token_create_ip": "30/h",  # ...and per client IP, whichever accounts ask (a farm of fresh accounts)
         "coupon_claim": "30/m",  # coupon claims (web and API), per user
         "checkout": "600/m",  # orders (web and API), per user
         # Paying and cancelling (web and API), per user. Pay as generous as checkout: `loadtest

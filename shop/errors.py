@@ -60,6 +60,13 @@ class InvalidDropWindow(InvalidInput):
     default_message = "A drop must close after it opens, and not in the past."
 
 
+class InvalidAccountAge(InvalidInput):
+    """An operator's minimum account age that cannot be read or is out of range (shop/account_age.py):
+    details = {"min_account_age": what was given}. Nothing was written."""
+
+    code = "invalid_account_age"
+
+
 class InvalidQuantity(InvalidInput):
     code = "invalid_quantity"
     default_message = "Quantities must be whole numbers from 1 to the per-line maximum."
@@ -270,6 +277,17 @@ class RateLimited(ShopError):
         super().__init__(message, details=details)
         if retry_after is not None:
             self.retry_after = retry_after
+
+
+class AccountTooNew(ShopError):
+    """The drop lets only accounts of a minimum age buy (Product.min_account_age) and this one is
+    younger: details = {"product_ids": the lines with that rule, "min_account_age": the age asked
+    (seconds, the largest of them), "eligible_at": when this account may buy (ISO 8601)}. Refused
+    before any lock or write (shop/account_age.py)."""
+
+    code = "account_too_new"
+    status = 403
+    default_message = "Your account is too new to buy in this drop."
 
 
 class OrderNotWritable(ShopError):

@@ -79,6 +79,16 @@ LINE_ANSWER_SECONDS = Histogram("flashsale_line_answer_seconds", "From a buyer's
                                 buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0))
 LINE_TICKETS_REFUSED = Counter("flashsale_line_tickets_refused", "Line-Ticket headers refused: not signed by this "
                                "shop for the account that sent it (forged, altered, another account's).")
+# Bots (docs/operations.md, "Bots"): who signs up, who makes API tokens, how young they are.
+ACCOUNTS_CREATED = Counter("flashsale_accounts_created", "Accounts created (sign-up, the admin, createsuperuser).")
+TOKENS_CREATED = Counter("flashsale_api_tokens_created", "API tokens created (the tokens page, manage.py apitoken).")
+TOKEN_ACCOUNT_AGE = Histogram(
+    "flashsale_api_token_account_age_seconds", "The age of its account when an API token was created: tokens "
+    "made seconds after sign-up fill the low buckets.",
+    buckets=(10, 60, 300, 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400))
+YOUNG_BUYERS = Counter("flashsale_drop_young_buyers", "Accounts younger than SHOP['YOUNG_ACCOUNT_AGE'] whose first "
+                       "order request for a drop came within SHOP['DROP_OPENING_WINDOW'] seconds of its opening "
+                       "(once per account and drop).")
 
 
 def checkout_outcome(place_order: F) -> F:
@@ -142,6 +152,25 @@ def deadline_expired(stage: str) -> None:
 def queue_waited(seconds: float) -> None:
     overload.waited(seconds)
     _safely(lambda: QUEUE_WAIT.observe(seconds))
+
+
+def account_created(sender: object, instance: Any, created: bool = False, raw: bool = False, **kwargs: Any) -> None:
+    """post_save of the user model (shop/apps.py)."""
+    if created and not raw:
+        _safely(ACCOUNTS_CREATED.inc)
+
+
+def token_created(sender: object, instance: Any, created: bool = False, raw: bool = False, **kwargs: Any) -> None:
+    """post_save of ApiToken (shop/apps.py): counted, with its account's age then."""
+    if not created or raw:
+        return
+    _safely(TOKENS_CREATED.inc)
+    _safely(lambda: TOKEN_ACCOUNT_AGE.observe(max(0.0, (instance.created_at - instance.user.date_joined)
+                                                  .total_seconds())))
+
+
+def young_buyer() -> None:
+    _safely(YOUNG_BUYERS.inc)
 
 
 def _safely(record: Callable[[], object]) -> None:

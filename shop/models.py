@@ -87,6 +87,10 @@ class Product(models.Model):
     # When this drop's line was first made in Redis (shop/line/): a line found missing after it
     # is one Redis lost, and is rebuilt from the buyers' tickets.
     line_started_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Against bots on fresh accounts: only accounts at least this old may buy (shop/account_age.py).
+    min_account_age = models.DurationField(
+        null=True, blank=True, verbose_name="min account age",
+        help_text="Only accounts at least this old may buy this product, e.g. 7d, 24h, 90m. Empty: any account.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -6,7 +6,8 @@ Counting is django-ratelimit's (fixed windows, one atomic INCR in the default Re
 rates are SHOP["RATE_LIMITS"] (defaults in shop/conf.py), looked up by name on every request so
 tests and operators can change them without a restart of the code path. RATELIMIT_ENABLE=false
 switches every limit off. A refused request raises `errors.RateLimited` (429 with Retry-After):
-the API answers with its JSON error envelope, the web with templates/shop/rate_limited.html.
+the API answers with its JSON error envelope, the web with templates/shop/rate_limited.html, or on
+the sign-up and token pages with their own form and its error (`rate_limited_form`).
 
 A limiter that cannot reach Redis lets the request through: the request then meets the lock,
 which answers a Redis outage with its own fast 503, instead of a 500 from the limiter.
@@ -70,6 +71,7 @@ LIMITS: dict[str, Limit] = {
     "password_reset": Limit("password_reset", "ip"),
     "password_reset_address": Limit("password_reset_address", reset_address),
     "token_create": Limit("token_create", "user_or_ip"),
+    "token_create_ip": Limit("token_create_ip", "ip"),
     "coupon_claim": Limit("coupon_claim", "user_or_ip"),
     "checkout": Limit("checkout", "user_or_ip"),
     "pay": Limit("pay", "user_or_ip"),
@@ -105,6 +107,19 @@ def check(request: HttpRequest, name: str) -> None:
 def rate_limited_page(request: HttpRequest, exc: errors.RateLimited) -> HttpResponse:
     """The web's friendly 429."""
     response = render(request, "shop/rate_limited.html", {"retry_after": exc.retry_after}, status=429)
+    response["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+def rate_limited_form(request: HttpRequest, template: str, context: dict[str, Any],
+                      exc: errors.RateLimited) -> HttpResponse:
+    """The web's 429 on a form page (sign-up, API tokens): the same page and form, what was typed
+    kept, and the form's error saying how long to wait."""
+    form = context["form"]
+    seconds = exc.retry_after
+    form.add_error(None, f"Too many tries from here: please wait about {seconds} second{'s' if seconds != 1 else ''} "
+                         f"and try again. Nothing was created.")
+    response = render(request, template, context, status=429)
     response["Retry-After"] = str(exc.retry_after)
     return response
 

@@ -62,3 +62,8 @@ def line(product_id: int, drop: int) -> str:
     rescheduled drop gets a new line. Its keys carry the product's hash tag, as the sold-out marker
     does: the line's script reads the marker in the same Redis Cluster slot."""
     return f"{namespace()}:line:{{{product_id}}}:{drop}"
+
+
+def young_buyer(product_id: int, opens_at: int, user_id: int) -> str:
+    """Set at a young account's first order request in a drop's opening window (shop/account_age.py)."""
+    return f"{namespace()}:young:{product_id}:{opens_at}:{user_id}"

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from django.contrib.auth import get_user_model
 from django.db.models import (
     BigIntegerField,
     Case,
@@ -222,6 +223,39 @@ def stock_and_reserved(*, product_id: int) -> tuple[int, int]:
     drop's line can still sell (shop/line/)."""
     stock = Product.objects.filter(pk=product_id).values_list("stock", flat=True).first() or 0
     return stock, reserved_units(product_id=product_id)
+
+
+def drop_rules(*, now) -> list[tuple[int, timedelta | None, datetime | None]]:
+    """(id, min_account_age, opens_at) of the products with a minimum account age or a drop window,
+    whose sale is not over: what the checkout's account-age check keeps per process (shop/account_age.py)."""
+    return list(Product.objects.filter(Q(min_account_age__isnull=False) | Q(opens_at__isnull=False))
+                .exclude(closes_at__lte=now).values_list("pk", "min_account_age", "opens_at"))
+
+
+# An API token made this soon after its account's sign-up is "quick": scripts do that, people rarely.
+QUICK_TOKEN = timedelta(minutes=1)
+
+
+def signups_per_minute(*, now: datetime, minutes: int = 60) -> list[dict]:
+    """The admin's view of sign-ups and API tokens: per minute of the last `minutes` that saw any,
+    newest first, the accounts created, the API tokens created, and the tokens made within
+    QUICK_TOKEN of their account's sign-up. Counted in Python over the rows of that hour (no
+    time-zone functions in SQL)."""
+    since = now - timedelta(minutes=minutes)
+    counts: dict[datetime, dict] = {}
+
+    def minute(at: datetime) -> dict:
+        start = at.replace(second=0, microsecond=0)
+        return counts.setdefault(start, {"minute": start, "accounts": 0, "tokens": 0, "quick_tokens": 0})
+
+    user_model = get_user_model()
+    for joined in user_model.objects.filter(date_joined__gt=since).values_list("date_joined", flat=True):
+        minute(joined)["accounts"] += 1
+    for made, joined in ApiToken.objects.filter(created_at__gt=since).values_list("created_at", "user__date_joined"):
+        row = minute(made)
+        row["tokens"] += 1
+        row["quick_tokens"] += int(made - joined <= QUICK_TOKEN)
+    return sorted(counts.values(), key=lambda row: row["minute"], reverse=True)
 
 
 def by_stock_level(products: QuerySet[Product], *, level: str | None) -> QuerySet[Product]:

@@ -19,7 +19,7 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from shop import api, cart, deadlines, errors, ratelimits, rules, selectors, validation
+from shop import account_age, api, cart, deadlines, errors, ratelimits, rules, selectors, validation
 from shop.conf import shop_settings
 from shop.forms import (
     AddToCartForm,
@@ -48,7 +48,7 @@ def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, s
             return "You are in the line for this drop: it opens soon, and your place is kept."
         return (f"You are number {exc.details.get('place')} in line, with {exc.details.get('ahead')} ahead of you: "
                 f"about {max(1, round(exc.details.get('estimated_wait') or 0))} s to go. Your place is kept.")
-    if isinstance(exc, errors.NotOpenYet | errors.SaleEnded):  # the message says when
+    if isinstance(exc, errors.NotOpenYet | errors.SaleEnded | errors.AccountTooNew):  # the message says when
         products = ", ".join(names.get(pid, "This product") for pid in exc.details.get("product_ids", []))
         return f"{products or 'This product'}: {exc.message}"
     return {
@@ -144,6 +144,8 @@ def product_detail(request: HttpRequest, product_id: int) -> HttpResponse:
         "max_quantity": product.stock if cap_left is None else min(product.stock, cap_left),
         "refresh_in": _refresh_in([product]),
         "window_key": window_key(product.drop_state, product.opens_at, product.closes_at),
+        "min_account_age": account_age.describe(product.min_account_age) if product.min_account_age else "",
+        "eligible_at": account_age.eligible_at(user=request.user, product=product),
     }, status=status)
 
 
@@ -418,10 +420,16 @@ class SafeNextMixin:
 
 
 @require_http_methods(["GET", "HEAD", "POST"])
-@ratelimits.limit_posts("signup")
 def signup(request: HttpRequest) -> HttpResponse:
-    """Create an account and log in; then back where the buyer was (`next`: the cart, a product...)."""
+    """Create an account and log in; then back where the buyer was (`next`: the cart, a product...).
+    Every POST counts against the per-IP sign-up limit, before the form is read."""
     form = SignUpForm(request.POST or None)
+    if request.method == "POST":
+        try:
+            ratelimits.check(request, "signup")
+        except errors.RateLimited as exc:
+            return ratelimits.rate_limited_form(request, "registration/signup.html",
+                                                {"form": form, "next": safe_next(request)}, exc)
     if request.method == "POST" and form.is_valid():
         user = form.save()
         login(request, user)
@@ -481,10 +489,12 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
                 revoke(token=token)
                 messages.success(request, f"Token {token.prefix}... revoked.")
             return redirect("api_tokens")
-        try:
+        try:  # per account, and per address (a farm of fresh accounts behind one address)
             ratelimits.check(request, "token_create")
+            ratelimits.check(request, "token_create_ip")
         except errors.RateLimited as exc:
-            return ratelimits.rate_limited_page(request, exc)
+            return ratelimits.rate_limited_form(request, "shop/tokens.html", {
+                "form": form, "new_token": None, "tokens": ApiToken.objects.filter(user=request.user)}, exc)
         if form.is_valid():
             new_token = ApiToken.issue(user_id=request.user.pk, name=form.cleaned_data["name"])
             form = TokenForm()

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 import locks
 from locks.combining import Guarded
-from shop import admission, deadlines, errors, line, metrics, redis_keys, rules, selectors
+from shop import account_age, admission, deadlines, errors, line, metrics, redis_keys, rules, selectors
 from shop.checkout import combining, protocol, writer
 from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
@@ -84,6 +84,7 @@ def place_order(
     key = validate_idempotency_key(idempotency_key) if idempotency_key is not None else None
     digest = request_digest(lines, code)
     product_ids = [pid for pid, _ in lines]
+    account_age.check(user=user, product_ids=product_ids)  # a drop's minimum account age: before any lock
     record_key = redis_keys.idempotency_record(user.pk, key) if key is not None else None
     use_locks = shop_settings.USE_LOCKS if use_lock is None else use_lock
     can_combine, can_guard = locks.capabilities()  # what the lock service can do

@@ -15,20 +15,22 @@ clock (`clock.now`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from shop import clock, errors, line
+from shop import account_age, clock, errors, line
 from shop.models import ENDED, DropLog, Product, drop_state
 from shop.plumbing.transactions import connection_errors, durable_transaction
 from shop.rules import shop_time
 
 Window = tuple[datetime | None, datetime | None]
+log = logging.getLogger("shop")
 
 
 def parse_time(text: str) -> datetime:
@@ -91,6 +93,26 @@ def clear_drop(*, products: Sequence[Product], actor: str) -> list[Product]:
     """Remove the window of `products`: on sale whenever active, as before drops existed."""
     return _change(products, action=DropLog.Action.CLEAR, actor=actor,
                    window=lambda p, now: None if p.opens_at is None and p.closes_at is None else (None, None))
+
+
+@connection_errors()
+def require_account_age(*, products: Sequence[Product], min_account_age: timedelta | None,
+                        actor: str) -> list[Product]:
+    """Let only accounts at least `min_account_age` old buy `products` (None or 0: any account),
+    against bots on fresh accounts; the checkout refuses younger ones before any lock
+    (shop/account_age.py). Refused (nothing written) if the age is out of range or a product
+    does not exist."""
+    age = account_age.checked(min_account_age)
+    ids = sorted({p.pk for p in products})
+    if not ids:
+        raise errors.InvalidInput("Name at least one product.", details={"products": "none given"})
+    if missing := sorted(set(ids) - set(Product.objects.filter(pk__in=ids).values_list("pk", flat=True))):
+        raise errors.UnknownProduct(details={"product_ids": missing})
+    Product.objects.filter(pk__in=ids).update(min_account_age=age, updated_at=timezone.now())
+    account_age.forget()
+    log.info("min account age of products %s set to %s by %s", ids, account_age.describe(age) if age else "none",
+             actor)
+    return list(Product.objects.filter(pk__in=ids).order_by("pk"))
 
 
 @connection_errors()

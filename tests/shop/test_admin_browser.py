@@ -278,3 +278,20 @@ def test_end_sale_now_asks_in_red_before_it_ends_anything(live_server, make_prod
         assert buttons["onScreen"] and overflow["page"] == 0, (width, buttons, overflow)
     assert "Sale ended for 1 product:" in message
     assert Product.objects.get(pk=product.pk).drop_state == "ended"
+
+
+def test_the_user_list_with_sign_ups_and_tokens_fits_1280_px(live_server):
+    """Auth > Users with the bots columns (first API token, how soon after sign-up) and the last
+    hour's sign-ups and tokens per minute over the list."""
+    from shop.models import ApiToken
+
+    for i in range(3):
+        bot = get_user_model().objects.create_user(f"fresh-account-with-a-long-name-{i}@example.com", password="x")
+        ApiToken.issue(user_id=bot.pk, name="script")
+    with _operator_page(live_server.url, "/admin/auth/user/", width=1280, height=800) as page:
+        overflow = _overflow(page, "admin-users-1280.png")
+        signups = page.inner_text("#signups")
+        text = page.inner_text("#changelist")
+    assert overflow == {"page": 0, "results": 0}, overflow
+    assert "Sign-ups and API tokens, last hour" in signups and "Total" in signups
+    assert "FIRST API TOKEN" in text.upper() and "TOKEN AFTER SIGN-UP" in text.upper()

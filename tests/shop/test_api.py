@@ -33,7 +33,7 @@ def test_products_list_and_detail(client, make_product):
     p = make_product(stock=7, price="12.50")
     data = client.get("/api/products/").json()["results"]
     assert {"id": p.pk, "sku": p.sku, "name": p.name, "price": "12.50", "stock": 7, "opens_at": None,
-            "closes_at": None} in data
+            "closes_at": None, "min_account_age": None} in data
     assert client.get(f"/api/products/{p.pk}/").json()["stock"] == 7
     missing = client.get("/api/products/999999999/")
     assert missing.status_code == 404 and error_code(missing) == "unknown_product"

@@ -357,3 +357,75 @@ def _placed_by_worker(directory: Path) -> dict[int, float]:
         MultiProcessCollector(registry, path=str(alone))
         out[int(f.stem.split("_")[1])] = registry.get_sample_value("flashsale_orders_placed_total") or 0.0
     return out
+
+
+# --- bots: sign-ups, API tokens, young accounts at a drop's opening ------------------------------
+def test_sign_ups_and_api_tokens_are_counted_with_the_accounts_age(client, scrape, settings):
+    from datetime import timedelta
+
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    settings.RATELIMIT_ENABLE = False
+    before = scrape()
+    response = client.post("/signup/", {"username": "fresh-bot", "password1": "a-long-pass-123",
+                                        "password2": "a-long-pass-123"})
+    assert response.status_code == 302  # signed up and logged in
+    assert client.post("/account/tokens/", {"name": "at once"}).context["new_token"]
+    after = scrape()
+    assert delta(before, after, "flashsale_accounts_created_total") == 1
+    assert delta(before, after, "flashsale_api_tokens_created_total") == 1
+    age = "flashsale_api_token_account_age_seconds"
+    assert delta(before, after, f"{age}_count") == 1
+    assert delta(before, after, f"{age}_bucket", le="10.0") == 1  # seconds after sign-up
+
+    veteran = get_user_model().objects.create_user("veteran", password="pw-not-used")
+    get_user_model().objects.filter(pk=veteran.pk).update(date_joined=timezone.now() - timedelta(days=3))
+    client.force_login(veteran)
+    assert client.post("/account/tokens/", {"name": "later"}).context["new_token"]
+    later = scrape()
+    assert delta(after, later, "flashsale_accounts_created_total") == 1  # create_user counts too
+    assert delta(after, later, f"{age}_count") == 1
+    assert delta(after, later, f"{age}_bucket", le="86400.0") == 0
+    assert delta(after, later, f"{age}_bucket", le="604800.0") == 1
+
+
+def test_young_accounts_at_a_drops_opening_are_counted_once_each(scrape, make_product, settings):
+    from datetime import timedelta
+
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from shop import account_age
+    from shop.services.drops import require_account_age
+    from tests.shop.services.test_drops import window
+
+    settings.SHOP = {**getattr(settings, "SHOP", {}), "YOUNG_ACCOUNT_AGE": 3600, "DROP_OPENING_WINDOW": 60}
+    young, other_young, veteran = make_users(3, prefix="drop-signal")
+    get_user_model().objects.filter(pk=veteran.pk).update(date_joined=timezone.now() - timedelta(hours=2))
+    veteran.refresh_from_db()
+    opening = window(make_product(stock=50), opens_in=-5)
+    long_open = window(make_product(stock=50), opens_in=-120)
+    ruled = window(make_product(stock=50), opens_in=-5)
+    require_account_age(products=[ruled], min_account_age=timedelta(days=1), actor="test")
+    account_age.forget()
+    before = scrape()
+    for _ in range(3):  # retries and new keys of one account: one account
+        place_order(user=young, lines=[(opening.pk, 1)])
+    place_order(user=veteran, lines=[(opening.pk, 1)])  # old enough: not a signal
+    place_order(user=other_young, lines=[(long_open.pk, 1)])  # two minutes after the opening: not either
+    with pytest.raises(errors.AccountTooNew):  # refused by the age rule: counted all the same
+        place_order(user=other_young, lines=[(ruled.pk, 1)])
+    after = scrape()
+    assert delta(before, after, "flashsale_drop_young_buyers_total") == 2
+    assert delta(before, after, "flashsale_orders_refused_total", reason="account_too_new") == 1
+
+
+def test_every_shop_metric_is_listed_in_the_docs():
+    """docs/metrics.md has a row for every flashsale_* metric the shop defines."""
+    from prometheus_client import REGISTRY
+
+    documented = (ROOT / "docs" / "metrics.md").read_text()
+    defined = {family.name for family in REGISTRY.collect()}
+    missing = sorted(name for name in defined if name.startswith("flashsale_") and f"`{name}" not in documented)
+    assert missing == [], missing

@@ -10,7 +10,7 @@ from django.test import Client
 
 from shop import errors
 from shop.models import ApiToken, CouponClaim, Order
-from tests.helpers import order_of
+from tests.helpers import make_users, order_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -120,28 +120,66 @@ def test_the_account_limit_counts_every_spelling_the_login_accepts(limits, clien
     assert_web_rate_limited(client.post("/login/", {"username": "nobody", "password": "guess"}))
 
 
-def test_signup_is_limited_per_ip(limits, client):
+def assert_form_rate_limited(response, form_id: str) -> None:
+    """The web's 429 on a form page: the same form, its error saying how long to wait."""
+    assert response.status_code == 429
+    retry_after = int(response["Retry-After"])
+    assert 1 <= retry_after <= 3600
+    page = response.content.decode()
+    assert f'id="{form_id}"' in page
+    errors_shown = response.context["form"].non_field_errors()
+    assert len(errors_shown) == 1 and "Too many" in errors_shown[0] and "second" in errors_shown[0]
+    assert errors_shown[0].split("Too many")[0] == "" and errors_shown[0] in page.replace("&#x27;", "'")
+
+
+def signup_post(client: Client, name: str, ip: str = "127.0.0.1"):
+    return client.post("/signup/", {"username": name, "password1": "a-long-pass-123",
+                                    "password2": "a-long-pass-123"}, REMOTE_ADDR=ip)
+
+
+def test_signup_is_limited_per_ip_with_the_form_and_its_error(limits, client):
     limits(signup="2/h")
     for i in range(2):
-        response = client.post("/signup/", {"username": f"new{i}", "password1": "a-long-pass-123",
-                                            "password2": "a-long-pass-123"})
-        assert response.status_code == 302
+        assert signup_post(client, f"new{i}").status_code == 302
         client.logout()
-    assert_web_rate_limited(client.post("/signup/", {"username": "new9", "password1": "a-long-pass-123",
-                                                     "password2": "a-long-pass-123"}))
+    refused = signup_post(client, "new9")
+    assert_form_rate_limited(refused, "signup-form")
+    assert refused.context["form"]["username"].value() == "new9"  # what they typed stays
     assert not get_user_model().objects.filter(username="new9").exists()
+    # Another address has a budget of its own; looking at the form is never counted.
+    assert client.get("/signup/").status_code == 200
+    assert signup_post(client, "new10", ip="10.9.8.7").status_code == 302
+    assert get_user_model().objects.filter(username__startswith="new").count() == 3
 
 
-def test_token_creation_is_limited_but_revoking_is_not(limits, client, user):
-    limits(token_create="1/h")
+def test_token_creation_is_limited_per_account_with_the_form_and_its_error(limits, client, user):
+    limits(token_create="1/h", token_create_ip=None)
     client.force_login(user)
     assert "shp_" in client.post("/account/tokens/", {"name": "one"}).content.decode()
-    assert_web_rate_limited(client.post("/account/tokens/", {"name": "two"}))
+    refused = client.post("/account/tokens/", {"name": "two"})
+    assert_form_rate_limited(refused, "token-form")
+    assert 'id="new-token"' not in refused.content.decode()
     assert ApiToken.objects.filter(user=user).count() == 1
     token = ApiToken.objects.get(user=user)
-    assert client.post("/account/tokens/", {"revoke": str(token.pk)}).status_code == 302
+    assert client.post("/account/tokens/", {"revoke": str(token.pk)}).status_code == 302  # revoking is not limited
     token.refresh_from_db()
     assert token.revoked_at is not None
+
+
+def test_token_creation_is_limited_per_ip_across_accounts(limits, client):
+    """A farm of fresh accounts behind one address: each account has its own budget, the address
+    one for all of them."""
+    limits(token_create="5/h", token_create_ip="3/h")
+    accounts = make_users(4, prefix="farm")
+    for account in accounts[:3]:
+        client.force_login(account)
+        assert client.post("/account/tokens/", {"name": "bot"}, REMOTE_ADDR="10.1.1.1").context["new_token"]
+    client.force_login(accounts[3])
+    assert_form_rate_limited(client.post("/account/tokens/", {"name": "bot"}, REMOTE_ADDR="10.1.1.1"), "token-form")
+    assert not ApiToken.objects.filter(user=accounts[3]).exists()
+    # The same account from another address: its own budget is not spent.
+    assert client.post("/account/tokens/", {"name": "bot"}, REMOTE_ADDR="10.2.2.2").context["new_token"]
+    assert ApiToken.objects.count() == 4
 
 
 def test_limits_can_be_lifted_one_by_one_or_all_at_once(limits, settings, client, user, make_product):

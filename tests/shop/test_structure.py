@@ -17,7 +17,7 @@ FLOORS = {
     0: ["conf", "clock", "errors", "models", "redis_keys", "lock_names", "hooks", "reporting", "passwords",
         "converters", "templatetags", "order_requests"],
     1: ["settings", "rules", "validation", "receipts", "deadlines", "overload", "metrics", "admission",
-        "ratelimits", "tokens", "exports", "invariants", "selectors", "cart"],
+        "ratelimits", "tokens", "exports", "invariants", "selectors", "cart", "account_age"],
     2: ["plumbing", "line"],
     3: ["checkout"],
     4: ["services"],

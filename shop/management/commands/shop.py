@@ -22,6 +22,9 @@
                                               no end); the window given replaces theirs
     manage.py shop drop PRODUCT... --end      end their sale now (the admin's "End sale now")
     manage.py shop drop PRODUCT... --clear    no window: on sale whenever active
+    manage.py shop drop PRODUCT... --min-account-age AGE
+                                              only accounts at least AGE old may buy ("7d", "24h",
+                                              "90m"; "none": any account); alone or with a window
     manage.py shop drop                       list the products with a window and where each stands
     manage.py shop line PRODUCT [--pause | --resume] [--prequeue SECONDS] [--order shuffle|fifo]
                                               the drop's line (docs/design.md, "The line"): places,
@@ -29,6 +32,9 @@
                                               the window, drain rate, estimated wait at the back,
                                               the sold-out cut, units open; pause or resume it, set
                                               its pre-queue window and order
+    manage.py shop signups [--minutes N]      per minute of the last N (60): accounts created, API
+                                              tokens created, tokens made within 60 s of their
+                                              account's sign-up (the admin's user list)
 
 Each calls what the admin calls (shop.services restock / adjust_stock / cancel_order / refund_order,
 under the same locks; schedule_drop / end_drop / clear_drop; shop.selectors.product_sales and
@@ -51,18 +57,21 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
+from django.utils import timezone
 
 from locks.services import cli_actor_name
-from shop import errors, line, rules
+from shop import account_age, errors, line, rules
 from shop.conf import shop_settings
 from shop.models import Order, Product, StockLedger
 from shop.selectors import (
     MONEY_FIGURES,
+    QUICK_TOKEN,
     RATE_WINDOW,
     SALES_FIGURES,
     STOCK_LEVELS,
     product_sales,
     sales_totals,
+    signups_per_minute,
     units_per_minute,
 )
 from shop.services import (
@@ -75,7 +84,7 @@ from shop.services import (
     schedule_drop,
     steer_line,
 )
-from shop.services.drops import parse_time
+from shop.services.drops import parse_time, require_account_age
 from shop.templatetags.shop_tags import money
 
 ACTOR_LENGTH = StockLedger._meta.get_field("actor").max_length
@@ -95,9 +104,16 @@ def _product_dict(product: Product) -> dict[str, Any]:
 
 
 def _drop_dict(product: Product) -> dict[str, Any]:
-    """A product with its window and where it stands now: "upcoming", "open" or "ended"."""
+    """A product with its window and where it stands now: "upcoming", "open" or "ended"; its
+    minimum account age in seconds (None: any account)."""
+    age = product.min_account_age
     return {**_product_dict(product), "opens_at": _when(product.opens_at), "closes_at": _when(product.closes_at),
-            "drop": product.drop_state}
+            "drop": product.drop_state, "min_account_age": int(age.total_seconds()) if age else None}
+
+
+def _age_rule(product: Product) -> str:
+    age = product.min_account_age
+    return f"accounts at least {account_age.describe(age)} old" if age else "any account"
 
 
 def _window(product: Product) -> str:
@@ -121,11 +137,12 @@ def _order_dict(order: Order) -> dict[str, Any]:
 
 
 class Command(BaseCommand):
-    help = "The admin's operator actions from the command line: restock, adjust, cancel, refund, sales, drop, line."
+    help = ("The admin's operator actions from the command line: restock, adjust, cancel, refund, sales, drop, "
+            "line, signups.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True,
-                                    metavar="{restock,adjust,cancel,refund,sales,drop,line}")
+                                    metavar="{restock,adjust,cancel,refund,sales,drop,line,signups}")
 
         def action(name: str, help_: str, *, writes: bool = True, asks: bool = False) -> CommandParser:
             p = sub.add_parser(name, help=help_, description=help_)
@@ -167,6 +184,8 @@ class Command(BaseCommand):
         p.add_argument("--closes", metavar="WHEN", help="the sale ends at WHEN (default: no end)")
         p.add_argument("--end", action="store_true", help="end their sale now")
         p.add_argument("--clear", action="store_true", help="remove their window: on sale whenever active")
+        p.add_argument("--min-account-age", metavar="AGE", help='only accounts at least AGE old may buy: "7d", '
+                                                                '"24h", "90m", "45s"; "none": any account')
         p = action("line", "the line of PRODUCT's drop; pause or resume it, its pre-queue window and order",
                    writes=False)
         p.add_argument("product", help="the product's id or SKU")
@@ -174,6 +193,9 @@ class Command(BaseCommand):
         p.add_argument("--resume", action="store_true", help="let buyers through again")
         p.add_argument("--prequeue", type=int, metavar="SECONDS", help="buyers join this long before the opening")
         p.add_argument("--order", choices=["shuffle", "fifo"], help="the pre-queue's order at the opening")
+        p = action("signups", "accounts and API tokens created per minute, and tokens made within "
+                              f"{int(QUICK_TOKEN.total_seconds())} s of sign-up (the admin's user list)", writes=False)
+        p.add_argument("--minutes", type=int, default=60, help="how far back (1 to 1440; default 60)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         action = opts["action"]
@@ -184,8 +206,12 @@ class Command(BaseCommand):
             if action == "line":
                 self._line(opts)
                 return
+            if action == "signups":
+                self._signups(opts)
+                return
             if action == "drop" and not opts["products"]:
-                if opts["opens"] is not None or opts["closes"] is not None or opts["end"] or opts["clear"]:
+                if (opts["opens"] is not None or opts["closes"] is not None or opts["end"] or opts["clear"]
+                        or opts["min_account_age"] is not None):
                     raise CommandError("drop: name the products (ids or SKUs)")
                 self._drops(opts)
                 return
@@ -275,13 +301,17 @@ class Command(BaseCommand):
                                              f"stock {done.before} -> {done.after}."))
 
     def _drop(self, opts: dict[str, Any], actor: str) -> None:
-        """Exactly one of: a window (--opens and/or --closes), --end, --clear; then the service, once."""
+        """At most one of: a window (--opens and/or --closes), --end, --clear; then the service,
+        once; and/or --min-account-age (read first: an age that cannot be read writes nothing)."""
         given = [what for what, on in (("--opens/--closes", opts["opens"] is not None or opts["closes"] is not None),
                                        ("--end", opts["end"]), ("--clear", opts["clear"])) if on]
-        if len(given) != 1:
-            raise CommandError("drop: give --opens WHEN [--closes WHEN], or --end, or --clear"
-                               + (f" (not {' and '.join(given)})" if given else ""))
+        aged = opts["min_account_age"] is not None
+        if len(given) > 1 or not (given or aged):
+            raise CommandError("drop: give --opens WHEN [--closes WHEN], or --end, or --clear, and/or "
+                               "--min-account-age AGE" + (f" (not {' and '.join(given)})" if given else ""))
+        age = account_age.parse_age(opts["min_account_age"]) if aged else None
         products = [self._product(ref) for ref in opts["products"]]
+        changed, done = products, {p.pk: "" for p in products}
         if opts["end"]:
             before = {p.pk: p.drop_state for p in products}
             changed = end_drop(products=products, actor=actor)
@@ -289,11 +319,14 @@ class Command(BaseCommand):
         elif opts["clear"]:
             changed = clear_drop(products=products, actor=actor)
             done = {p.pk: "window cleared" for p in changed}
-        else:
+        elif given:
             opens = parse_time(opts["opens"]) if opts["opens"] is not None else None
             closes = parse_time(opts["closes"]) if opts["closes"] is not None else None
             changed = schedule_drop(products=products, opens_at=opens, closes_at=closes, actor=actor)
             done = {p.pk: "scheduled" for p in changed}
+        if aged:
+            changed = require_account_age(products=products, min_account_age=age, actor=actor)
+            done = {p.pk: "; ".join(filter(None, (done.get(p.pk), _age_rule(p)))) for p in changed}
         if opts["json"]:
             self.stdout.write(json.dumps({"products": [{**_drop_dict(p), "done": done[p.pk]} for p in changed],
                                           "actor": actor}, indent=2))
@@ -313,7 +346,8 @@ class Command(BaseCommand):
             self.stdout.write("  none: every product is on sale whenever it is active")
         for p in products:
             hidden = "" if p.active else " (hidden)"
-            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {(p.name + hidden)[:32]:<32} {_window(p)}")
+            rule = f", {_age_rule(p)}" if p.min_account_age else ""
+            self.stdout.write(f"{p.pk:>6} {p.sku[:16]:<16} {(p.name + hidden)[:32]:<32} {_window(p)}{rule}")
 
     def _operate(self, opts: dict[str, Any], actor: str) -> None:
         """Cancel or refund: say the order's state, ask (unless --yes), then the service, once."""
@@ -352,6 +386,25 @@ class Command(BaseCommand):
             answer = ""
         if answer.strip().lower() not in {"y", "yes"}:
             raise CommandError(f"not {'cancelled' if action == 'cancel' else 'refunded'}")
+
+    # --- sign-ups and API tokens (the admin's user list) -----------------------------------------
+    def _signups(self, opts: dict[str, Any]) -> None:
+        minutes = opts["minutes"]
+        if not 1 <= minutes <= 24 * 60:
+            raise CommandError("--minutes: from 1 to 1440")
+        rows = signups_per_minute(now=timezone.now(), minutes=minutes)
+        totals = {k: sum(r[k] for r in rows) for k in ("accounts", "tokens", "quick_tokens")}
+        if opts["json"]:
+            self.stdout.write(json.dumps({
+                "minutes": minutes, "quick_token_seconds": int(QUICK_TOKEN.total_seconds()),
+                "per_minute": [{**r, "minute": r["minute"].isoformat()} for r in rows], "totals": totals}, indent=2))
+            return
+        self.stdout.write(self.style.MIGRATE_HEADING(f"Sign-ups and API tokens, last {minutes} minutes"))
+        self.stdout.write(f"{'minute':<17} {'accounts':>8} {'tokens':>8} {'quick':>8}")
+        for r in rows:
+            self.stdout.write(f"{rules.shop_time(r['minute'])[:16]:<17} {r['accounts']:>8} {r['tokens']:>8} "
+                              f"{r['quick_tokens']:>8}")
+        self.stdout.write(f"{'total':<17} {totals['accounts']:>8} {totals['tokens']:>8} {totals['quick_tokens']:>8}")
 
     # --- the Sales view ------------------------------------------------------------------------
     def _sales(self, opts: dict[str, Any]) -> None:

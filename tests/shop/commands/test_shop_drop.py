@@ -57,7 +57,7 @@ def test_drop_end_and_clear(make_product):
     assert data["actor"] == ME
     assert data["products"] == [{"id": running.pk, "sku": running.sku, "name": running.name, "active": True,
                                  "stock": running.stock, "opens_at": None, "closes_at": None, "drop": "open",
-                                 "done": "window cleared"}]
+                                 "min_account_age": None, "done": "window cleared"}]
 
 
 def test_drop_without_products_lists_the_windows(make_product):
@@ -104,3 +104,31 @@ def test_a_refusal_with_json_is_the_error_object(make_product):
         call_command("shop", "drop", p.sku, "--opens", "soon", "--json", stdout=out)
     error = json.loads(out.getvalue())["error"]
     assert (error["code"], error["details"]) == ("invalid_drop_window", {"time": "soon"})
+
+
+def test_drop_sets_and_clears_a_minimum_account_age(make_product):
+    from datetime import timedelta
+
+    a, b = make_product(), make_product()
+    out = shop("drop", str(a.pk), b.sku, "--min-account-age", "7d")
+    for p in (a, b):
+        p.refresh_from_db()
+        assert p.min_account_age == timedelta(days=7)
+        assert f"{p.name} ({p.sku}): accounts at least 7 days old;" in out
+    # With a window in one call, and in the JSON listing (seconds).
+    shop("drop", str(a.pk), "--opens", "2030-12-01 10:00", "--min-account-age", "24h")
+    listed = {p["id"]: p for p in json.loads(shop("drop", "--json"))["products"]}
+    assert listed[a.pk]["min_account_age"] == 86400 and listed[a.pk]["opens_at"] == "2030-12-01T10:00:00+00:00"
+    assert "accounts at least 1 day old" in shop("drop")
+    shop("drop", b.sku, "--min-account-age", "none")
+    b.refresh_from_db()
+    assert b.min_account_age is None
+
+
+@pytest.mark.parametrize("value", ["soon", "-3d", "400d"])
+def test_drop_refuses_an_age_it_cannot_read_and_writes_nothing(make_product, value):
+    p = make_product()
+    with pytest.raises(CommandError, match="age"):
+        shop("drop", str(p.pk), "--opens", "2030-12-01 10:00", "--min-account-age", value)
+    p.refresh_from_db()
+    assert p.min_account_age is None and p.opens_at is None and not DropLog.objects.exists()
