@@ -291,7 +291,7 @@ VARIABLES: list[Variable] = [
     # core: Django itself
     Variable("DEBUG", "tracebacks and settings on error pages; off unless asked for, `./dev.sh` turns it on",
              kind="bool", default=False),
-    Variable("SECRET_KEY", "Django's signing key; required when DEBUG is off", parse=_secret_key,
+    Variable("SECRET_KEY", "Django's signing key; required when DEBUG is off", kind="raw", parse=_secret_key,
              shown="dev key when `DEBUG`"),
     Variable("DEV_ENV_FILE", "the development env file read when present, after `.env`; empty: none (the tests)",
              kind="raw", default=DEFAULT_DEV_ENV_FILE, shown="`.env.dev`"),

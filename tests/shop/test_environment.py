@@ -116,3 +116,12 @@ def test_server_email_defaults_to_the_sender_of_the_shops_mail():
     result = start("settings.SERVER_EMAIL", DEBUG="true", DEFAULT_FROM_EMAIL="shop@example.com",
                    SERVER_EMAIL="errors@example.com")
     assert result.stdout.split() == ["errors@example.com"], result.stderr
+
+
+@pytest.mark.parametrize("key", ["$tarts-with-a-dollar-" + "x" * 40, "($%^&*-_=+)" + "y" * 40])
+def test_a_secret_key_is_read_as_it_is_whatever_its_characters(key):
+    """get_random_secret_key() (what production.env.example tells operators to run) draws from
+    letters, digits and !@#$%^&*(-_=+): one key in 50 starts with "$", which django-environ reads as
+    a reference to another variable. The key must be taken as it is."""
+    result = start("settings.SECRET_KEY", DEBUG="false", SECRET_KEY=key)
+    assert result.stdout.split() == [key], result.stderr
