@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The worker's edge, before and after, side by side in one run: what a `busy` answer costs.
+# The worker's edge, before and after, side by side in one run: what a `busy` answer costs, and
+# the app's whole request path (a JSON 404) beside it.
 #   BEFORE=/path/to/checkout-before bash docs/bench_edge.sh
-#   RATE=3000 SECONDS_EACH=5 ROUNDS=3 BEFORE=... bash docs/bench_edge.sh
-# A gunicorn server from each tree as its image runs it (gunicorn -c gunicorn.conf.py, WORKERS x
-# THREADS), DEBUG off, with SHOP_MAX_WAITING=0: its lines are always full, so its worker answers
-# every order 503 `busy` in the main loop, before the app (shop/gunicorn_worker.py). Then, ROUNDS
-# times, alternating which goes first, `loadtest --url URL --rate RATE` sends orders open loop
-# (a new connection each, latency from the schedule) to each server in turn, and the servers'
-# CPU (their workers' utime + stime, from /proc) is read before and after: CPU per answer, busy
-# answers per second and their p50/p99, side by side. The same is done with GETs of a JSON 404
-# (the app's whole request path, no checkout): PATHS="busy notfound" (default both).
+#   RATE=2000 SECONDS_EACH=5 ROUNDS=3 BEFORE=... bash docs/bench_edge.sh
+# A gunicorn server from each tree, one worker of THREADS threads (gunicorn -c gunicorn.conf.py),
+# DEBUG off, SHOP_MAX_WAITING=1: a buyer kept waiting in a product's line (its lock held by this
+# script, the buyer sending its order again as soon as it is answered lock_timeout) fills the
+# worker's lines, so its main loop answers every other order 503 `busy` before the app
+# (shop/gunicorn_worker.py). Then, ROUNDS times, alternating which goes first, open-loop orders
+# (`loadtest --url URL --rate RATE`: a new connection each, latency from the schedule) go to each
+# server in turn, and the worker's CPU (utime + stime, /proc) is read before and after: CPU per
+# answer, busy answers and their p50/p99, side by side. The same with GETs of a JSON 404 (no
+# checkout): PATHS="busy notfound" (default both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AFTER=$(pwd)
 BEFORE=${BEFORE:?set BEFORE to the checkout before (with its own .venv or a link to one)}
-RATE=${RATE:-2000} SECONDS_EACH=${SECONDS_EACH:-5} ROUNDS=${ROUNDS:-3} WORKERS=${WORKERS:-4} THREADS=${THREADS:-16}
+RATE=${RATE:-2000} SECONDS_EACH=${SECONDS_EACH:-5} ROUNDS=${ROUNDS:-3} THREADS=${THREADS:-16}
 export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false DEV_ENV_FILE=
 export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=shop.settings LOCKS_KEY_PREFIX=bench:
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
@@ -25,7 +27,7 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$out"' EXIT
 for side in before after; do
   if [ $side = before ]; then tree=$BEFORE port=8081; else tree=$AFTER port=8082; fi
-  (cd "$tree" && SHOP_MAX_WAITING=0 exec .venv/bin/python -m gunicorn -c gunicorn.conf.py -w "$WORKERS" \
+  (cd "$tree" && SHOP_MAX_WAITING=1 exec .venv/bin/python -m gunicorn -c gunicorn.conf.py -w 1 \
      --threads "$THREADS" -b 127.0.0.1:$port --log-level warning shop.wsgi) & pids+=($!)
 done
 for port in 8081 8082; do
@@ -34,6 +36,34 @@ for port in 8081 8082; do
   [ -n "$up" ] || { echo "gunicorn on :$port did not start" >&2; exit 1; }
 done
 declare -A master=([8081]=${pids[0]} [8082]=${pids[1]}) label=([8081]=before [8082]=after)
+
+# The waiting buyer of each server: a product whose lock this script holds, and one buyer who
+# orders it again and again (each waits its 3 s in line, then lock_timeout), so the lines are full.
+$py - > "$out/waiter.log" 2>&1 <<'PY' & pids+=($!)
+import threading, time, urllib.request, django, json
+django.setup()
+from locks import Lock
+from django.contrib.auth import get_user_model
+from shop.lock_names import product_lock
+from shop.models import ApiToken, Product
+user, _ = get_user_model().objects.get_or_create(username="edge-bench-waiter")
+token = ApiToken.issue(user_id=user.pk, name="edge bench")
+product, _ = Product.objects.get_or_create(sku="EDGE-BENCH-HELD", defaults={"name": "Held", "price": "1.00", "stock": 10})
+body = json.dumps({"lines": [{"product_id": product.pk, "quantity": 1}]}).encode()
+def wait_in_line(port):
+    while True:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/orders/", data=body, method="POST", headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=30).read()
+        except Exception:
+            pass
+with Lock(product_lock(product.pk), ttl=3600):
+    for port in (8081, 8082):
+        threading.Thread(target=wait_in_line, args=(port,), daemon=True).start()
+    time.sleep(3600)
+PY
+sleep 3
 
 # CPU ticks (utime + stime) of a gunicorn master's workers.
 ticks() { local sum=0 pid; for pid in $(pgrep -P "$1"); do
@@ -56,7 +86,7 @@ async def one(at):
     await asyncio.sleep(max(0.0, at - time.monotonic()))
     try:
         r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
-        w.write(b"GET /api/no-such-thing/ HTTP/1.1\r\nHost: x\r\nAccept: application/json\r\nConnection: close\r\n\r\n")
+        w.write(b"GET /api/no-such-thing/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\nConnection: close\r\n\r\n")
         data = await asyncio.wait_for(r.read(), 10)
         w.close()
         status = data.split(b" ", 2)[1].decode() if data else "none"
