@@ -12,10 +12,13 @@ class ShopConfig(AppConfig):
         from django.db.models.signals import post_save
 
         # The shop's scheduled jobs (run by `manage.py run_jobs` on every server).
-        from shop import checks, jobs, tokens  # noqa: F401
+        from shop import checks, jobs, metrics, tokens  # noqa: F401
+        from shop.line import board
         from shop.plumbing import stale_transactions
 
         # Service transactions are bounded; everything else on a pooled connection is not.
+        # The lines' gauges, read from Redis when /metrics is scraped.
+        metrics.add_scrape_collector(board.LineCollector())
         connection_created.connect(stale_transactions.install, dispatch_uid="shop.unbound_other_work")
         # A new password ends the API tokens issued under the old one.
         post_save.connect(tokens.revoke_on_password_change, sender=settings.AUTH_USER_MODEL,

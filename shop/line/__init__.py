@@ -218,6 +218,8 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
     if units_due or int(reply[7]):
         _refresh_units(config)
     metrics.line_answered(state)
+    if state == STARTED:
+        metrics.line_let_through(config.product_id)
     return _ticketed(Position(state=state, product_id=config.product_id, drop=config.drop, score=int(reply[1]),
                               place=int(reply[2]), ahead=int(reply[3]), now_serving=int(reply[4]),
                               serving=int(reply[5]), rate=int(reply[6]) / 1000, opens_at=config.opens_at),

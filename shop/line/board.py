@@ -1,0 +1,94 @@
+"""The lines as operators watch them: the admin's Lines page and the line gauges of /metrics.
+
+Reads only: one status script call per drop (shop/line/line.lua, no writes) and one query for the
+units that unpaid orders hold.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from shop import clock, selectors
+from shop.line import Status, config_of, status
+from shop.models import Product
+
+log = logging.getLogger("shop")
+
+
+@dataclass(frozen=True)
+class LineRow:
+    """One drop's line on the Lines page (`status` None: Redis did not answer)."""
+
+    product: Product
+    state: str  # upcoming, pre-queue, open, paused, cut, sold out, ended, unknown
+    status: Status | None
+    reserved: int
+
+
+def board(*, now: datetime) -> list[LineRow]:
+    """Every drop's line (products with an opening, the latest first), with the units unpaid
+    orders hold. A line Redis cannot tell is listed all the same, as `unknown`."""
+    products = list(Product.objects.filter(opens_at__isnull=False).order_by("-opens_at", "pk"))
+    held = selectors.reservations(product_ids=[p.pk for p in products])
+    rows = []
+    for product in products:
+        found = _status(product)
+        rows.append(LineRow(product=product, state=state_of(product, found, now), status=found,
+                            reserved=held.get(product.pk, {}).get("units") or 0))
+    return rows
+
+
+def _status(product: Product) -> Status | None:
+    try:
+        return status(config_of(product))
+    except Exception:  # a sick Redis: the page still lists the drops
+        log.warning("line of product %s: no status", product.pk, exc_info=True)
+        return None
+
+
+def state_of(product: Product, found: Status | None, now: datetime) -> str:
+    """Where the line stands, in the words of the Lines page."""
+    if product.closes_at is not None and product.closes_at <= now:
+        return "ended"
+    if found is None:
+        return "unknown"
+    if found.sold_out:
+        return "sold out"
+    if product.line_paused:
+        return "paused"
+    if product.opens_at > now:
+        prequeue_from = product.opens_at - timedelta(seconds=product.line_prequeue_seconds)
+        return "pre-queue" if prequeue_from <= now else "upcoming"
+    return "cut" if found.cut is not None else "open"
+
+
+class LineCollector:
+    """The gauges of the drops' lines at scrape time, by product id: places taken (the line's
+    length), waiting, and in the checkout. Lines Redis cannot tell are left out of that scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        length = GaugeMetricFamily("flashsale_line_length", "Places taken in a drop's line (its current drop).",
+                                   labels=["product"])
+        waiting = GaugeMetricFamily("flashsale_line_waiting", "Buyers of a drop's line not let through yet "
+                                    "(the pre-queue included before the opening).", labels=["product"])
+        in_checkout = GaugeMetricFamily("flashsale_line_in_checkout", "Buyers of a drop's line let through and not "
+                                        "answered yet (at most LINE_WINDOW).", labels=["product"])
+        try:
+            products = list(selectors.lined_products(now=clock.now()))
+        except Exception:
+            log.warning("line gauges: no products", exc_info=True)
+            products = []
+        for product in products:
+            found = _status(product)
+            if found is None:
+                continue
+            label = [str(product.pk)]
+            length.add_metric(label, found.places + found.prequeue)
+            waiting.add_metric(label, found.waiting + found.prequeue)
+            in_checkout.add_metric(label, found.in_turn)
+        yield from (length, waiting, in_checkout)
