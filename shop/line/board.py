@@ -1,12 +1,15 @@
-"""The lines as operators watch them: the admin's Lines page and the line gauges of /metrics.
+"""The lines as people watch them: the admin's Lines page, the line gauges of /metrics, and the
+buyer's waiting page (`look`).
 
-Reads only: one status script call per drop (shop/line/line.lua, no writes) and one query for the
-units that unpaid orders hold.
+The operators' reads are one status script call per drop (shop/line/line.lua, no writes) and one
+query for the units that unpaid orders hold.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,7 +17,9 @@ from datetime import datetime, timedelta
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from shop import clock, selectors
-from shop.line import Status, config_of, status
+from shop.conf import shop_settings
+from shop.line import Position, Status, config_of, join, lined, status
+from shop.line.tickets import read
 from shop.models import Product
 
 log = logging.getLogger("shop")
@@ -92,3 +97,23 @@ class LineCollector:
             waiting.add_metric(label, found.waiting + found.prequeue)
             in_checkout.add_metric(label, found.in_turn)
         yield from (length, waiting, in_checkout)
+
+
+# --- the buyer's waiting page ---------------------------------------------------------------------
+def look(*, product_id: int, user_id: int, ticket_text: str) -> Position | None:
+    """Where this buyer stands in the product's line, for the waiting page's poll: one script
+    call that begins no turn (a turn let through waits for the order, LINE_TURN s), no lock. None:
+    the product has no line now, or the buyer holds no ticket of its line (a look takes no place).
+    Raises RedisError if the line cannot be reached."""
+    config = lined([product_id]).get(product_id)
+    ticket = read(ticket_text, user_id=user_id) if ticket_text else None
+    if config is None or ticket is None or (ticket.product_id, ticket.drop) != (config.product_id, config.drop):
+        return None
+    return join(config=config, user_id=user_id, start=False, until=time.monotonic(), ticket=ticket, counted=False)
+
+
+def poll_in(estimated_wait: float) -> int:
+    """Seconds until the waiting page looks again: every second near the front, a quarter of the
+    estimate further back (at most LINE_RETRY_MAX), so a sold-out line is seen within ~1 s of
+    the next look once near the front."""
+    return max(1, min(int(shop_settings.LINE_RETRY_MAX), math.ceil(estimated_wait / 4)))
