@@ -79,7 +79,7 @@ def test_the_lines_page_shows_each_drops_line_with_its_figures(settings, admin_c
     assert _cell(row, "Pre-queue") == "120 s, fifo"
     # Two waiting, one let through, a window of 1: the back waits for 3 turns at the default rate.
     default_rate = float(settings.SHOP.get("LINE_DEFAULT_RATE") or line.shop_settings.LINE_DEFAULT_RATE)
-    assert _cell(row, "Wait at back") == f"~{round(3 / default_rate)} s"
+    assert _cell(row, "Wait at back") == f"~{3 / default_rate:.1f} s"
     assert "Pause…" in row and "/pause/" in row
     assert _cell(_row(page, upcoming), "State") == "upcoming"
     queued = _row(page, pre_queue)
