@@ -35,10 +35,14 @@ class LineRow:
     reserved: int
 
 
+# The Lines page shows this many drops, the latest openings first (older ones are over).
+SHOWN = 100
+
+
 def board(*, now: datetime) -> list[LineRow]:
-    """Every drop's line (products with an opening, the latest first), with the units unpaid
+    """Every drop's line (products with an opening, the latest SHOWN first), with the units unpaid
     orders hold. A line Redis cannot tell is listed all the same, as `unknown`."""
-    products = list(Product.objects.filter(opens_at__isnull=False).order_by("-opens_at", "pk"))
+    products = list(Product.objects.filter(opens_at__isnull=False).order_by("-opens_at", "pk")[:SHOWN])
     held = selectors.reservations(product_ids=[p.pk for p in products])
     rows = []
     for product in products:

@@ -9,10 +9,12 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from shop import line
+from shop import errors, line
+from shop.line import tickets
 from shop.models import Order, Product
 from shop.services import place_order
 from shop.views import LINE_COOKIE
@@ -132,3 +134,27 @@ def test_the_page_without_javascript_refreshes_and_offers_try_now_with_the_same_
     assert place_order(user=other_user, lines=[(p.pk, 2)]).order_id
     page = client.get(f"/line/{p.pk}/?key={key}&coupon=").content.decode()
     assert "Sold out" in page and 'http-equiv="refresh"' not in page and "Try now" not in page
+
+
+def test_the_cookie_takes_the_place_back_after_redis_lost_the_line(settings, client, user, other_user, drop,
+                                                                   private_redis):
+    """The line's Redis restarts empty: a newcomer arrives first, then the web buyer's page sends
+    its order again; the ticket in its cookie gives it back its earlier place, ahead of the
+    newcomer (without it, it would come after)."""
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=5)
+    _take_turn(p, other_user.pk)
+    key, first = _in_line(client, user, p)
+    assert "You are number 2 in line" in first.content.decode()
+    private_redis.stop()
+    private_redis.start()
+    newcomer = get_user_model().objects.create_user("newcomer", password="pw")
+    with pytest.raises(errors.InLine) as late:
+        place_order(user=newcomer, lines=[(p.pk, 1)])  # the line is held while places come back
+    again = client.post("/checkout/", {"idempotency_key": key})
+    assert again.status_code == 202, again.content.decode()[:2000]
+    place = int(re.search(r"You are number (\d+) in line", again.content.decode())[1])
+    newcomer_after = tickets.read(late.value.details["ticket"], user_id=newcomer.pk)
+    mine = tickets.read(again.cookies[LINE_COOKIE].value, user_id=user.pk)
+    assert mine.score < newcomer_after.score  # the old place, before the newcomer's
+    assert place == 1  # nobody else came back: first in the line rebuilt
