@@ -42,6 +42,7 @@ from locks.exceptions import LockUnavailable
 from shop import account_age, clock, errors, rules
 from shop.conf import shop_settings
 from shop.exports import line_csv, order_csv
+from shop.line.board import board
 from shop.models import (
     ApiToken,
     Coupon,
@@ -51,6 +52,7 @@ from shop.models import (
     OrderLine,
     OutboxMail,
     Product,
+    ProductLine,
     ProductSales,
     Refund,
     StockLedger,
@@ -70,6 +72,7 @@ from shop.selectors import (
 )
 from shop.services import cancel_order, clear_drop, end_drop, inventory, refund_order, restock, schedule_drop
 from shop.services.drops import window_problem
+from shop.services.lines import MAX_PREQUEUE, steer_line
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 
@@ -144,6 +147,8 @@ class AdjustStockForm(forms.Form):
 CONFIRMATION = re.compile(r"[0-9a-f]{32}")
 
 WINDOW = ("opens_at", "closes_at")
+# The line's fields (shop/line/), written by `steer_line` as `manage.py shop line` does.
+LINE_FIELDS = ("line_prequeue_seconds", "line_order", "line_paused")
 
 
 def _check_window(opens_at, closes_at) -> None:
@@ -191,6 +196,12 @@ class ProductForm(forms.ModelForm):
         for name in WINDOW:  # the time typed is read in the shop's time zone: say which
             if name in self.fields:
                 self.fields[name].label = f"{self.fields[name].label} ({zone})"
+
+    def clean_line_prequeue_seconds(self):
+        seconds = self.cleaned_data.get("line_prequeue_seconds")
+        if seconds is not None and seconds > MAX_PREQUEUE:
+            raise ValidationError(f"The pre-queue window is 0 to {MAX_PREQUEUE} seconds (a week).")
+        return seconds
 
     def clean(self):
         data = super().clean()
@@ -252,9 +263,9 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
     list_filter = ("active", DropFilter)
     search_fields = ("name", "sku")
     readonly_fields = ("stock", "created_at", "updated_at")  # not the fence: the ledger and lock dashboard show it
-    exclude = ("line_prequeue_seconds", "line_order", "line_paused")  # steered by `manage.py shop line` for now
-    # The window is written by the drop service (with its log row), not by the form's save.
-    guarded_fields = ("stock", "fence", *WINDOW)
+    # The window is written by the drop service (with its log row), the line's fields by
+    # `steer_line`, not by the form's save.
+    guarded_fields = ("stock", "fence", *WINDOW, *LINE_FIELDS)
     price_money = money_column("price", "Price")
     actions = ["schedule_drop_action", "end_sale_now"]
 
@@ -268,6 +279,9 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
             inventory.open_stock(product=obj, actor=f"admin:{request.user.get_username()}")
         if moved:
             self._schedule(request, obj, *window)
+        if steered := {f: form.cleaned_data[f] for f in LINE_FIELDS if f in form.changed_data}:
+            steer_line(product=obj, paused=steered.get("line_paused"),
+                       prequeue_seconds=steered.get("line_prequeue_seconds"), order=steered.get("line_order"))
         if change and "active" in form.changed_data and not obj.active:
             # The admin's save is one transaction: its sold-out marker goes once the hide commits.
             transaction.on_commit(partial(self._hidden, request, obj))
@@ -811,6 +825,59 @@ class ProductSalesAdmin(ReadOnlyAdmin):
                  "rate": units_per_minute(totals["rate"]), "units_reserved": totals["units_reserved"],
                  "units_refunded": _refunded(totals["units_refunded"], totals["refunded"])}
         return [str(cells.get(getattr(column, "__name__", column), "")) for column in cl.list_display]
+
+
+# The Lines page's figures refresh this often (seconds): a line moves faster than sales.
+LINES_REFRESH = 2
+
+
+@admin.register(ProductLine)
+class ProductLineAdmin(ReadOnlyAdmin):
+    """Shop > Lines, to watch and steer a drop's line (docs/design.md, "The line"): per drop, the
+    line's state, places, waiting, let through now, now serving, finished and lapsed turns, the
+    drain rate, the estimated wait at the back, stock left and reserved, the pre-queue window and
+    order. It refreshes itself as the Sales view does. Pause and Resume ask first, then go
+    through `steer_line`, as `manage.py shop line --pause/--resume` does (`change_product`)."""
+
+    class Media:
+        css = {"all": ["shop/admin-lines.css"]}
+        js = ["shop/admin-sales.js"]
+
+    def changelist_view(self, request, extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return TemplateResponse(request, "admin/shop/productline/lines.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "title": "Lines",
+            "rows": board(now=clock.now()), "refresh_every": LINES_REFRESH, "media": self.media,
+            "may_steer": request.user.has_perm("shop.change_product"), "window": int(shop_settings.LINE_WINDOW),
+        })
+
+    def get_urls(self):
+        def steer(view):
+            return self.admin_site.admin_view(require_http_methods(["GET", "POST"])(view))
+
+        return [
+            path("<int:product_id>/pause/", steer(partial(self.steer_view, paused=True)),
+                 name="shop_productline_pause"),
+            path("<int:product_id>/resume/", steer(partial(self.steer_view, paused=False)),
+                 name="shop_productline_resume"),
+            *super().get_urls(),
+        ]
+
+    def steer_view(self, request, product_id: int, *, paused: bool):
+        """A page that asks first (GET); its POST pauses or resumes the line through the service."""
+        product = get_object_or_404(Product, pk=product_id)
+        if not (self.has_view_permission(request) and request.user.has_perm("shop.change_product")):
+            raise PermissionDenied
+        if request.method == "POST":
+            steer_line(product=product, paused=paused)
+            word = "paused: nobody new is let through, places are kept" if paused else "resumed"
+            messages.success(request, f"{product.name}: line {word}.")
+            return redirect("admin:shop_productline_changelist")
+        return TemplateResponse(request, "admin/shop/productline/steer.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "product": product,
+            "paused": paused, "title": f"{'Pause' if paused else 'Resume'} the line of {product.name}?",
+        })
 
 
 @admin.register(CouponClaim)

@@ -13,8 +13,11 @@ class ShopConfig(AppConfig):
 
         # The shop's scheduled jobs (run by `manage.py run_jobs` on every server).
         from shop import checks, jobs, metrics, tokens  # noqa: F401
+        from shop.line import board
         from shop.plumbing import stale_transactions
 
+        # The lines' gauges, read from Redis when /metrics is scraped.
+        metrics.add_scrape_collector(board.LineCollector())
         # Service transactions are bounded; everything else on a pooled connection is not.
         connection_created.connect(stale_transactions.install, dispatch_uid="shop.unbound_other_work")
         # A new password ends the API tokens issued under the old one.

@@ -77,6 +77,9 @@ LINE_ANSWER_SECONDS = Histogram("flashsale_line_answer_seconds", "From a buyer's
                                 "request) to its final answer, by outcome: placed, refused (by the checkout), "
                                 "sold_out (told by the line).", ["outcome"],
                                 buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0))
+LINE_LET_THROUGH = Counter("flashsale_line_let_through", "Turns begun in a drop's line, by product id: a buyer let "
+                           "through to the checkout (its rate is the line's admission rate; a buyer whose turn "
+                           "lapsed and who comes back counts again).", ["product"])
 LINE_TICKETS_REFUSED = Counter("flashsale_line_tickets_refused", "Line-Ticket headers refused: not signed by this "
                                "shop for the account that sent it (forged, altered, another account's).")
 # Bots (docs/operations.md, "Bots"): who signs up, who makes API tokens, how young they are.
@@ -127,6 +130,10 @@ def line_answered(state: str) -> None:
 
 def line_answered_finally(outcome: str, seconds: float) -> None:
     _safely(lambda: LINE_ANSWER_SECONDS.labels(outcome).observe(max(0.0, seconds)))
+
+
+def line_let_through(product_id: int) -> None:
+    _safely(lambda: LINE_LET_THROUGH.labels(str(product_id)).inc())
 
 
 def line_ticket_refused() -> None:
@@ -212,6 +219,16 @@ def _token_ok(request: HttpRequest, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
+# Collectors that compute their values at scrape time from above this floor (the lines' gauges):
+# registered once, by the app's ready().
+_scrape_collectors: list = []
+
+
+def add_scrape_collector(collector: object) -> None:
+    if collector not in _scrape_collectors:
+        _scrape_collectors.append(collector)
+
+
 class _Default:
     """The in-process registry (no PROMETHEUS_MULTIPROC_DIR), as a collector of the view's registry."""
 
@@ -221,7 +238,7 @@ class _Default:
 
 def exposition() -> bytes:
     """The text format of every metric: this process's (or all workers' in multi-process mode),
-    plus the ones computed at scrape time (lock backend, queue depth)."""
+    plus the ones computed at scrape time (lock backend, queue depth, the lines' gauges)."""
     registry = CollectorRegistry()
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path:
@@ -229,6 +246,8 @@ def exposition() -> bytes:
     else:
         registry.register(_Default())
     registry.register(lock_inspect.ScrapeCollector())
+    for collector in _scrape_collectors:
+        registry.register(collector)
     return generate_latest(registry)
 
 

@@ -272,6 +272,17 @@ class ProductSales(Product):
         verbose_name_plural = "sales by product"
 
 
+class ProductLine(Product):
+    """No table of its own: the admin's Lines page (every drop's line, live from Redis), with its
+    own view permission. Pausing or resuming a line is a change of the product (`change_product`)."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ("view",)
+        verbose_name = "line"
+        verbose_name_plural = "lines"
+
+
 class Refund(models.Model):
     """The refund of a paid order: the record that makes its money go back once.
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
+from redis.exceptions import RedisError
 
 from shop import account_age, api, cart, deadlines, errors, ratelimits, rules, selectors, validation
 from shop.conf import shop_settings
@@ -30,6 +31,7 @@ from shop.forms import (
     SignUpForm,
     TokenForm,
 )
+from shop.line import board, tickets
 from shop.models import UPCOMING, ApiToken, Product
 from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
 from shop.templatetags.shop_tags import money
@@ -266,15 +268,20 @@ def checkout(request: HttpRequest) -> HttpResponse:
                 coupon_code=form.cleaned_data["coupon_code"] or None,
                 idempotency_key=form.cleaned_data["idempotency_key"],
                 deadline=deadlines.of_request(request),
+                line_ticket=_line_ticket(request),
             )
         except errors.ShopError as exc:
             if exc.status in (202, 503):  # in line, or retryable: the same key, so a resubmit never orders twice
-                form = CheckoutForm(codes=codes, initial={"idempotency_key": key,
-                                                          "coupon_code": form.cleaned_data["coupon_code"]})
-                response = _checkout_page(request, rows, form, effects, status=exc.status,
-                                          retry={"in": exc.retry_after or 1, "why": plain_words(
-                                              exc, {r.product_id: r.name for r in rows}, staff=request.user.is_staff)})
+                coupon = form.cleaned_data["coupon_code"]
+                form = CheckoutForm(codes=codes, initial={"idempotency_key": key, "coupon_code": coupon})
+                retry = {"in": exc.retry_after or 1, "why": plain_words(
+                    exc, {r.product_id: r.name for r in rows}, staff=request.user.is_staff)}
+                if isinstance(exc, errors.InLine):
+                    retry["line"] = _waiting(exc.details, key=key, coupon=coupon or "")
+                response = _checkout_page(request, rows, form, effects, status=exc.status, retry=retry)
                 response["Retry-After"] = str(exc.retry_after or 1)
+                if isinstance(exc, errors.InLine):
+                    _keep_ticket(request, response, exc.details.get("ticket", ""))
                 return response
             messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows},
                                                 staff=request.user.is_staff))
@@ -290,6 +297,101 @@ def checkout(request: HttpRequest) -> HttpResponse:
     chosen = form.cleaned_data.get("coupon_code", "") if form.is_valid() else ""
     return _checkout_page(request, rows, CheckoutForm(codes=codes, initial={"coupon_code": chosen}), effects,
                           status=status)
+
+
+# --- a drop's line (shop/line/): the waiting page ------------------------------------------------
+# The buyer's place in a drop's line is kept in this cookie (its signed ticket) between the
+# checkout's answers: sent back with the order, it takes back the place if Redis lost the line.
+LINE_COOKIE = "shop_line_ticket"
+
+
+def _line_ticket(request: HttpRequest) -> str | None:
+    """The ticket kept in the cookie if it is this account's (another account's, say on a shared
+    computer, is left out: the order goes without it and the account's own place stands)."""
+    text = request.COOKIES.get(LINE_COOKIE, "")
+    return text if text and tickets.read(text, user_id=request.user.pk) is not None else None
+
+
+def _keep_ticket(request: HttpRequest, response: HttpResponse, ticket: str) -> None:
+    if ticket:
+        response.set_cookie(LINE_COOKIE, ticket, max_age=24 * 3600, httponly=True, samesite="Lax",
+                            secure=request.is_secure())
+
+
+def _waiting(details: dict, *, key: str, coupon: str) -> dict:
+    """What the waiting page shows and where it looks again (the line's JSON, and the page
+    without JavaScript, which carries the order's key and coupon for its Try now button)."""
+    pid = int(details["product_id"])
+    wait = float(details.get("estimated_wait") or 0)
+    return {"product_id": pid, "state": details.get("state"), "place": details.get("place"),
+            "ahead": details.get("ahead"), "wait": max(1, math.ceil(wait)),
+            "poll_in": board.poll_in(wait),
+            "state_url": reverse("line_state", args=[pid]),
+            "page_url": f"{reverse('line_page', args=[pid])}?{urlencode({'key': key, 'coupon': coupon})}"}
+
+
+# What the waiting page's look answers, in the page's words (`state`: waiting, pre_queue,
+# your_turn, in_checkout, sold_out, not_open, none).
+_LOOKS = {"admitted": "your_turn", "started": "your_turn", "cut": "sold_out"}
+
+
+def _look(request: HttpRequest, product_id: int) -> dict:
+    """The buyer's place now (raises RedisError): no lock, no thread held, no turn begun."""
+    position = board.look(product_id=product_id, user_id=request.user.pk,
+                          ticket_text=request.COOKIES.get(LINE_COOKIE, ""))
+    if position is None:
+        return {"product_id": product_id, "state": "none", "poll_in": 1,
+                "words": "You hold no place in this line: place your order to take one."}
+    state = _LOOKS.get(position.state, position.state)
+    found = {"product_id": product_id, "state": state, "place": position.place,
+             "ahead": position.ahead if state == "waiting" else None,
+             "estimated_wait": round(position.estimated_wait, 2), "retry_after": position.retry_after,
+             "poll_in": board.poll_in(position.estimated_wait) if state in ("waiting", "pre_queue", "not_open") else 1}
+    if state in ("waiting", "pre_queue"):
+        found["words"] = plain_words(errors.InLine(details=position.details()))
+    else:
+        found["words"] = {
+            "your_turn": "It is your turn: placing your order now.",
+            "in_checkout": "Your order is being placed.",
+            "sold_out": "Sold out: every unit of this drop is taken. Nothing was ordered or charged.",
+            "not_open": "This drop is not open yet.",
+        }.get(state, "")
+    return found
+
+
+@require_http_methods(["GET", "HEAD"])
+def line_state(request: HttpRequest, product_id: int) -> JsonResponse:
+    """The waiting page's look at the buyer's place (JSON, polled every `poll_in` s): the place,
+    the number ahead, the estimate, "your_turn" (the page then sends its order) or "sold_out"."""
+    if not request.user.is_authenticated:
+        return api.error_response(401, "not_authenticated", "Log in to see your place in line.")
+    try:
+        found = _look(request, product_id)
+    except RedisError:
+        return api.shop_error_response(errors.LockUnavailable(details={"redis": "unreachable"}))
+    response = JsonResponse(found, headers={"Cache-Control": "no-store"})
+    response["Retry-After"] = str(found["poll_in"])
+    return response
+
+
+@login_required
+@require_http_methods(["GET", "HEAD"])
+def line_page(request: HttpRequest, product_id: int) -> HttpResponse:
+    """The waiting page without JavaScript: a GET cannot send the order again, so it shows the
+    place and the estimate, reloads itself after `poll_in` s (a meta refresh from the same
+    Retry-After) and offers "Try now", a form that sends the order with its key (never twice)."""
+    try:
+        found = _look(request, product_id)
+    except RedisError:
+        found = {"product_id": product_id, "state": "unavailable", "poll_in": 5,
+                 "words": plain_words(errors.LockUnavailable())}
+    key = request.GET.get("key", "")[:128]
+    response = render(request, "shop/line.html", {
+        "line": found, "key": key, "coupon": request.GET.get("coupon", "")[:64],
+        "refresh": found["poll_in"] if found["state"] not in ("sold_out", "your_turn", "none") else None,
+    })
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 @login_required

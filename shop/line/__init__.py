@@ -194,9 +194,11 @@ def read_ticket(text: str, *, user_id: int) -> Ticket | None:
     return ticket
 
 
-def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket: Ticket | None = None) -> Position:
+def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket: Ticket | None = None,
+         counted: bool = True) -> Position:
     """Take (or find) this account's place and, if it is its turn and `start`, begin the turn: it
     is then in the checkout until `finish` (or its lapse, `until` (monotonic) + a margin).
+    `counted` False: a look at the place (the waiting page's poll), not an order's answer.
     Raises RedisError if the line cannot be reached."""
     mine = ticket is not None and (ticket.product_id, ticket.drop) == (config.product_id, config.drop)
     claim = ticket if mine else None
@@ -217,7 +219,10 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
                                   prequeue_size=int(reply[2]), opens_at=config.opens_at), PRE_QUEUE, user_id)
     if units_due or int(reply[7]):
         _refresh_units(config)
-    metrics.line_answered(state)
+    if counted:
+        metrics.line_answered(state)
+    if state == STARTED:
+        metrics.line_let_through(config.product_id)
     return _ticketed(Position(state=state, product_id=config.product_id, drop=config.drop, score=int(reply[1]),
                               place=int(reply[2]), ahead=int(reply[3]), now_serving=int(reply[4]),
                               serving=int(reply[5]), rate=int(reply[6]) / 1000, opens_at=config.opens_at),

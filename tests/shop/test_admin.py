@@ -59,6 +59,7 @@ def test_saving_the_change_form_never_writes_back_an_old_stock(admin_client, mak
     place_order(user=user, lines=[(p.pk, 3)])  # stock moves while the operator edits
     response = admin_client.post(f"/admin/shop/product/{p.pk}/change/", {
         "sku": p.sku, "name": "Renamed", "description": "", "price": "10.00", "active": "on", "stock": 10,
+        "line_prequeue_seconds": "0", "line_order": "shuffle",
     })
     assert response.status_code == 302
     p.refresh_from_db()

@@ -190,7 +190,8 @@ def test_the_api_shows_the_window_and_refuses_outside_it_with_409_and_nothing_wr
 def _form(p: Product, **window: str) -> dict[str, str]:
     """The product's change form as posted, with the window's date and time fields."""
     data = {"sku": p.sku, "name": p.name, "description": "", "price": str(p.price), "active": "on",
-            "max_per_user": "", "opens_at_0": "", "opens_at_1": "", "closes_at_0": "", "closes_at_1": ""}
+            "max_per_user": "", "opens_at_0": "", "opens_at_1": "", "closes_at_0": "", "closes_at_1": "",
+            "line_prequeue_seconds": "0", "line_order": "shuffle"}
     for field, value in window.items():
         data[f"{field}_0"], data[f"{field}_1"] = value.split(" ")
     return data

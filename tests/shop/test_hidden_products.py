@@ -36,6 +36,7 @@ def _api_order(client: Client, token: str, *pids: int):
 def _hide_in_admin(admin_client: Client, p: Product) -> None:
     response = admin_client.post(f"/admin/shop/product/{p.pk}/change/", {
         "sku": p.sku, "name": p.name, "description": "", "price": str(p.price), "max_per_user": "",
+        "line_prequeue_seconds": "0", "line_order": "shuffle",
     })  # no "active": the checkbox is cleared
     assert response.status_code == 302, response.content.decode()[:2000]
     assert not Product.objects.get(pk=p.pk).active

@@ -205,7 +205,7 @@ def test_the_web_checkout_shows_the_place_and_sends_the_order_again_by_itself(se
     response = client.post("/checkout/", {"idempotency_key": key})
     page = response.content.decode()
     assert response.status_code == 202 and 1 <= int(response["Retry-After"]) <= 5
-    assert "You are number 2 in line, with 1 ahead of you" in page and 'id="busy-retry"' in page
+    assert "You are number 2 in line, with 1 ahead of you" in page and 'id="line-status"' in page
     assert response.context["form"].initial["idempotency_key"] == key  # the same order, sent again
 
 

@@ -244,7 +244,8 @@ def test_a_product_added_in_the_admin_opens_its_ledger_and_the_check_holds_it_to
     client.force_login(staff)
     response = client.post("/admin/shop/product/add/", {
         "sku": "NEW-1", "name": "New", "description": "", "price": "5.00", "stock": "20", "active": "on",
-        "max_per_user": "", "opens_at_0": "", "opens_at_1": "", "closes_at_0": "", "closes_at_1": ""})
+        "max_per_user": "", "opens_at_0": "", "opens_at_1": "", "closes_at_0": "", "closes_at_1": "",
+        "line_prequeue_seconds": "0", "line_order": "shuffle"})
     assert response.status_code == 302, response.content.decode()[:2000]
     product = Product.objects.get(sku="NEW-1")
     opening = StockLedger.objects.get(product=product)
