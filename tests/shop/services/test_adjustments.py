@@ -99,11 +99,19 @@ def test_never_below_zero_so_never_into_what_unpaid_orders_reserved(make_product
     assert check_invariants(product_ids=[p.pk], initial_stock={p.pk: 5}) == []
 
 
-def test_adjusting_to_zero_marks_the_product_sold_out_and_adding_clears_it(make_product, user,
-                                                                           django_assert_num_queries):
+def test_adjusting_to_zero_marks_the_product_sold_out_and_adding_clears_it(make_product, user, settings,
+                                                                           monkeypatch, django_assert_num_queries):
+    from shop import account_age
+
     p = make_product(stock=2)
     adjust_stock(product=p, delta=-2, reason="lost", actor="ops")
     assert soldout.sold_out([p.pk]) == {p.pk}
+    # The process's views of which products have a line or an account-age rule are read from MySQL
+    # at most once a second (shop/line/, shop/account_age.py): warm, and kept for this test.
+    settings.SHOP = {**settings.SHOP, "LINE_REFRESH": 3600}
+    monkeypatch.setattr(account_age, "REFRESH", 3600)
+    with pytest.raises(errors.OutOfStock):
+        place_order(user=user, lines=[(p.pk, 1)])
     with django_assert_num_queries(0), pytest.raises(errors.OutOfStock):  # refused from Redis alone
         place_order(user=user, lines=[(p.pk, 1)])
     adjust_stock(product=p, delta=1, reason="correction", note="found one", actor="ops")
