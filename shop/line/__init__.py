@@ -231,7 +231,11 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
 
 def _join(config: LineConfig, *, user_id: int, start: bool, until: float, claim: Ticket | None) -> list:
     checkout_ms = int((max(0.0, until - time.monotonic()) + CHECKOUT_MARGIN) * 1000)
-    return _run(config, "join", user_id, 1 if start else 0, checkout_ms, int(clock.now().timestamp() * 1000),
+    # The latest the database's clock may read now (shop/clock.py): "not open yet" only when the
+    # opening is surely ahead; at the edge the order goes on, and the writer decides it exactly
+    # under the row lock (docs/design.md, "One clock for drop windows").
+    latest_ms = int((clock.now().timestamp() + clock.uncertainty()) * 1000)
+    return _run(config, "join", user_id, 1 if start else 0, checkout_ms, latest_ms,
                 int(config.opens_at.timestamp() * 1000), config.prequeue_seconds * 1000, 1 if config.fifo else 0,
                 secrets.randbits(52), claim.kind if claim else "", claim.score if claim else "",
                 int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000)

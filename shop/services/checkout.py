@@ -20,12 +20,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from django.utils import timezone
 from redis.exceptions import RedisError
 
 import locks
 from locks.combining import Guarded
-from shop import account_age, admission, deadlines, errors, line, metrics, redis_keys, rules, selectors
+from shop import account_age, admission, clock, deadlines, errors, line, metrics, redis_keys, rules, selectors
 from shop.checkout import combining, protocol, writer
 from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
@@ -181,7 +180,7 @@ def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[
             elif position.state == line.NOT_OPEN:
                 # One product: refused here, without the lock. A cart: the writer says which of
                 # its lines cannot be sold, in its order of reasons.
-                row, now = {"active": True, "opens_at": config.opens_at, "closes_at": config.closes_at}, timezone.now()
+                row, now = {"active": True, "opens_at": config.opens_at, "closes_at": config.closes_at}, clock.now()
                 if len(lines) == 1 and drop_state(config.opens_at, config.closes_at, now) == UPCOMING:
                     raise rules.not_on_sale([pid], {pid: row}, now)
             elif position.state in (line.WAITING, line.PRE_QUEUED):
