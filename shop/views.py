@@ -19,7 +19,7 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from shop import api, cart, deadlines, errors, ratelimits, rules, selectors, validation
+from shop import api, cart, clock, deadlines, errors, ratelimits, rules, selectors, validation
 from shop.conf import shop_settings
 from shop.forms import (
     AddToCartForm,
@@ -30,6 +30,7 @@ from shop.forms import (
     SignUpForm,
     TokenForm,
 )
+from shop.line import arrivals, lined
 from shop.models import UPCOMING, ApiToken, Product
 from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
 from shop.templatetags.shop_tags import money
@@ -264,6 +265,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
                 coupon_code=form.cleaned_data["coupon_code"] or None,
                 idempotency_key=form.cleaned_data["idempotency_key"],
                 deadline=deadlines.of_request(request),
+                arrived_ms=arrivals.brought(request),
             )
         except errors.ShopError as exc:
             if exc.status in (202, 503):  # in line, or retryable: the same key, so a resubmit never orders twice
@@ -273,6 +275,10 @@ def checkout(request: HttpRequest) -> HttpResponse:
                                           retry={"in": exc.retry_after or 1, "why": plain_words(
                                               exc, {r.product_id: r.name for r in rows}, staff=request.user.is_staff)})
                 response["Retry-After"] = str(exc.retry_after or 1)
+                if exc.status == 503 and lined([r.product_id for r in rows]):  # keeps its first arrival
+                    at_ms = arrivals.brought(request) or int(clock.now().timestamp() * 1000)
+                    stamp = arrivals.stamp(at_ms=at_ms, credential=arrivals.of_request(request))
+                    response.set_cookie(arrivals.COOKIE, stamp, max_age=arrivals.MAX_AGE, httponly=True, samesite="Lax")
                 return response
             messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows},
                                                 staff=request.user.is_staff))
