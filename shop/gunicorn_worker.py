@@ -289,7 +289,7 @@ class ShopWorker(ThreadWorker):
         # shop's clock (shop/clock.py) as an offset to time.monotonic(): the main loop reads both.
         self._lined: frozenset[int] = frozenset()
         self._fronts: dict = {}
-        self._fronts_at = -math.inf
+        self._fronts_at = self._lines_failed_at = -math.inf
         self._clock_offset: float | None = None
         self._session_cookie = b"sessionid"
         self._not_yet_counted = _uncounted
@@ -312,7 +312,7 @@ class ShopWorker(ThreadWorker):
         admission.serve_with_threads(int(self.cfg.threads))
         use_site_headers()
         self._lines_full, self._known_sold_out = admission.full, soldout.known_sold_out
-        self._crowded = admission.crowded
+        self._product_crowded = admission.crowded
         self._session_cookie = settings.SESSION_COOKIE_NAME.encode()
         self._not_yet_counted = metrics.line_answered_at_worker
         threading.Thread(target=self._keep_known_sold_out, args=(soldout,), name="shop-worker-chores",
@@ -353,7 +353,9 @@ class ShopWorker(ThreadWorker):
             self._fronts = line.fronts(configs.values())
             self._fronts_at = time.monotonic()
         except Exception:
-            self.log.warning("the lines' fronts could not be read", exc_info=True)
+            if time.monotonic() - self._lines_failed_at >= 60:  # once a minute, not 4x a second
+                self._lines_failed_at = time.monotonic()
+                self.log.warning("the lines' fronts could not be read", exc_info=True)
             close_old_connections()
 
     # --- the main loop: reading requests ---------------------------------------------------
@@ -662,7 +664,7 @@ class ShopWorker(ThreadWorker):
     def _crowded_here(self, product_ids: tuple[int, ...]) -> bool:
         """An order of products whose buyers fill this process (shop/admission.py), and not only
         of products with a line (their waiting costs no thread: the line answers it)."""
-        return not self._lined.issuperset(product_ids) and self._crowded(product_ids)
+        return not self._lined.issuperset(product_ids) and self._product_crowded(product_ids)
 
     def _answer_busy_here(self, conn, reason: str) -> None:
         """In a thread: answer 503 to the request the main loop read; the main loop closes it."""
