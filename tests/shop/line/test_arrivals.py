@@ -98,3 +98,42 @@ def test_a_stamp_from_the_pre_queues_window_places_the_buyer_after_the_pre_queue
     opens_ms = int(p.opens_at.timestamp() * 1000)
     pre = _join(p, users[2].pk, arrived_ms=opens_ms - 5000)  # told busy in the pre-queue's window
     assert pre.place == 1
+
+
+@pytestmark_db
+def test_the_apps_busy_answer_for_a_lined_product_carries_a_stamp_and_the_web_checkout_a_cookie(
+        settings, client, user, make_product):
+    """The app's own `busy` (here: this process lets nobody wait, MAX_WAITING 0, and a cart of a
+    drop's product and another one needs the gate) gives the buyer its first arrival."""
+    from shop.models import ApiToken
+
+    settings.SHOP = {**settings.SHOP, "MAX_WAITING": 0}
+    p, other = _drop(make_product), make_product(stock=10)
+    token = ApiToken.issue(user_id=user.pk, name="stamp")
+    body = {"lines": [{"product_id": p.pk, "quantity": 1}, {"product_id": other.pk, "quantity": 1}]}
+    before = _now_ms()
+    response = client.post("/api/orders/", body, content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 503 and response.json()["error"]["code"] == "busy"
+    stamp = response[arrivals.HEADER]
+    at_ms = arrivals.read(stamp, credential=f"Bearer {token}".encode())
+    assert at_ms is not None and before - 1000 <= at_ms <= _now_ms() + 1000
+    # Sent back, the same stamp is given back (the first arrival), not a new one.
+    time.sleep(0.05)
+    again = client.post("/api/orders/", body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}",
+                        HTTP_LINE_ARRIVAL=stamp)
+    assert again[arrivals.HEADER] == stamp
+    # An order of another product only: no stamp.
+    plain = client.post("/api/orders/", {"lines": [{"product_id": other.pk, "quantity": 1}]},
+                        content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert plain.status_code == 503 and arrivals.HEADER not in plain
+    # The web checkout: the same, as a cookie.
+    client.force_login(user)
+    client.post(f"/products/{p.pk}/", {"quantity": 1})
+    client.post(f"/products/{other.pk}/", {"quantity": 1})
+    key = client.get("/checkout/").context["form"].initial["idempotency_key"]
+    page = client.post("/checkout/", {"idempotency_key": key})
+    assert page.status_code == 503
+    cookie = page.cookies[arrivals.COOKIE]
+    assert arrivals.read(cookie.value, credential=client.cookies["sessionid"].value.encode()) is not None
+    assert int(cookie["max-age"]) == arrivals.MAX_AGE and cookie["httponly"]
