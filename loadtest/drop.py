@@ -380,6 +380,12 @@ def waited_then_won(records: Sequence[Record]) -> int:
     return sum(1 for r in records if r.kind == PERSON and r.first_status in (202, 503) and r.result == WON)
 
 
+def busy_then_won(records: Sequence[Record]) -> int:
+    """People whose first answer was 503 (busy: "you lost", before the line kept arrivals) and who
+    still won."""
+    return sum(1 for r in records if r.kind == PERSON and r.first_status == 503 and r.result == WON)
+
+
 def goodput(sold_at: Sequence[float]) -> float | None:
     """Units sold a second while stock lasted: from the first sale to the last."""
     if len(sold_at) < 2 or sold_at[-1] <= sold_at[0]:
@@ -518,6 +524,7 @@ class DropRun:
             "answers": answers(att),
             "retry_after": retry_afters(att),
             "waited_then_won": waited_then_won(rec),
+            "busy_then_won": busy_then_won(rec),
             "goodput": good,
             "goodput_x_capacity": good / self.capacity if good and self.capacity else None,
             "first_second": first_second(att, sold_at),

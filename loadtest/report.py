@@ -489,7 +489,8 @@ def drop_report(d: drop.DropRun) -> str:
         f"requests: {f['requests']:,}, {_x(f['requests_per_unit'], 1)} per unit sold; answers: "
         + ", ".join(f"{k} {v:,}" for k, v in f["answers"].items()),
         "Retry-After given: " + (", ".join(f"{k} s {v:,}" for k, v in f["retry_after"].items()) or "none"),
-        f"people told \"not now\" (503/202) first who still won: {f['waited_then_won']:,}",
+        f"people told \"not now\" (503/202) first who still won: {f['waited_then_won']:,}, of them told busy "
+        f"(503) first: {f.get('busy_then_won', 0):,}",
         f"goodput while stock lasted: {_x(f['goodput'], 0)} units/s = {_x(f['goodput_x_capacity'])}x C",
         f"the first second: {f['first_second']['units']:,} units sold, {f['first_second']['sent']:,} requests sent, "
         f"answered in p50 {_s(f['first_second']['p50'])} / p99 {_s(f['first_second']['p99'])}",

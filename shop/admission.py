@@ -11,11 +11,18 @@ process knows are sold out (`soldout.known_sold_out`): those go on, to be answer
 
 MAX_WAITING: SHOP["MAX_WAITING"] if set; under the shop's gunicorn worker, its threads minus a
 quarter (at least 2 kept free); elsewhere (runserver, management commands, tests) unbounded.
+
+The gate is per product where it can be: once it is full, a buyer of a product nobody waits for
+in this process still gets in, up to the threads but one (`spare`): one product's crowd fills
+the gate for its own buyers, not for everyone's (issue 36). The worker asks `crowded` which
+orders to refuse before the app.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
+from collections.abc import Iterable
 
 from shop import errors, metrics
 from shop.conf import shop_settings
@@ -23,6 +30,7 @@ from shop.conf import shop_settings
 _threads: int | None = None  # the gunicorn worker's threads, when it runs us (shop/gunicorn_worker.py)
 _guard = threading.Lock()
 _waiting = 0
+_by_product: Counter[int] = Counter()  # buyers waiting here, per product of their orders
 
 
 def serve_with_threads(threads: int) -> None:
@@ -39,6 +47,20 @@ def limit() -> int | None:
     return max(1, _threads - max(2, _threads // 4))
 
 
+def spare() -> int | None:
+    """The most buyers let wait at once, counting those of products nobody else waits for: the
+    threads but one (the limit, outside the gunicorn worker)."""
+    most = limit()
+    return most if _threads is None or most is None else max(most, _threads - 1)
+
+
+def crowded(product_ids: Iterable[int]) -> bool:
+    """Whether an order of these products is refused while the gate is full: one of them has
+    buyers waiting here (its crowd fills the process), or no spare place is left. No I/O."""
+    most = spare()
+    return any(_by_product.get(pid) for pid in product_ids) or (most is not None and _waiting >= most)
+
+
 def waiting() -> int:
     return _waiting
 
@@ -49,22 +71,28 @@ def full() -> bool:
     return most is not None and _waiting >= most
 
 
-def enter() -> bool:
-    """Take a place in the lines for this buyer; False when the process has none left (then
-    answer `refusal()`). Every True must be paired with `leave()`."""
+def enter(product_ids: Iterable[int] = ()) -> bool:
+    """Take a place in the lines for this buyer of these products; False when the process has
+    none left for them (then answer `refusal()`). Every True must be paired with `leave()` of
+    the same products."""
     global _waiting
+    ids = tuple(product_ids)
     most = limit()
     with _guard:
-        if most is not None and _waiting >= most:
+        if most is not None and _waiting >= most and (not ids or crowded(ids)):
             return False
         _waiting += 1
+        _by_product.update(ids)
         return True
 
 
-def leave() -> None:
+def leave(product_ids: Iterable[int] = ()) -> None:
     global _waiting
     with _guard:
         _waiting -= 1
+        _by_product.subtract(product_ids)
+        for pid in [pid for pid, n in _by_product.items() if n <= 0]:
+            del _by_product[pid]
 
 
 def refusal() -> errors.Busy:

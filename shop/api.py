@@ -18,7 +18,8 @@ from django.http import HttpRequest, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from shop import deadlines, errors, ratelimits, selectors, validation
+from shop import clock, deadlines, errors, ratelimits, selectors, validation
+from shop.line import arrivals, lined
 from shop.models import CouponClaim, Order, Product
 from shop.receipts import Receipt
 from shop.services import cancel_order, claim_coupon, pay_order, place_order
@@ -220,12 +221,26 @@ def orders(request: HttpRequest) -> JsonResponse:
         except errors.InvalidInput as exc:
             exc.details = {"Idempotency-Key": exc.details.get("idempotency_key", "invalid")}
             raise
+    arrived = arrivals.brought(request)
     try:
         placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key,
-                             deadline=deadlines.of_request(request), line_ticket=request.headers.get("Line-Ticket"))
+                             deadline=deadlines.of_request(request), line_ticket=request.headers.get("Line-Ticket"),
+                             arrived_ms=arrived)
     except errors.InLine as waiting:
         return line_response(waiting)
+    except errors.Busy as busy:
+        return _busy_with_arrival(request, busy, lines=lines, arrived=arrived)
     return JsonResponse(receipt_json(placed), status=200 if placed.replayed else 201)
+
+
+def _busy_with_arrival(request: HttpRequest, busy: errors.Busy, *, lines: list, arrived: int | None) -> JsonResponse:
+    """`busy`; for an order of a product in a drop's line, with an arrival stamp (the one the
+    buyer brought, else now): coming back later keeps the place of this first arrival."""
+    response = shop_error_response(busy)
+    if lined([pid for pid, _ in lines]):
+        at_ms = arrived if arrived is not None else int(clock.now().timestamp() * 1000)
+        response[arrivals.HEADER] = arrivals.stamp(at_ms=at_ms, credential=arrivals.of_request(request))
+    return response
 
 
 def line_response(waiting: errors.InLine) -> JsonResponse:

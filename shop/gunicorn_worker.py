@@ -58,7 +58,9 @@ import contextlib
 import errno
 import hashlib
 import html
+import json
 import logging
+import math
 import selectors
 import socket
 import threading
@@ -79,11 +81,17 @@ LINGER, LINGER_BYTES = 2.0, 65536
 # one has been sending this long: a burst of new connections (a NAT, a load generator, a client
 # starved of CPU between connect and send) whose requests are on their way is not cut off.
 SLOT_GRACE = 1.0
+# The lines' fronts older than this (the chores thread could not read them) answer no ticket.
+FRONTS_STALE = 2.0
 
 def _busy_json(reason: str) -> bytes:
     return (b'{"error":{"code":"busy","message":"The shop is very busy right now; nothing was done. '
             b'Please retry in a moment.","details":{"retry_after":1,"where":"server","reason":"'
             + reason.encode() + b'"}}}')
+
+
+def _uncounted() -> None:
+    """Before the app loads, nothing is counted."""
 
 
 def _sha256(source: str) -> str:
@@ -157,20 +165,30 @@ def _busy_checkout(request: bytes) -> bytes | None:
         f"<script>{_SCRIPT}</script>")
 
 
-def busy_response(request: bytes, reason: str) -> bytes:
+def busy_response(request: bytes, reason: str, extra: bytes = b"") -> bytes:
     """The whole 503 answer to a request (its bytes as far as they came): the checkout's busy page
     (it retries by itself) for a checkout, a short page for other browser pages, JSON (the API's
     error shape) for everything else; with the site's security headers. It never raises (the
-    main loop calls it): should reading the request fail all the same, the answer is JSON."""
+    main loop calls it): should reading the request fail all the same, the answer is JSON.
+    `extra`: more header lines (an arrival stamp)."""
     try:
         page, kind, csp = _busy_answer(request, reason)
     except Exception:
         logging.getLogger("gunicorn.error").exception("busy answer: the request could not be read")
         page, kind, csp = _BUSY_JSON[reason], b"application/json", _CSP_JSON
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + kind + b"\r\nRetry-After: "
-            + str(RETRY_AFTER).encode() + b"\r\nCache-Control: no-store\r\n" + _SITE_HEADERS
+            + str(RETRY_AFTER).encode() + b"\r\nCache-Control: no-store\r\n" + _SITE_HEADERS + extra
             + b"Content-Security-Policy: " + csp + b"\r\nConnection: close\r\nContent-Length: "
             + str(len(page)).encode() + b"\r\n\r\n" + page)
+
+
+def line_response(details: dict) -> bytes:
+    """The worker's 202 to a waiting ticket: the app's answer (shop/api.py `line_response`)."""
+    body = json.dumps({"line": details}, separators=(",", ":")).encode()
+    return (b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nRetry-After: "
+            + str(details["retry_after"]).encode() + b"\r\nLine-Ticket: " + details["ticket"].encode()
+            + b"\r\nCache-Control: no-store\r\n" + _SITE_HEADERS + b"Content-Security-Policy: " + _CSP_JSON
+            + b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 def _busy_answer(request: bytes, reason: str) -> tuple[bytes, bytes, bytes]:
@@ -267,9 +285,19 @@ class ShopWorker(ThreadWorker):
         self._reads_requests = (not self.cfg.is_ssl and "h2" not in self.cfg.http_protocols
                                 and self.cfg.proxy_protocol in ("off", False, None))
         self.head_timeout, self.head_slots, self.head_max, self.body_buffer = 5.0, 16, 32768, 65536
+        # The drops' lines, as the chores thread last read them (whole dicts, swapped), and the
+        # shop's clock (shop/clock.py) as an offset to time.monotonic(): the main loop reads both.
+        self._lined: frozenset[int] = frozenset()
+        self._fronts: dict = {}
+        self._fronts_at = self._lines_failed_at = -math.inf
+        self._clock_offset: float | None = None
+        self._session_cookie = b"sessionid"
+        self._not_yet_counted = _uncounted
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
+        from django.conf import settings
+
         from shop import admission, metrics
         from shop.conf import shop_settings
         from shop.plumbing import soldout
@@ -284,6 +312,9 @@ class ShopWorker(ThreadWorker):
         admission.serve_with_threads(int(self.cfg.threads))
         use_site_headers()
         self._lines_full, self._known_sold_out = admission.full, soldout.known_sold_out
+        self._product_crowded = admission.crowded
+        self._session_cookie = settings.SESSION_COOKIE_NAME.encode()
+        self._not_yet_counted = metrics.line_answered_at_worker
         threading.Thread(target=self._keep_known_sold_out, args=(soldout,), name="shop-worker-chores",
                          daemon=True).start()
         app, arrival = self.wsgi, self._arrival
@@ -295,17 +326,37 @@ class ShopWorker(ThreadWorker):
         self.wsgi = stamped
 
     def _keep_known_sold_out(self, soldout) -> None:
-        """Which products are sold out, read every quarter of a second, and the overload counts
-        flushed every second (never in the main loop)."""
+        """Which products are sold out and the fronts of the drops' lines, read every quarter of a
+        second, and the overload counts flushed every second (never in the main loop)."""
         from shop import overload
 
         flushed = time.monotonic()
         while self.alive:
             soldout.refresh_known()
+            self._read_lines()
             if time.monotonic() - flushed >= 1.0:
                 overload.flush()
                 flushed = time.monotonic()
             time.sleep(soldout.KNOWN_REFRESH)
+
+    def _read_lines(self) -> None:
+        """The drops' lines and their fronts (one pipelined read of Redis), and the shop's clock."""
+        from django.db import close_old_connections
+
+        from shop import clock, line
+        from shop.conf import shop_settings
+
+        try:
+            self._clock_offset = clock.now().timestamp() - time.monotonic()
+            configs = line.every_line() if shop_settings.LINES else {}
+            self._lined = frozenset(configs)
+            self._fronts = line.fronts(configs.values())
+            self._fronts_at = time.monotonic()
+        except Exception:
+            if time.monotonic() - self._lines_failed_at >= 60:  # once a minute, not 4x a second
+                self._lines_failed_at = time.monotonic()
+                self.log.warning("the lines' fronts could not be read", exc_info=True)
+            close_old_connections()
 
     # --- the main loop: reading requests ---------------------------------------------------
     def accept(self, listener) -> None:
@@ -440,7 +491,10 @@ class ShopWorker(ThreadWorker):
         if waiting == 0:
             self._queue_empty_at = now
         conn.request = request = bytes(conn.request)
-        if waiting >= self.queue_max:
+        if (waiting_in_line := self._not_yet(request)) is not None:
+            self._answer_and_close(conn, waiting_in_line)
+            self._not_yet_counted()
+        elif waiting >= self.queue_max:
             self._answer_busy(conn, "queue_full")
         elif self._lines_full() and self._order_to_refuse(request):
             self._answer_busy(conn, "full")
@@ -453,8 +507,59 @@ class ShopWorker(ThreadWorker):
 
     def _answer_busy(self, conn, reason: str) -> None:
         """Answer 503 (the request was read), close."""
-        self._answer_and_close(conn, busy_response(conn.request, reason))
+        self._answer_and_close(conn, busy_response(conn.request, reason, self._arrival_headers(conn.request)))
         self._counted(reason)
+
+    def _not_yet(self, request: bytes) -> bytes | None:
+        """The 202 "not your turn yet" to an API order that brings a Line-Ticket this shop signed
+        for a line whose front (read a few times a second) has not reached its place; None for
+        anything else (the app decides, and refuses a bad ticket). The ticket is trusted for this
+        answer only, never for a turn. Never raises: the main loop's."""
+        fronts = self._fronts
+        if not fronts or time.monotonic() - self._fronts_at > FRONTS_STALE:
+            return None
+        try:
+            from shop.line import tickets
+
+            text = order_requests.header(request, b"line-ticket")
+            found = tickets.verify(text.decode("latin-1")) if text else None
+            front = fronts.get(found[0].product_id) if found else None
+            if front is None:
+                return None
+            ids = order_requests.product_ids(request)
+            if not ids or found[0].product_id not in ids or self._known_sold_out([found[0].product_id]):
+                return None
+            details = front.not_yet(found[0], text.decode("latin-1"))
+            return line_response(details) if details is not None else None
+        except Exception:
+            self.log.exception("line ticket check failed; the request goes on to the app")
+            return None
+
+    def _arrival_headers(self, request: bytes) -> bytes:
+        """The arrival stamp for a `busy` order of a lined product (a web checkout: while any line
+        is open): the one it brought if valid, else now; b"" for anything else. Never raises."""
+        try:
+            from shop.line import arrivals
+
+            offset, lined = self._clock_offset, self._lined
+            if offset is None or not lined or not order_requests.is_order(request):
+                return b""
+            ids = order_requests.product_ids(request)
+            if ids is not None and lined.isdisjoint(ids):
+                return b""
+            credential = arrivals.credential(authorization=order_requests.header(request, b"authorization"),
+                                             session=order_requests.cookie(request, self._session_cookie))
+            now_ms = int((time.monotonic() + offset) * 1000)
+            brought = order_requests.header(request, b"line-arrival") or order_requests.cookie(request, b"line_arrival")
+            at_ms = arrivals.read(brought, credential=credential) if brought else None
+            if at_ms is None or not 0 <= now_ms - at_ms <= arrivals.MAX_AGE * 1000:
+                at_ms = now_ms
+            stamp = arrivals.stamp(at_ms=at_ms, credential=credential).encode()
+            return (b"Line-Arrival: " + stamp + b"\r\nSet-Cookie: line_arrival=" + stamp + b"; Max-Age="
+                    + str(arrivals.MAX_AGE).encode() + b"; Path=/; HttpOnly; SameSite=Lax\r\n")
+        except Exception:
+            self.log.exception("arrival stamp failed; busy without one")
+            return b""
 
     def _answer_and_close(self, conn, answer: bytes) -> None:
         """Answer from the main loop and close at once: what the client sent so far has been read,
@@ -550,10 +655,16 @@ class ShopWorker(ThreadWorker):
         all the same, the request goes on to the app, which answers it: an exception here would
         end the worker and every request it serves."""
         try:
-            return order_requests.to_refuse_while_full(request, known_sold_out=self._known_sold_out)
+            return order_requests.to_refuse_while_full(request, known_sold_out=self._known_sold_out,
+                                                       crowded=self._crowded_here)
         except Exception:
             self.log.exception("triage failed; the request goes on to the app")
             return False
+
+    def _crowded_here(self, product_ids: tuple[int, ...]) -> bool:
+        """An order of products whose buyers fill this process (shop/admission.py), and not only
+        of products with a line (their waiting costs no thread: the line answers it)."""
+        return not self._lined.issuperset(product_ids) and self._product_crowded(product_ids)
 
     def _answer_busy_here(self, conn, reason: str) -> None:
         """In a thread: answer 503 to the request the main loop read; the main loop closes it."""
@@ -561,7 +672,7 @@ class ShopWorker(ThreadWorker):
         if head:
             try:
                 conn.sock.settimeout(0.5)
-                conn.sock.sendall(busy_response(head, reason))
+                conn.sock.sendall(busy_response(head, reason, self._arrival_headers(head)))
             except OSError as exc:
                 if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
                     self.log.debug("busy answer not sent: %s", exc)

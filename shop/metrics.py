@@ -72,7 +72,8 @@ FENCE_REFUSALS = Counter("flashsale_fence_refusals", "Writes refused because a n
 
 LINE_ANSWERS = Counter("flashsale_line_answers", "Order requests of a drop's line, by what the line answered: "
                        "started (its turn: on to the checkout), waiting, pre_queue, cut (told sold out by the line), "
-                       "sold_out, in_checkout (the account's other request is in the checkout), admitted.", ["state"])
+                       "sold_out, in_checkout (the account's other request is in the checkout), admitted, "
+                       "worker_waiting (a waiting ticket answered by the gunicorn worker, without the app).", ["state"])
 LINE_ANSWER_SECONDS = Histogram("flashsale_line_answer_seconds", "From a buyer's place in a drop's line (its first "
                                 "request) to its final answer, by outcome: placed, refused (by the checkout), "
                                 "sold_out (told by the line).", ["outcome"],
@@ -126,6 +127,12 @@ def soldout_rejected() -> None:
 
 def line_answered(state: str) -> None:
     _safely(lambda: LINE_ANSWERS.labels(state).inc())
+
+
+def line_answered_at_worker() -> None:
+    """A waiting ticket answered 202 by the gunicorn worker itself (no app, no thread)."""
+    overload.count("line:worker_waiting")
+    _safely(lambda: LINE_ANSWERS.labels("worker_waiting").inc())
 
 
 def line_answered_finally(outcome: str, seconds: float) -> None:

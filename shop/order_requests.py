@@ -183,16 +183,43 @@ def _ids(request: bytes) -> tuple[int, ...] | None:
     return ids
 
 
-def to_refuse_while_full(request: bytes, *, known_sold_out: Callable[[Iterable[int]], bool]) -> bool:
+def to_refuse_while_full(request: bytes, *, known_sold_out: Callable[[Iterable[int]], bool],
+                         crowded: Callable[[tuple[int, ...]], bool] | None = None) -> bool:
     """Whether the worker refuses this request (as far as it came) `busy` while its lines are
     full: an order, unless it names only products known to be sold out (the app answers those
-    "sold out" at once). An order it cannot read is refused: nothing shows it is cheap. A web
-    checkout's products are in its session: it is refused."""
+    "sold out" at once) or, given `crowded`, none of the products whose buyers fill the process.
+    An order it cannot read is refused: nothing shows it is cheap. A web checkout's products are
+    in its session: it is refused."""
     line = request_line(request)
     if line is None or line[1] is None or not is_order_request(line[0], line[1]):
         return False
     ids = _ids(request) if line[1] == API_ORDERS else None
-    return ids is None or not known_sold_out(ids)
+    return ids is None or (not known_sold_out(ids) and (crowded is None or crowded(ids)))
+
+
+def header(request: bytes, name: bytes) -> bytes | None:
+    """The first value of a header (`name` lower-case, without its colon), as sent, stripped;
+    None without it or without a whole head within HEAD_MAX bytes."""
+    end = request.find(b"\r\n\r\n", 0, HEAD_MAX + 4)
+    if end < 0:
+        return None
+    head = request[:end]
+    at = head.lower().find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    start = at + len(name) + 3
+    stop = head.find(b"\r\n", start)
+    return head[start:stop if stop >= 0 else len(head)].strip()
+
+
+def cookie(request: bytes, name: bytes) -> bytes | None:
+    """A cookie's value from the request's (first) Cookie header; None without it."""
+    jar = header(request, b"cookie")
+    for pair in (jar or b"").split(b";"):
+        key, sep, value = pair.strip().partition(b"=")
+        if sep and key == name:
+            return value.strip()
+    return None
 
 
 def checkout_form(request: bytes, names: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -27,6 +27,7 @@ ROWS = (
     ("shed:queue_delay", "Busy: waited too long for a thread"),
     ("shed:full", "Busy: this server's lines were full (before the app)"),
     ("shed:admission", "Busy: this server's lines were full (in the app)"),
+    ("line:worker_waiting", "In line: a waiting ticket answered by the worker (no app)"),
     ("deadline:arrival", "Deadline passed before the order started"),
     ("deadline:take", "Deadline passed in line (taken too late)"),
     ("deadline:commit", "Deadline passed before COMMIT (not committed)"),

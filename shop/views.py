@@ -20,7 +20,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 from redis.exceptions import RedisError
 
-from shop import account_age, api, cart, deadlines, errors, ratelimits, rules, selectors, validation
+from shop import account_age, api, cart, clock, deadlines, errors, ratelimits, rules, selectors, validation
 from shop.conf import shop_settings
 from shop.forms import (
     AddToCartForm,
@@ -31,7 +31,7 @@ from shop.forms import (
     SignUpForm,
     TokenForm,
 )
-from shop.line import board, tickets
+from shop.line import arrivals, board, lined, tickets
 from shop.models import UPCOMING, ApiToken, Product
 from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
 from shop.templatetags.shop_tags import money
@@ -269,6 +269,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
                 idempotency_key=form.cleaned_data["idempotency_key"],
                 deadline=deadlines.of_request(request),
                 line_ticket=_line_ticket(request),
+                arrived_ms=arrivals.brought(request),
             )
         except errors.ShopError as exc:
             if exc.status in (202, 503):  # in line, or retryable: the same key, so a resubmit never orders twice
@@ -282,6 +283,10 @@ def checkout(request: HttpRequest) -> HttpResponse:
                 response["Retry-After"] = str(exc.retry_after or 1)
                 if isinstance(exc, errors.InLine):
                     _keep_ticket(request, response, exc.details.get("ticket", ""))
+                if exc.status == 503 and lined([r.product_id for r in rows]):  # keeps its first arrival
+                    at_ms = arrivals.brought(request) or int(clock.now().timestamp() * 1000)
+                    stamp = arrivals.stamp(at_ms=at_ms, credential=arrivals.of_request(request))
+                    response.set_cookie(arrivals.COOKIE, stamp, max_age=arrivals.MAX_AGE, httponly=True, samesite="Lax")
                 return response
             messages.error(request, plain_words(exc, {r.product_id: r.name for r in rows},
                                                 staff=request.user.is_staff))

@@ -45,11 +45,12 @@ from redis.commands.core import Script
 
 from shop import clock, metrics, redis_keys, selectors
 from shop.conf import shop_settings
+from shop.line import arrivals
 from shop.line.tickets import PLACE, PRE_QUEUE, Ticket, not_yet, read
 from shop.models import Product
 
-__all__ = ["LineConfig", "Position", "Status", "Ticket", "finish", "forget", "join", "lined", "not_yet",
-           "now_serving", "read_ticket", "status"]
+__all__ = ["Front", "LineConfig", "Position", "Status", "Ticket", "every_line", "finish", "forget", "fronts", "join",
+           "lined", "not_yet", "now_serving", "read_ticket", "status"]
 
 log = logging.getLogger("shop")
 
@@ -195,20 +196,26 @@ def read_ticket(text: str, *, user_id: int) -> Ticket | None:
 
 
 def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket: Ticket | None = None,
-         counted: bool = True) -> Position:
+         counted: bool = True, arrived_ms: int | None = None) -> Position:
     """Take (or find) this account's place and, if it is its turn and `start`, begin the turn: it
     is then in the checkout until `finish` (or its lapse, `until` (monotonic) + a margin).
     `counted` False: a look at the place (the waiting page's poll), not an order's answer.
-    Raises RedisError if the line cannot be reached."""
+    `arrived_ms`: the time of an arrival stamp the buyer brought (shop/line/arrivals.py, checked):
+    a new place is taken as of then, if the stamp is young enough and not before the pre-queue's
+    window. Raises RedisError if the line cannot be reached."""
     mine = ticket is not None and (ticket.product_id, ticket.drop) == (config.product_id, config.drop)
     claim = ticket if mine else None
-    reply = _join(config, user_id=user_id, start=start, until=until, claim=claim)
+    now_ms = int(clock.now().timestamp() * 1000)
+    arrived = arrivals.honoured(arrived_ms, now_ms=now_ms,
+                                window_ms=int(config.opens_at.timestamp() * 1000) - config.prequeue_seconds * 1000)
+    reply = _join(config, user_id=user_id, start=start, until=until, claim=claim, arrived=arrived, now_ms=now_ms)
     state = _text(reply[0])
     units_due = state not in (NOT_OPEN, PRE_QUEUED) and bool(int(reply[7]))
     if state != NOT_OPEN and int(reply[3 if state == PRE_QUEUED else 9]) and not _lost_before(config):
         _run(config, "release")  # a new line, not one Redis lost: nobody need be held back
         if state == WAITING:  # held back just now: its turn may have come
-            reply = _join(config, user_id=user_id, start=start, until=until, claim=claim)
+            reply = _join(config, user_id=user_id, start=start, until=until, claim=claim, arrived=arrived,
+                          now_ms=now_ms)
             state = _text(reply[0])
     found = Position(state=state, product_id=config.product_id, drop=config.drop, opens_at=config.opens_at)
     if state == NOT_OPEN:
@@ -229,16 +236,18 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
                      PLACE, user_id)
 
 
-def _join(config: LineConfig, *, user_id: int, start: bool, until: float, claim: Ticket | None) -> list:
+def _join(config: LineConfig, *, user_id: int, start: bool, until: float, claim: Ticket | None,
+          arrived: int | None, now_ms: int) -> list:
     checkout_ms = int((max(0.0, until - time.monotonic()) + CHECKOUT_MARGIN) * 1000)
     # The latest the database's clock may read now (shop/clock.py): "not open yet" only when the
     # opening is surely ahead; at the edge the order goes on, and the writer decides it exactly
     # under the row lock (docs/design.md, "One clock for drop windows").
-    latest_ms = int((clock.now().timestamp() + clock.uncertainty()) * 1000)
+    latest_ms = now_ms + int(clock.uncertainty() * 1000)
     return _run(config, "join", user_id, 1 if start else 0, checkout_ms, latest_ms,
                 int(config.opens_at.timestamp() * 1000), config.prequeue_seconds * 1000, 1 if config.fifo else 0,
                 secrets.randbits(52), claim.kind if claim else "", claim.score if claim else "",
-                int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000)
+                int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000,
+                arrived if arrived is not None else "")
 
 
 def hold_seconds() -> int:
@@ -296,6 +305,86 @@ def finish(positions: Iterable[Position], *, outcome: str, user_id: int, lines: 
             _run(lines[position.product_id], "finish", user_id, outcome)
         except Exception:
             log.warning("line of product %s: could not end a turn", position.product_id, exc_info=True)
+
+
+def every_line() -> dict[int, LineConfig]:
+    """Every line of a drop not over, by product id (`lined`'s view: MySQL every LINE_REFRESH s)."""
+    lined(())
+    return dict(_configs)
+
+
+@dataclass(frozen=True)
+class Front:
+    """A line's front as a front door reads it a few times a second (`fronts`): enough to answer a
+    waiting ticket "not your turn yet" without the app, with an estimate of its place."""
+
+    product_id: int
+    drop: int
+    serving: int  # the score of the last place let through
+    let_through: int  # places let through so far (the answer's now_serving)
+    in_turn: int
+    waiting: int
+    first_waiting: int  # the score of the earliest waiting place (0: none)
+    last: int  # the latest place's score
+    cut: int | None
+    rate: float
+    window: int
+    default_rate: float
+    retry_max: int
+
+    def not_yet(self, ticket: Ticket, text: str) -> dict | None:
+        """The 202's details for this ticket if its place is not reached yet and not past the cut
+        (the app answers those sold out); else None (the app decides). Pure: the main loop's."""
+        if ((ticket.product_id, ticket.drop) != (self.product_id, self.drop) or ticket.kind != PLACE
+                or not not_yet(ticket, self.serving) or (self.cut is not None and ticket.score >= self.cut)):
+            return None
+        start = self.first_waiting or self.serving
+        span = max(1, self.last - start)
+        between = min(self.waiting, max(0, round(self.waiting * (ticket.score - start) / span)))
+        ahead = self.in_turn + between
+        wait = max(1, ahead + 1 - self.window) / (self.rate or self.default_rate)
+        return {"product_id": self.product_id, "state": "waiting", "place": self.let_through + between + 1,
+                "ahead": ahead, "now_serving": self.let_through, "estimated_wait": round(wait, 2),
+                "retry_after": max(1, min(self.retry_max, math.ceil(wait))), "ticket": text}
+
+
+_RING, _SPAN = 8, 5  # line.lua's ring of finished turns per second, and the seconds its rate spans
+
+
+def fronts(configs: Iterable[LineConfig]) -> dict[int, Front]:
+    """The fronts of these lines (those open), by product id: one pipelined read of Redis."""
+    configs = list(configs)
+    if not configs:
+        return {}
+    ring = [f"{x}{i}" for i in range(_RING) for x in "tr"]
+    pipe = client().pipeline(transaction=False)
+    pipe.time()
+    for config in configs:
+        meta, places, waiting, turns = keys(config.product_id, config.drop)[:4]
+        pipe.hmget(meta, "opened", "front", "last", "cut", "opened_s", *ring)
+        pipe.zcard(places)
+        pipe.zcard(waiting)
+        pipe.zcard(turns)
+        pipe.zrange(waiting, 0, 0, withscores=True)
+    replies = pipe.execute()
+    now_s = int(replies[0][0])
+    found = {}
+    for n, config in enumerate(configs):
+        meta, places, waiting, turns, first = replies[1 + 5 * n:6 + 5 * n]
+        if meta[0] not in (b"1", "1"):
+            continue  # not open yet: the pre-queue is the app's
+        fields = [int(float(v)) if v is not None else None for v in meta[1:5]]
+        front, last, cut, opened_s = fields
+        slots = dict(zip(ring, [int(v) if v is not None else None for v in meta[5:]], strict=True))
+        done = sum(slots[f"r{(now_s - i) % _RING}"] or 0 for i in range(1, _SPAN + 1)
+                   if slots[f"t{(now_s - i) % _RING}"] == now_s - i)
+        span = max(1, min(_SPAN, now_s - (opened_s or now_s)))
+        found[config.product_id] = Front(
+            product_id=config.product_id, drop=config.drop, serving=front or 0, let_through=places - waiting,
+            in_turn=turns, waiting=waiting, first_waiting=int(first[0][1]) if first else 0, last=last or 0, cut=cut,
+            rate=int(done * 1000 / span) / 1000, window=int(shop_settings.LINE_WINDOW),
+            default_rate=float(shop_settings.LINE_DEFAULT_RATE), retry_max=int(shop_settings.LINE_RETRY_MAX))
+    return found
 
 
 def now_serving(config: LineConfig) -> int:

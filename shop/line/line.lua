@@ -109,10 +109,14 @@ if op == 'join' then
   -- 6 user, 7 start (1: take the turn now), 8 checkout ms, 9 the shop's time ms (the database's
   -- clock, shop/clock.py: it decides the window, as at the writer), 10 opens_at ms,
   -- 11 pre-queue ms, 12 fifo (1/0), 13 a random order, 14 claimed kind (p|q|''), 15 claimed score,
-  -- 16 units refresh ms, 17 hold ms
+  -- 16 units refresh ms, 17 hold ms, 18 an arrival stamp's time ms ('' without one: checked by
+  -- the caller, shop/line/arrivals.py)
   local user, start, checkout_ms = ARGV[6], ARGV[7] == '1', tonumber(ARGV[8])
   local app_ms, opens_ms, prequeue_ms = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
   local kind, claim = ARGV[14], tonumber(ARGV[15])
+  local arrived_ms = tonumber(ARGV[18] or '')
+  -- A stamp's arrival in Redis time: as long ago as the shop's clock says it was.
+  local arrived_us = arrived_ms and (now_us - math.max(0, app_ms - arrived_ms) * 1000) or now_us
   -- A line made after its opening may be one Redis lost: let nobody through for `hold` ms
   -- (17) while the caller asks MySQL whether this drop had a line before (then buyers come
   -- back with their tickets meanwhile) or not (then it releases the hold at once).
@@ -127,7 +131,7 @@ if op == 'join' then
       local order = redis.call('ZSCORE', P, user)
       if not order then
         if kind == 'q' and claim then order = claim
-        elseif ARGV[12] == '1' then order = now_us
+        elseif ARGV[12] == '1' then order = arrived_us
         else order = tonumber(ARGV[13]) end
         redis.call('ZADD', P, 'NX', num(order), user)
       end
@@ -143,6 +147,19 @@ if op == 'join' then
     if claim then
       place = claim  -- a place this account held before Redis lost the line (a signed ticket)
       redis.call('HSET', S, 'r:' .. user, '1')
+    elseif arrived_ms then
+      -- told busy before (a signed stamp): the place of its first arrival. One that came in the
+      -- pre-queue's window takes a place right after the pre-queue, shuffled (or in its order).
+      if arrived_ms < opens_ms then
+        local offset = tonumber(ARGV[13]) % 1000
+        if ARGV[12] == '1' then offset = math.floor((arrived_ms - opens_ms + prequeue_ms) * 999 / math.max(1, prequeue_ms)) end
+        place = opens_ms * 1000 + offset
+      else
+        place = arrived_us
+      end
+      while redis.call('ZCOUNT', Q, num(place), num(place)) > 0 do place = place + 1 end
+      if place > (field('last') or 0) then redis.call('HSET', M, 'last', num(place)) end
+      if place < (field('front') or 0) then redis.call('HSET', S, 'r:' .. user, '1') end
     else
       place = math.max(now_us, (field('last') or 0) + 1)
       redis.call('HSET', M, 'last', num(place))

@@ -1,10 +1,12 @@
 """Line tickets: a buyer's place in a drop's line, signed, checked without Redis or MySQL.
 
-A ticket is `<product>.<drop>.<kind>.<score>.<signature>`: kind `p` (a place in the open line,
-its score the Redis time of arrival in µs) or `q` (a place in the pre-queue, its score the
-pre-queue's order). The signature is an HMAC-SHA256 of those and the account's id, under a key
-derived from SECRET_KEY for this purpose only: another account's ticket, or an altered one, does
-not verify. Tickets let a line rebuilt after Redis lost it give each buyer back the place they
+A ticket is `<product>.<drop>.<kind>.<score>.<account>.<signature>`: kind `p` (a place in the
+open line, its score the Redis time of arrival in µs) or `q` (a place in the pre-queue, its score
+the pre-queue's order). The signature is an HMAC-SHA256 of those, under a key derived from
+SECRET_KEY for this purpose only: another account's ticket, or an altered one, does not verify.
+The account is written out so that the shop's gunicorn worker, which does not know who sends a
+request, can check the signature too (`verify`): it only answers "not your turn yet" from it.
+Tickets let a line rebuilt after Redis lost it give each buyer back the place they
 had (shop/line/__init__.py), and let a server tell "not your turn yet" from the ticket and the
 line's "now serving" alone (`not_yet`), without the app.
 """
@@ -23,7 +25,7 @@ from django.conf import settings
 PLACE, PRE_QUEUE = "p", "q"
 MAX_LENGTH = 120
 # Digits in ASCII only, written the one way the shop writes them (int() would read "+5" or "٣").
-_FORM = re.compile(r"(\d{1,12})\.(\d{1,12})\.([pq])\.(\d{1,20})\.([A-Za-z0-9_-]{24})", re.ASCII)
+_FORM = re.compile(r"(\d{1,12})\.(\d{1,12})\.([pq])\.(\d{1,20})\.(\d{1,19})\.([A-Za-z0-9_-]{24})", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Ticket:
     score: int
 
     def text(self, *, user_id: int) -> str:
-        return f"{self._body()}.{_signature(user_id, self._body())}"
+        return f"{self._body()}.{user_id}.{_signature(user_id, self._body())}"
 
     def _body(self) -> str:
         return f"{self.product_id}.{self.drop}.{self.kind}.{self.score}"
@@ -53,12 +55,20 @@ def _signature(user_id: int, body: str) -> str:
 def read(text: str, *, user_id: int) -> Ticket | None:
     """The ticket `text` carries if this shop signed it for this account, else None (malformed,
     altered, forged or another account's)."""
+    found = verify(text)
+    return found[0] if found is not None and found[1] == user_id else None
+
+
+def verify(text: object) -> tuple[Ticket, int] | None:
+    """(the ticket, the account it was given to) if this shop signed `text`, else None. Pure and
+    never raises: the worker's main loop calls it on whatever a client sent."""
     if not isinstance(text, str) or len(text) > MAX_LENGTH or not (found := _FORM.fullmatch(text.strip())):
         return None
     ticket = Ticket(product_id=int(found[1]), drop=int(found[2]), kind=found[3], score=int(found[4]))
-    if not hmac.compare_digest(found[5].encode(), _signature(user_id, ticket._body()).encode()):
+    account = int(found[5])
+    if not hmac.compare_digest(found[6].encode(), _signature(account, ticket._body()).encode()):
         return None
-    return ticket
+    return ticket, account
 
 
 def not_yet(ticket: Ticket, serving: int) -> bool:

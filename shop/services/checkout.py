@@ -65,6 +65,7 @@ def place_order(
     use_lock: bool | None = None,
     deadline: float | None = None,
     line_ticket: str | None = None,
+    arrived_ms: int | None = None,
 ) -> Receipt:
     """Place an order, all or nothing.
 
@@ -74,6 +75,8 @@ def place_order(
     wait, or the deadline has passed), `lock_timeout` when it waited in line until its deadline,
     `in_line` (not a failure: 202) when a product is in a drop's line and it is not this buyer's
     turn yet. `line_ticket`: the Line-Ticket the buyer was given (refused if not its own).
+    `arrived_ms`: the time of the buyer's arrival stamp (shop/line/arrivals.py, already checked):
+    a place it takes in a line dates from then.
     """
     refuse_outer_transaction("place_order")
     if deadline is None:
@@ -109,7 +112,7 @@ def place_order(
 
     def served(*, gate: bool) -> Receipt:
         late = deadlines.passed(deadline)
-        if late or (gate and not admission.enter()):
+        if late or (gate and not admission.enter(product_ids)):
             if guards and (replayed := fast_path()) is not None:  # not checked yet
                 return replayed
             if late:
@@ -123,7 +126,7 @@ def place_order(
                               digest=digest, record_key=record_key)
         finally:
             if gate:
-                admission.leave()
+                admission.leave(product_ids)
         if isinstance(result, Receipt):
             return result
         if isinstance(result, Refused):
@@ -137,7 +140,8 @@ def place_order(
     configs = line.lined(product_ids) if shop_settings.LINES else {}
     if not configs:
         return served(gate=True)
-    turns = _take_turns(configs, user=user, lines=lines, deadline=deadline, ticket=line_ticket, fast_path=fast_path)
+    turns = _take_turns(configs, user=user, lines=lines, deadline=deadline, ticket=line_ticket, fast_path=fast_path,
+                        arrived_ms=arrived_ms)
     if isinstance(turns, Receipt):
         return turns
     if not turns:
@@ -158,7 +162,8 @@ def place_order(
 
 
 def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[int, int]], deadline: float,
-                ticket: str | None, fast_path: Callable[[], Receipt | None]) -> list[line.Position] | Receipt:
+                ticket: str | None, fast_path: Callable[[], Receipt | None],
+                arrived_ms: int | None = None) -> list[line.Position] | Receipt:
     """This buyer's turn in the line of each lined product of its order (the turns begun), or the
     answer it gets instead: in line (InLine), sold out, a replay of its key's order."""
     mine = None
@@ -172,7 +177,8 @@ def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[
             if (config := configs.get(pid)) is None:
                 continue
             try:
-                position = line.join(config=config, user_id=user.pk, start=True, until=deadline, ticket=mine)
+                position = line.join(config=config, user_id=user.pk, start=True, until=deadline, ticket=mine,
+                                     arrived_ms=arrived_ms)
             except RedisError as exc:
                 raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc
             if position.state == line.STARTED:

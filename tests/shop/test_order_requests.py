@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -326,3 +327,84 @@ def test_json_hooks_refuse_what_is_no_product_id():
         assert order_requests.order_json(('{"a":' + number + "}").encode()) is None, number
     assert order_requests.order_json(b'{"a":' + b"9" * 19 + b"}") == {"a": int("9" * 19)}
     assert len(order_requests.order_json(order(*range(1, 21)))["lines"]) == 20
+
+
+# --- the line's ticket and arrival stamp, read in the main loop (issue 36) ------------------------
+class _Log:
+    """The worker's log: the main loop's guards log an exception instead of raising; none may."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def exception(self, message: str, *args) -> None:
+        self.failures.append(message)
+
+
+def _line_worker(drop: int) -> SimpleNamespace:
+    from shop.line import Front
+
+    front = Front(product_id=7, drop=drop, serving=1_000, let_through=3, in_turn=1, waiting=40, first_waiting=1_500,
+                  last=9_000, cut=None, rate=4.0, window=2, default_rate=10.0, retry_max=5)
+    return SimpleNamespace(_fronts={7: front}, _fronts_at=time.monotonic(), _known_sold_out=never_sold_out,
+                           _clock_offset=1_795_000_000.0 - time.monotonic(), _lined=frozenset({7}),
+                           _session_cookie=b"sessionid", log=_Log())
+
+
+def _ticket_text(score: int, drop: int = 1_795_000_000) -> str:
+    from shop.line.tickets import PLACE, Ticket
+
+    return Ticket(product_id=7, drop=drop, kind=PLACE, score=score).text(user_id=42)
+
+
+line_headers = st.one_of(
+    st.builds(lambda s: b"Line-Ticket: " + _ticket_text(s).encode(), st.integers(min_value=0, max_value=10**19)),
+    st.builds(lambda s, cut: b"Line-Ticket: " + _ticket_text(s).encode()[:cut],
+              st.integers(min_value=1001, max_value=9000), st.integers(min_value=0, max_value=90)),
+    st.builds(lambda b: b"Line-Ticket: " + b, st.binary(max_size=150)),
+    st.builds(lambda b: b"Line-Arrival: " + b, st.binary(max_size=60)),
+    st.builds(lambda b: b"Cookie: sessionid=" + b + b"; line_arrival=" + b, st.binary(max_size=60)),
+    st.builds(lambda b: b"Authorization: " + b, st.binary(max_size=60)),
+    st.sampled_from([b"Line-Ticket:", b"line-ticket: 7.1795000000.p.5000.42.", b"Cookie: ;;==;",
+                     b"Line-Arrival: 1795000000000.AAAAAAAAAAAAAAAAAAAAAAAA"]))
+
+
+@cases(800)
+@given(headers=st.lists(line_headers, max_size=4), payload=order_bodies() | st.just(order(7)),
+       target=st.sampled_from([b"/api/orders/", b"/checkout/", b"/api/orders/?x", b"/api/products/"]),
+       cut=st.none() | st.integers(min_value=0, max_value=400))
+def test_the_main_loops_ticket_and_arrival_checks_never_raise(headers, payload, target, cut):
+    """A Line-Ticket, Line-Arrival or cookie of any shape: the worker answers 202 only to a valid
+    waiting ticket of an order that names its product, adds a stamp only to busy orders, and
+    never raises (nor needs its last guard)."""
+    worker = _line_worker(1_795_000_000)
+    data = request(target, payload, headers=b"\r\n".join([b"Host: h", b"Content-Type: application/json",
+                                                          b"Content-Length: " + str(len(payload)).encode(), *headers]))
+    if cut is not None:
+        data = data[:cut]
+    answer = ShopWorker._not_yet(worker, data)
+    stamp = ShopWorker._arrival_headers(worker, data)
+    assert worker.log.failures == []
+    assert answer is None or (answer.startswith(b"HTTP/1.1 202 Accepted\r\n") and 7 in (product_ids(data) or ()))
+    assert stamp == b"" or (is_order(data) and stamp.startswith(b"Line-Arrival: "))
+    everything(data)
+
+
+def test_only_a_valid_waiting_ticket_for_an_ordered_product_gets_the_workers_202():
+    worker = _line_worker(1_795_000_000)
+
+    def asked(ticket: str, *ids: int) -> bytes | None:
+        return ShopWorker._not_yet(worker, request(b"/api/orders/", order(*ids), headers=(
+            b"Host: h\r\nLine-Ticket: " + ticket.encode() + b"\r\nContent-Length: " + str(len(order(*ids))).encode())))
+
+    waiting = _ticket_text(5_000)
+    answer = asked(waiting, 7)
+    assert answer is not None
+    body = json.loads(answer.partition(b"\r\n\r\n")[2])["line"]
+    assert body["ticket"] == waiting and body["state"] == "waiting" and body["now_serving"] == 3
+    assert 1 <= body["retry_after"] <= 5 and body["ahead"] >= 1 and body["place"] > 3
+    assert asked(_ticket_text(900), 7) is None  # its turn has come: the app decides
+    assert asked(waiting, 8) is None  # an order of another product
+    assert asked(waiting[:-1] + ("A" if waiting[-1] != "A" else "B"), 7) is None  # forged: the app refuses it
+    assert asked(_ticket_text(5_000, drop=1_795_000_060), 7) is None  # another drop
+    worker._fronts_at -= 10
+    assert asked(waiting, 7) is None  # fronts not read for a while: nothing is answered from them

@@ -147,9 +147,8 @@ def test_a_forged_altered_or_other_accounts_ticket_is_refused_and_counted(settin
     with pytest.raises(errors.InLine) as waiting:
         place_order(user=other_user, lines=[(p.pk, 1)])
     good = waiting.value.details["ticket"]
-    body = good.rsplit(".", 1)[0]
-    product, drop_, kind, score = body.split(".")
-    altered = f"{product}.{drop_}.{kind}.{int(score) - 10_000_000}.{good.rsplit('.', 1)[1]}"  # an earlier place
+    product, drop_, kind, score, account, signature = good.split(".")
+    altered = f"{product}.{drop_}.{kind}.{int(score) - 10_000_000}.{account}.{signature}"  # an earlier place
     before = metrics.LINE_TICKETS_REFUSED._value.get()
     for bad in [altered, good[:-2] + "xx", "garbage", f"{p.pk}.1.p.1.AAAA"]:
         with pytest.raises(errors.InvalidLineTicket):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shop.line.tickets import PLACE, PRE_QUEUE, Ticket, not_yet, read
+from shop.line.tickets import PLACE, PRE_QUEUE, Ticket, not_yet, read, verify
 
 
 def test_a_ticket_reads_back_for_its_account_only():
@@ -15,13 +15,14 @@ def test_a_ticket_reads_back_for_its_account_only():
 
 
 @pytest.mark.parametrize("change", [
-    lambda parts: [parts[0], parts[1], parts[2], str(int(parts[3]) - 1), parts[4]],  # an earlier place
+    lambda parts: [parts[0], parts[1], parts[2], str(int(parts[3]) - 1), *parts[4:]],  # an earlier place
     lambda parts: [str(int(parts[0]) + 1), *parts[1:]],  # another product
     lambda parts: [parts[0], str(int(parts[1]) + 60), *parts[2:]],  # another drop
     lambda parts: [parts[0], parts[1], PRE_QUEUE, *parts[3:]],  # another kind
-    lambda parts: [*parts[:4], parts[4][:-1] + ("A" if parts[4][-1] != "A" else "B")],  # the signature
-    lambda parts: parts[:4],  # no signature
-    lambda parts: [parts[0], parts[1], parts[2], "+" + parts[3], parts[4]],  # the same number, written otherwise
+    lambda parts: [*parts[:5], parts[5][:-1] + ("A" if parts[5][-1] != "A" else "B")],  # the signature
+    lambda parts: parts[:5],  # no signature
+    lambda parts: [parts[0], parts[1], parts[2], "+" + parts[3], *parts[4:]],  # the same number, written otherwise
+    lambda parts: [*parts[:4], "43", parts[5]],  # another account's name on it
 ])
 def test_an_altered_ticket_is_refused(change):
     text = Ticket(product_id=7, drop=1_795_000_000, kind=PLACE, score=1_795_000_000_123_456).text(user_id=42)
@@ -32,6 +33,13 @@ def test_an_altered_ticket_is_refused(change):
                                   "1.2.p.\u0663.sig"])
 def test_garbage_is_refused_not_an_error(text):
     assert read(text, user_id=1) is None
+
+
+def test_verify_names_the_account_a_ticket_was_given_to():
+    ticket = Ticket(product_id=7, drop=1_795_000_000, kind=PLACE, score=5)
+    assert verify(ticket.text(user_id=42)) == (ticket, 42)
+    assert verify(ticket.text(user_id=42).replace(".42.", ".43.")) is None
+    assert verify(None) is None and verify(b"1.2.p.3.4.sig") is None
 
 
 def test_not_yet_compares_the_place_with_now_serving():
