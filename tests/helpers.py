@@ -130,3 +130,11 @@ def order_of(receipt):
     from shop.models import Order
 
     return Order.objects.get(pk=receipt.order_id)
+
+
+def take_turn(product, user_id: int):
+    """A buyer of a drop's line in the checkout (its turn begun, not finished): what a slow request
+    looks like to the line."""
+    from shop import line
+
+    return line.join(config=line.config_of(product), user_id=user_id, start=True, until=time.monotonic() + 60)

@@ -84,3 +84,19 @@ def server():
     small.start()
     yield small
     small.stop()
+
+
+@pytest.fixture
+def drop(make_product):
+    """make(stock=10, **fields): a product whose drop opened a minute ago (so it has a line)."""
+    from shop import line
+
+    def make(stock: int = 10, **fields) -> Product:
+        p = make_product(stock=stock)
+        fields.setdefault("opens_at", timezone.now() - timedelta(minutes=1))
+        Product.objects.filter(pk=p.pk).update(**fields)
+        line.forget()
+        p.refresh_from_db()
+        return p
+
+    return make

@@ -28,19 +28,6 @@ def admin_client():
     return client
 
 
-@pytest.fixture
-def drop(make_product):
-    def make(stock: int = 10, **fields) -> Product:
-        p = make_product(stock=stock)
-        fields.setdefault("opens_at", timezone.now() - timedelta(minutes=1))
-        Product.objects.filter(pk=p.pk).update(**fields)
-        line.forget()
-        p.refresh_from_db()
-        return p
-
-    return make
-
-
 def _row(page: str, product: Product) -> str:
     found = re.search(rf'<tr id="line-{product.pk}".*?</tr>', page, re.S)
     assert found, page[:3000]

@@ -5,38 +5,21 @@ the cheap look at the place it polls (/line/<product>/state/) and the page witho
 from __future__ import annotations
 
 import re
-import time
-from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
-from django.utils import timezone
 
 from shop import errors, line
 from shop.line import tickets
 from shop.models import Order, Product
 from shop.services import place_order
 from shop.views import LINE_COOKIE
+from tests import helpers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def drop(make_product):
-    def make(stock: int = 10, **fields) -> Product:
-        p = make_product(stock=stock)
-        fields.setdefault("opens_at", timezone.now() - timedelta(minutes=1))
-        Product.objects.filter(pk=p.pk).update(**fields)
-        line.forget()
-        p.refresh_from_db()
-        return p
-
-    return make
-
-
-def _take_turn(product: Product, user_id: int) -> line.Position:
-    return line.join(config=line.config_of(product), user_id=user_id, start=True, until=time.monotonic() + 60)
 
 
 def _in_line(client: Client, user, p: Product):
@@ -53,7 +36,7 @@ def test_the_202_page_shows_the_place_keeps_the_ticket_and_says_where_to_look(se
                                                                               drop):
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=5)
-    _take_turn(p, other_user.pk)
+    helpers.take_turn(p, other_user.pk)
     key, response = _in_line(client, user, p)
     page = response.content.decode()
     assert "You are number 2 in line, with 1 ahead of you" in page
@@ -68,7 +51,7 @@ def test_the_202_page_shows_the_place_keeps_the_ticket_and_says_where_to_look(se
 def test_the_look_answers_the_place_then_your_turn_then_sold_out(settings, client, user, other_user, drop):
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=2)
-    held = _take_turn(p, other_user.pk)
+    held = helpers.take_turn(p, other_user.pk)
     key, _ = _in_line(client, user, p)
     found = client.get(f"/line/{p.pk}/state/")
     assert found.status_code == 200 and found["Cache-Control"] == "no-store"
@@ -110,7 +93,7 @@ def test_a_look_without_a_ticket_takes_no_place_and_a_guest_gets_json_401(client
 def test_far_back_the_page_looks_less_often(settings, client, user, other_user, drop):
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1, "LINE_DEFAULT_RATE": 0.1, "LINE_RETRY_MAX": 30}
     p = drop(stock=5)
-    _take_turn(p, other_user.pk)
+    helpers.take_turn(p, other_user.pk)
     _in_line(client, user, p)
     body = client.get(f"/line/{p.pk}/state/").json()
     assert body["estimated_wait"] >= 9 and body["poll_in"] >= 3  # a quarter of the estimate, not every second
@@ -120,7 +103,7 @@ def test_the_page_without_javascript_refreshes_and_offers_try_now_with_the_same_
                                                                                     other_user, drop):
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=2)
-    held = _take_turn(p, other_user.pk)
+    held = helpers.take_turn(p, other_user.pk)
     key, _ = _in_line(client, user, p)
     response = client.get(f"/line/{p.pk}/?key={key}&coupon=")
     page = response.content.decode()
@@ -143,7 +126,7 @@ def test_the_cookie_takes_the_place_back_after_redis_lost_the_line(settings, cli
     newcomer (without it, it would come after)."""
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=5)
-    _take_turn(p, other_user.pk)
+    helpers.take_turn(p, other_user.pk)
     key, first = _in_line(client, user, p)
     assert "You are number 2 in line" in first.content.decode()
     private_redis.stop()

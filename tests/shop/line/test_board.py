@@ -13,7 +13,6 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from shop import errors, line
-from shop.models import Product
 from shop.services import place_order
 from tests import helpers
 
@@ -34,19 +33,6 @@ def scrape(client, settings):
                 for family in text_string_to_metric_families(response.content.decode()) for s in family.samples}
 
     return get
-
-
-@pytest.fixture
-def drop(make_product):
-    def make(stock: int = 10, **fields) -> Product:
-        p = make_product(stock=stock)
-        fields.setdefault("opens_at", timezone.now() - timedelta(minutes=1))
-        Product.objects.filter(pk=p.pk).update(**fields)
-        line.forget()
-        p.refresh_from_db()
-        return p
-
-    return make
 
 
 def test_metrics_show_each_lines_length_waiting_let_through_answers_and_forged_tickets(settings, scrape, drop):

@@ -23,24 +23,6 @@ def make_users(db):
     return helpers.make_users
 
 
-@pytest.fixture
-def drop(make_product):
-    """A product whose drop opened a minute ago (a line), with `stock` units."""
-
-    def make(stock: int = 10, **fields) -> Product:
-        p = make_product(stock=stock)
-        fields.setdefault("opens_at", timezone.now() - timedelta(minutes=1))
-        Product.objects.filter(pk=p.pk).update(**fields)
-        line.forget()
-        p.refresh_from_db()
-        return p
-
-    return make
-
-
-def _take_turn(product: Product, user_id: int) -> line.Position:
-    """A buyer in the checkout (its turn begun, not finished): what a slow request looks like."""
-    return line.join(config=line.config_of(product), user_id=user_id, start=True, until=time.monotonic() + 60)
 
 
 def test_a_short_line_lets_a_buyer_through_at_once(user, drop):
@@ -55,7 +37,7 @@ def test_a_full_window_answers_in_line_with_place_ahead_estimate_and_ticket(sett
                                                                               django_user_model):
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=5)
-    first = _take_turn(p, user.pk)
+    first = helpers.take_turn(p, user.pk)
     assert first.state == line.STARTED and first.place == 1
     with pytest.raises(errors.InLine) as waiting:
         place_order(user=other_user, lines=[(p.pk, 1)])
@@ -76,7 +58,7 @@ def test_a_full_window_answers_in_line_with_place_ahead_estimate_and_ticket(sett
 def test_one_place_per_account_whatever_the_key_or_how_often(settings, user, other_user, drop):
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=5)
-    _take_turn(p, user.pk)
+    helpers.take_turn(p, user.pk)
     places = set()
     for key in ["k-1", "k-2", None, "k-3"]:
         with pytest.raises(errors.InLine) as waiting:
@@ -90,7 +72,7 @@ def test_a_place_the_units_left_cannot_reach_is_told_sold_out_at_once(settings, 
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=2)
     first, second, third, fourth = make_users(4, prefix="cut")
-    started = _take_turn(p, first.pk)  # reads the units: 2
+    started = helpers.take_turn(p, first.pk)  # reads the units: 2
     assert started.state == line.STARTED
     with pytest.raises(errors.InLine):
         place_order(user=second, lines=[(p.pk, 1)])  # one ahead, two units: it may still buy
@@ -143,7 +125,7 @@ def test_a_forged_altered_or_other_accounts_ticket_is_refused_and_counted(settin
 
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=5)
-    _take_turn(p, user.pk)
+    helpers.take_turn(p, user.pk)
     with pytest.raises(errors.InLine) as waiting:
         place_order(user=other_user, lines=[(p.pk, 1)])
     good = waiting.value.details["ticket"]
@@ -197,7 +179,7 @@ def test_the_web_checkout_shows_the_place_and_sends_the_order_again_by_itself(se
                                                                                drop):
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=5)
-    _take_turn(p, other_user.pk)
+    helpers.take_turn(p, other_user.pk)
     client.force_login(user)
     client.post(f"/products/{p.pk}/", {"quantity": 1})
     key = client.get("/checkout/").context["form"].initial["idempotency_key"]
@@ -212,7 +194,7 @@ def test_a_cart_goes_on_when_it_is_its_turn_in_every_line_and_keeps_the_turns_it
                                                                                       drop):
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     a, b = drop(stock=5), drop(stock=5)
-    held = _take_turn(b, other_user.pk)
+    held = helpers.take_turn(b, other_user.pk)
     with pytest.raises(errors.InLine) as waiting:
         place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)])
     assert waiting.value.details["product_id"] == b.pk

@@ -256,6 +256,26 @@ def _kill_blocked_insert(table: str, timeout: float = 15.0) -> None:
         admin.close()
 
 
+def _b_queued_behind_a_stopping_at_commit(p, user_a, user_b):
+    """Two buyers in one lane, released together by `gate`: A combines (its lease, and MariaDB's
+    idle timeout of its transaction, ceil(LOCK_TTL) + 1, outlast the test's steps) and stops at
+    its COMMIT (`at_commit`) until `go_commit`; B, queued behind it, waits 3 s. Both answer on `queue`."""
+    lane = lane_lock(p.pk, lanes=1)
+    gate = Lock(lane, ttl=30.0)
+    gate.acquire()
+    connections.close_all()
+    queue = FORK.Queue()
+    at_commit, go_commit = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_gated_buyer, args=(user_a.pk, p.pk, 20.0, {"at_commit": (at_commit, go_commit)},
+                                                     queue, {"LOCK_TTL": 15.0}))
+    holder.start()
+    wait_until_queued(lane, 1)
+    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 3.0, {}, queue))
+    buyer.start()
+    wait_until_queued(lane, 2)
+    return gate, queue, at_commit, go_commit, holder, buyer
+
+
 def test_a_settle_that_loses_its_connection_never_says_not_written(settings, make_product):
     """B's wait ends while its combiner A is about to COMMIT B's order (every check passed): B
     settles its request id, and that INSERT waits for A's. Its connection is lost there: B cannot
@@ -266,20 +286,7 @@ def test_a_settle_that_loses_its_connection_never_says_not_written(settings, mak
     settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1}
     p = make_product(stock=10)
     user_a, user_b = make_users(2)
-    lane = lane_lock(p.pk, lanes=1)
-    gate = Lock(lane, ttl=30.0)
-    gate.acquire()
-    connections.close_all()
-    queue = FORK.Queue()
-    at_commit, go_commit = FORK.Event(), FORK.Event()
-    # A's lease (and MariaDB's idle timeout of its transaction, ceil(LOCK_TTL) + 1) outlasts the test's steps.
-    holder = FORK.Process(target=_gated_buyer, args=(user_a.pk, p.pk, 20.0, {"at_commit": (at_commit, go_commit)},
-                                                     queue, {"LOCK_TTL": 15.0}))
-    holder.start()
-    wait_until_queued(lane, 1)
-    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 3.0, {}, queue))
-    buyer.start()
-    wait_until_queued(lane, 2)
+    gate, queue, at_commit, go_commit, holder, buyer = _b_queued_behind_a_stopping_at_commit(p, user_a, user_b)
     try:
         gate.release()
         assert at_commit.wait(15), "the combiner never reached its COMMIT"
@@ -306,19 +313,7 @@ def test_a_settle_still_waiting_for_its_combiners_row_after_its_retries_is_unkno
     settings.SHOP = {**settings.SHOP, "COMBINE_LANES": 1, "STALE_TRANSACTIONS": "kill", "RETRIES": 1}
     p = make_product(stock=10)
     user_a, user_b = make_users(2)
-    lane = lane_lock(p.pk, lanes=1)
-    gate = Lock(lane, ttl=30.0)
-    gate.acquire()
-    connections.close_all()
-    queue = FORK.Queue()
-    at_commit, go_commit = FORK.Event(), FORK.Event()
-    holder = FORK.Process(target=_gated_buyer, args=(user_a.pk, p.pk, 20.0, {"at_commit": (at_commit, go_commit)},
-                                                     queue, {"LOCK_TTL": 15.0}))
-    holder.start()
-    wait_until_queued(lane, 1)
-    buyer = FORK.Process(target=_gated_buyer, args=(user_b.pk, p.pk, 3.0, {}, queue))
-    buyer.start()
-    wait_until_queued(lane, 2)
+    gate, queue, at_commit, go_commit, holder, buyer = _b_queued_behind_a_stopping_at_commit(p, user_a, user_b)
     try:
         gate.release()
         assert at_commit.wait(15), "the combiner never reached its COMMIT"
