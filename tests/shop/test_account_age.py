@@ -168,7 +168,7 @@ def admin_client():
 def _form(p: Product, **fields: str) -> dict[str, str]:
     return {"sku": p.sku, "name": p.name, "description": "", "price": str(p.price), "active": "on",
             "max_per_user": "", "opens_at_0": "", "opens_at_1": "", "closes_at_0": "", "closes_at_1": "",
-            "min_account_age": "", **fields}
+            "min_account_age": "", "line_prequeue_seconds": "0", "line_order": "shuffle", **fields}
 
 
 def test_the_product_form_sets_and_clears_the_rule_beside_the_window(admin_client, make_product):
