@@ -37,9 +37,22 @@ def _wrong_clock_page(browser, width: int):
     return page
 
 
-@pytest.mark.parametrize("width", WIDTHS)
-def test_the_catalog_badges_flip_at_the_opening_and_at_the_closing(live_server, width):
+def _laid_out_at_every_width(page, name: str) -> None:
+    """The page as it stands, at 320, 375 and 1280 px: a screenshot each, and the layout check."""
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 740})
+        page.screenshot(path=str(ARTIFACTS / f"drop-flips-{width}-{name}.png"), full_page=True)
+        problems = page.evaluate(CHECK_LAYOUT, width < 600)
+        assert not problems, (width, "\n".join(problems))
+    page.set_viewport_size({"width": 375, "height": 740})
+
+
+def test_the_catalog_badges_flip_at_the_opening_and_at_the_closing(live_server):
+    """One run across both edges (the waits are real seconds), its layout checked at every width
+    before and after them."""
     from playwright.sync_api import sync_playwright
+
+    width = 375
 
     now = timezone.now()
     _product("LIVE-0", "Mechanical keyboard", opens_at=now - timedelta(days=1), closes_at=now - timedelta(hours=1))
@@ -63,9 +76,7 @@ def test_the_catalog_badges_flip_at_the_opening_and_at_the_closing(live_server, 
                             .inner_text())
         called_off = page.locator(".card", has_text="Signed poster").inner_text()
         assert "Called off" in called_off and "Sale ended" not in called_off
-        page.screenshot(path=str(ARTIFACTS / f"drop-flips-{width}-catalog.png"), full_page=True)
-        problems = page.evaluate(CHECK_LAYOUT, width < 600)
-        assert not problems, "\n".join(problems)
+        _laid_out_at_every_width(page, "catalog")
 
         # The opening: the card leaves the upcoming block, open, in stock, with Add to cart.
         page.locator(f'#catalog .card[data-product="{soon.pk}"] button').wait_for(timeout=9000)
@@ -77,6 +88,7 @@ def test_the_catalog_badges_flip_at_the_opening_and_at_the_closing(live_server, 
         ended.get_by_text("Sale ended").wait_for(timeout=9000)
         assert timezone.now() >= closes
         assert "in stock" not in ended.inner_text() and ended.locator("button").count() == 0
+        _laid_out_at_every_width(page, "catalog-flipped")
         browser.close()
 
 
@@ -98,9 +110,12 @@ def test_the_catalog_flips_without_javascript(live_server):
         browser.close()
 
 
-@pytest.mark.parametrize("width", WIDTHS)
-def test_the_product_page_flips_at_its_closing_and_when_the_sale_is_ended_early(live_server, width):
+def test_the_product_page_flips_at_its_closing_and_when_the_sale_is_ended_early(live_server):
+    """One run across the closing and an early end (real seconds), its layout checked at every
+    width before and after."""
     from playwright.sync_api import sync_playwright
+
+    width = 375
 
     with sync_playwright() as pw:
         browser = launch(pw)
@@ -111,12 +126,11 @@ def test_the_product_page_flips_at_its_closing_and_when_the_sale_is_ended_early(
         page.goto(f"{live_server.url}/products/{p.pk}/")
         assert re.fullmatch(r"0:0[1-6] left", page.inner_text("#drop-closes-in"))  # the server's clock
         assert page.locator("#add-to-cart").count() == 1
-        page.screenshot(path=str(ARTIFACTS / f"drop-flips-{width}-closing.png"), full_page=True)
-        problems = page.evaluate(CHECK_LAYOUT, width < 600)
-        assert not problems, "\n".join(problems)
+        _laid_out_at_every_width(page, "closing")
         page.locator("#drop-ended").wait_for(timeout=9000)  # the page loads again at the closing
         assert timezone.now() >= closes
         assert page.locator("#add-to-cart").count() == 0 and "left)" not in page.inner_text("main")
+        _laid_out_at_every_width(page, "closed")
 
         # "End sale now" on a sale with an hour to go: no countdown can know; the poll does.
         selectors._windows.clear()  # ids are reused from test to test: no window of an earlier one
