@@ -6,12 +6,13 @@
 # A gunicorn server from each tree, one worker of THREADS threads (gunicorn -c gunicorn.conf.py),
 # DEBUG off, SHOP_MAX_WAITING=1: a buyer kept waiting in a product's line (its lock held by this
 # script, the buyer sending its order again as soon as it is answered lock_timeout) fills the
-# worker's lines, so its main loop answers every other order 503 `busy` before the app
-# (shop/gunicorn_worker.py). Then, ROUNDS times, alternating which goes first, open-loop orders
-# (`loadtest --url URL --rate RATE`: a new connection each, latency from the schedule) go to each
-# server in turn, and the worker's CPU (utime + stime, /proc) is read before and after: CPU per
-# answer, busy answers and their p50/p99, side by side. The same with GETs of a JSON 404 (no
-# checkout): PATHS="busy notfound" (default both).
+# worker's lines, so its main loop answers more orders of that product 503 `busy` before the app
+# (shop/gunicorn_worker.py). Then, ROUNDS times, alternating which goes first, such orders are
+# sent open loop (RATE a second for SECONDS_EACH s, a new connection each, latency from the
+# schedule) to each server in turn, and the worker's CPU (utime + stime, /proc) is read before
+# and after: CPU per answer, busy answers (the worker's own, `"where":"server"`) and p50/p99, side
+# by side. The same with GETs of a JSON 404 (the app's whole request path, no checkout):
+# PATHS="busy notfound" (default both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AFTER=$(pwd)
@@ -39,7 +40,7 @@ declare -A master=([8081]=${pids[0]} [8082]=${pids[1]}) label=([8081]=before [80
 
 # The waiting buyer of each server: a product whose lock this script holds, and one buyer who
 # orders it again and again (each waits its 3 s in line, then lock_timeout), so the lines are full.
-$py - > "$out/waiter.log" 2>&1 <<'PY' & pids+=($!)
+HELD=$out/held.json $py - > "$out/waiter.log" 2>&1 <<'PY' & pids+=($!)
 import threading, time, urllib.request, django, json
 django.setup()
 from locks import Lock
@@ -50,6 +51,7 @@ user, _ = get_user_model().objects.get_or_create(username="edge-bench-waiter")
 token = ApiToken.issue(user_id=user.pk, name="edge bench")
 product, _ = Product.objects.get_or_create(sku="EDGE-BENCH-HELD", defaults={"name": "Held", "price": "1.00", "stock": 10})
 body = json.dumps({"lines": [{"product_id": product.pk, "quantity": 1}]}).encode()
+json.dump({"token": token, "body": body.decode()}, open(__import__("os").environ["HELD"], "w"))
 def wait_in_line(port):
     while True:
         request = urllib.request.Request(f"http://127.0.0.1:{port}/api/orders/", data=body, method="POST", headers={
@@ -74,22 +76,28 @@ for path in ${PATHS:-busy notfound}; do
     order=(8081 8082); [ $((r % 2)) = 0 ] && order=(8082 8081)
     for port in "${order[@]}"; do
       before_ticks=$(ticks "${master[$port]}")
-      if [ "$path" = busy ]; then
-        $py manage.py loadtest --url "http://127.0.0.1:$port" --rate "$RATE" --phase-seconds "$SECONDS_EACH" \
-          --json "$out/$path-${label[$port]}-$r.json" >/dev/null
-      else
-        $py - "$port" "$RATE" "$SECONDS_EACH" "$out/$path-${label[$port]}-$r.json" <<'PY'
+      $py - "$port" "$RATE" "$SECONDS_EACH" "$out/$path-${label[$port]}-$r.json" "$path" "$out/held.json" <<'PY'
 import asyncio, json, sys, time
-port, rate, seconds, path = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-lat, statuses = [], {}
+port, rate, seconds, path, kind = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+held = json.load(open(sys.argv[6]))
+if kind == "busy":  # an order of the product whose buyer waits in line: the worker answers it busy
+    body = held["body"].encode()
+    head = (f"POST /api/orders/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {held['token']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    request = head.encode() + body
+else:  # the app's whole request path, no checkout
+    request = b"GET /api/no-such-thing/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+lat, statuses, busy = [], {}, 0
 async def one(at):
+    global busy
     await asyncio.sleep(max(0.0, at - time.monotonic()))
     try:
         r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
-        w.write(b"GET /api/no-such-thing/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\nConnection: close\r\n\r\n")
+        w.write(request)
         data = await asyncio.wait_for(r.read(), 10)
         w.close()
         status = data.split(b" ", 2)[1].decode() if data else "none"
+        busy += b'"where":"server"' in data
     except Exception:
         status = "error"
     statuses[status] = statuses.get(status, 0) + 1
@@ -99,10 +107,9 @@ async def main():
     await asyncio.gather(*(one(t0 + i / rate) for i in range(int(rate * seconds))))
 asyncio.run(main())
 lat.sort()
-json.dump({"sent": len(lat), "statuses": statuses, "p50": lat[len(lat) // 2], "p99": lat[int(len(lat) * 0.99)]},
-          open(path, "w"))
+json.dump({"sent": len(lat), "statuses": statuses, "busy": busy, "p50": lat[len(lat) // 2],
+           "p99": lat[int(len(lat) * 0.99)]}, open(path, "w"))
 PY
-      fi
       echo "$path ${label[$port]} $r $(( $(ticks "${master[$port]}") - before_ticks ))" >> "$out/ticks"
     done
   done
@@ -118,12 +125,8 @@ for line in (out / "ticks").read_text().split("\n"):
         continue
     path, side, r, ticks = line.split()
     data = json.loads((out / f"{path}-{side}-{r}.json").read_text())
-    if path == "busy":
-        phase = data["phases"][0]
-        answered = sum(phase["counts"].get(k, 0) for k in ("busy", "sold_out", "placed", "rejected"))
-        busy, p50, p99 = phase["counts"].get("busy", 0), phase["p50"], phase["p99"]
-    else:
-        answered, busy, p50, p99 = data["statuses"].get("404", 0), 0, data["p50"], data["p99"]
+    answered = sum(n for status, n in data["statuses"].items() if status.isdigit())
+    busy, p50, p99 = data["busy"], data["p50"], data["p99"]
     rows.setdefault((path, side), []).append((int(ticks) / hz * 1e6 / max(answered, 1), answered, busy, p50, p99))
 print(f"{'path':<9} {'side':<7} {'CPU us/answer':>14} {'answered':>9} {'busy':>7} {'p50 ms':>8} {'p99 ms':>8}   (medians of rounds)")
 for (path, side), runs in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1] != "before")):
