@@ -1,7 +1,7 @@
 """A private Redis Sentinel set: a master, a replica and three sentinels, each on a free port.
 
 Fast failover for tests (down-after 1000 ms, failover-timeout 3000 ms, diskless sync at once):
-a SIGKILLed master is replaced in about 2.3 s (docs: /work/shared/reference/scaleout.md).
+a SIGKILLed master is replaced in about 2.3 s (docs/scaleout.md).
 Sentinels rewrite their config files, so each start writes fresh ones. The master's name is
 unique per set (`shop<master port>`): django-redis caches Sentinel pools by that name, so two
 sets in one process must not share it.
