@@ -100,3 +100,13 @@ def drop(make_product):
         return p
 
     return make
+
+
+@pytest.fixture
+def admin_client():
+    """A client logged in as the superuser "root" (the admin's actor is then `admin:root`)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    return client

@@ -11,7 +11,6 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
-from django.test import Client
 from django.utils import timezone
 
 from shop import account_age, errors
@@ -156,13 +155,6 @@ def test_the_product_page_states_the_rule_and_when_a_young_account_may_buy(clien
     assert "Accounts must be at least" not in plain
     drops.end_drop(products=[p], actor="test")  # nothing to buy any more: nothing to say
     assert "Accounts must be at least" not in client.get(f"/products/{p.pk}/").content.decode()
-
-
-@pytest.fixture
-def admin_client():
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
-    return client
 
 
 def _form(p: Product, **fields: str) -> dict[str, str]:

@@ -19,14 +19,6 @@ from tests.helpers import order_of
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def admin_client():
-    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def test_changelists_render_with_the_live_lock_column(admin_client, make_product, make_coupon):
     p = make_product(stock=4)
     make_coupon()

@@ -20,14 +20,6 @@ from tests import helpers
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def admin_client():
-    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def _row(page: str, product: Product) -> str:
     found = re.search(rf'<tr id="line-{product.pk}".*?</tr>', page, re.S)
     assert found, page[:3000]

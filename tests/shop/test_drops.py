@@ -29,13 +29,6 @@ def shopper(client, user):
     return client
 
 
-@pytest.fixture
-def admin_client():
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
-    return client
-
-
 def _text(html: str) -> str:
     """The page as a browser without JavaScript shows it (tags and scripts out, spaces folded)."""
     html = re.sub(r"<script.*?</script>", " ", html, flags=re.S)
