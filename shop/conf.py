@@ -73,8 +73,12 @@ DEFAULTS: dict[str, Any] = {
     # query); the units a line can still sell (stock plus unpaid reservations) at most every
     # LINE_UNITS_REFRESH seconds (one query per line, by one process).
     # LINES off: drops sell without a line, as before it existed (to compare). Env: SHOP_LINES.
+    # LINE_DOOR: the shop's worker takes an API buyer's place itself, in a thread but before
+    # Django (shop/line/door.py), as of the moment it read the request, even while its queue is
+    # full; off, a place is taken when the request reaches the app (to compare). Env: SHOP_LINE_DOOR.
     "LINES": True,
-    "LINE_WINDOW": 32,
+    "LINE_DOOR": True,
+    "LINE_WINDOW": 256,
     "LINE_TURN": 8.0,
     "LINE_RETRY_MAX": 5,
     "LINE_DEFAULT_RATE": 50.0,

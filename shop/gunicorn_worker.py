@@ -274,6 +274,11 @@ class ShopWorker(ThreadWorker):
         self._arrival = threading.local()
         self._queue_empty_at = time.monotonic()
         self.queue_max = self.queue_target = self.queue_interval = 0.0
+        # More queued requests allowed for buyers whose turn the line gave, and for orders at the
+        # line's door (a Redis call each, no request through Django).
+        self.turn_room = self.door_room = 0
+        self.door_open = False
+        self.door_budget = 4.0
         self._count = self._observe = None
         # Connections whose request is still coming, oldest first (dicts: ordered sets), and the
         # same per client address; connections closed after their answer, with their end.
@@ -298,11 +303,14 @@ class ShopWorker(ThreadWorker):
         super().load_wsgi()
         from django.conf import settings
 
-        from shop import admission, metrics
+        from shop import admission, deadlines, metrics
         from shop.conf import shop_settings
         from shop.plumbing import soldout
 
         self.queue_max = int(shop_settings.QUEUE_MAX or self.cfg.threads)
+        self.turn_room = int(shop_settings.LINE_WINDOW)
+        self.door_open, self.door_room = bool(shop_settings.LINE_DOOR), 8 * int(self.cfg.threads)
+        self.door_budget = deadlines.budget()
         self.queue_target = float(shop_settings.QUEUE_TARGET)
         self.queue_interval = float(shop_settings.QUEUE_INTERVAL)
         self.head_timeout = float(shop_settings.HEAD_TIMEOUT)
@@ -491,30 +499,40 @@ class ShopWorker(ThreadWorker):
         if waiting == 0:
             self._queue_empty_at = now
         conn.request = request = bytes(conn.request)
-        if (waiting_in_line := self._not_yet(request)) is not None:
+        ticketed = self._ticket(request) if b"icket" in request or b"ICKET" in request else None
+        conn.turn = conn.door = False
+        if (waiting_in_line := self._not_yet(ticketed)) is not None:
             self._answer_and_close(conn, waiting_in_line)
             self._not_yet_counted()
+        elif waiting < self.queue_max + self.turn_room and self._turn_came(ticketed):
+            conn.turn = True
+            self._give_thread(conn)
+        elif self.door_open and waiting < self.queue_max + self.door_room and self._at_door(request):
+            conn.door = True
+            self._give_thread(conn)
         elif waiting >= self.queue_max:
             self._answer_busy(conn, "queue_full")
         elif self._lines_full() and self._order_to_refuse(request):
             self._answer_busy(conn, "full")
         else:
-            if conn.parser is None:  # TConn.init() keeps a parser it finds
-                conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
-            conn.parser.unreader.unread(request)
-            conn.data_ready = True  # gthread's handle() would wait for the socket otherwise
-            super().enqueue_req(conn)
+            self._give_thread(conn)
+
+    def _give_thread(self, conn) -> None:
+        if conn.parser is None:  # TConn.init() keeps a parser it finds
+            conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
+        conn.parser.unreader.unread(conn.request)
+        conn.data_ready = True  # gthread's handle() would wait for the socket otherwise
+        super().enqueue_req(conn)
 
     def _answer_busy(self, conn, reason: str) -> None:
         """Answer 503 (the request was read), close."""
         self._answer_and_close(conn, busy_response(conn.request, reason, self._arrival_headers(conn.request)))
         self._counted(reason)
 
-    def _not_yet(self, request: bytes) -> bytes | None:
-        """The 202 "not your turn yet" to an API order that brings a Line-Ticket this shop signed
-        for a line whose front (read a few times a second) has not reached its place; None for
-        anything else (the app decides, and refuses a bad ticket). The ticket is trusted for this
-        answer only, never for a turn. Never raises: the main loop's."""
+    def _ticket(self, request: bytes):
+        """(ticket, its text, its line's front) for an API order that brings a Line-Ticket this shop
+        signed, for a line whose front (read a few times a second) is fresh, ordering that line's
+        product and not one known sold out; None for anything else. Never raises: the main loop's."""
         fronts = self._fronts
         if not fronts or time.monotonic() - self._fronts_at > FRONTS_STALE:
             return None
@@ -529,11 +547,59 @@ class ShopWorker(ThreadWorker):
             ids = order_requests.product_ids(request)
             if not ids or found[0].product_id not in ids or self._known_sold_out([found[0].product_id]):
                 return None
-            details = front.not_yet(found[0], text.decode("latin-1"))
+            return found[0], text.decode("latin-1"), front
+        except Exception:
+            self.log.exception("line ticket check failed; the request goes on to the app")
+            return None
+
+    def _not_yet(self, ticketed) -> bytes | None:
+        """The 202 "not your turn yet" to a ticket (`_ticket`) whose place the front has not
+        reached; None otherwise (the app decides, and refuses a bad ticket). The ticket is trusted
+        for this answer only, never for a turn."""
+        if ticketed is None:
+            return None
+        try:
+            details = ticketed[2].not_yet(ticketed[0], ticketed[1])
             return line_response(details) if details is not None else None
         except Exception:
             self.log.exception("line ticket check failed; the request goes on to the app")
             return None
+
+    def _turn_came(self, ticketed) -> bool:
+        """A ticket whose place the line has let through: its buyer gets a thread even while the
+        queue is full (the line lets at most LINE_WINDOW buyers through at once, so this bounds
+        itself), or the line's drain would depend on winning the `busy` lottery."""
+        return ticketed is not None and ticketed[2].let_through_to(ticketed[0])
+
+    def _at_door(self, request: bytes) -> bool:
+        """An API order of one product with a line open, not known sold out: its buyer's place is
+        taken by the line's door (shop/line/door.py) in a thread, before the app, and never as a
+        `busy` lottery. Never raises: the main loop's."""
+        lined = self._lined
+        if not lined or not request.startswith(b"POST "):
+            return False
+        try:
+            ids = order_requests.product_ids(request)
+            return (ids is not None and len(set(ids)) == 1 and ids[0] in lined
+                    and not self._known_sold_out(ids[:1]))
+        except Exception:
+            self.log.exception("door check failed; the request goes on as any other")
+            return False
+
+    def _through_door(self, conn):
+        """In a thread: the door's verdict on a request `_at_door` picked (its 202 as bytes, or
+        "turn" / "app"); "app" should anything fail: the app answers as it always did."""
+        offset = self._clock_offset
+        if offset is None:
+            return "app"
+        try:
+            from shop.line import door
+
+            return door.door(bytes(conn.request), arrived_ms=int((conn.queued_at + offset) * 1000),
+                             until=time.monotonic() + self.door_budget)
+        except Exception:
+            self.log.warning("the line's door failed; the app answers", exc_info=True)
+            return "app"
 
     def _arrival_headers(self, request: bytes) -> bytes:
         """The arrival stamp for a `busy` order of a lined product (a web checkout: while any line
@@ -625,13 +691,20 @@ class ShopWorker(ThreadWorker):
 
     # --- a thread ----------------------------------------------------------------------
     def handle(self, conn):
+        if getattr(conn, "door", False):
+            verdict = self._through_door(conn)
+            if isinstance(verdict, bytes):
+                self._send_here(conn, verdict)
+                return False  # close
+            conn.turn = verdict == "turn"
         now = time.monotonic()
         queued_at = getattr(conn, "queued_at", now)
         waited = now - queued_at
         if self._waiting() == 0:
             self._queue_empty_at = now
         standing = now - self._queue_empty_at > self.queue_interval
-        if waited > (self.queue_target if standing else self.queue_interval):
+        if (waited > (self.queue_target if standing else self.queue_interval)
+                and not (getattr(conn, "turn", False) or getattr(conn, "door", False))):
             self._answer_busy_here(conn, "queue_delay")
             return False  # close
         if self._lines_full() and self._is_order_to_refuse(conn):  # they filled since it was queued
@@ -670,13 +743,17 @@ class ShopWorker(ThreadWorker):
         """In a thread: answer 503 to the request the main loop read; the main loop closes it."""
         head = bytes(getattr(conn, "request", b""))
         if head:
-            try:
-                conn.sock.settimeout(0.5)
-                conn.sock.sendall(busy_response(head, reason, self._arrival_headers(head)))
-            except OSError as exc:
-                if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
-                    self.log.debug("busy answer not sent: %s", exc)
+            self._send_here(conn, busy_response(head, reason, self._arrival_headers(head)))
             self._counted(reason)
+
+    def _send_here(self, conn, answer: bytes) -> None:
+        """In a thread: send a whole answer; the main loop closes the connection after."""
+        try:
+            conn.sock.settimeout(0.5)
+            conn.sock.sendall(answer)
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
+                self.log.debug("answer not sent: %s", exc)
 
     def _counted(self, reason: str) -> None:
         if self._count is not None:

@@ -332,6 +332,12 @@ class Front:
     default_rate: float
     retry_max: int
 
+    def let_through_to(self, ticket: Ticket) -> bool:
+        """Whether the line has let this ticket's place through (it may be answered already: the
+        app decides). Pure: the main loop's."""
+        return ((ticket.product_id, ticket.drop) == (self.product_id, self.drop) and ticket.kind == PLACE
+                and not not_yet(ticket, self.serving) and (self.cut is None or ticket.score < self.cut))
+
     def not_yet(self, ticket: Ticket, text: str) -> dict | None:
         """The 202's details for this ticket if its place is not reached yet and not past the cut
         (the app answers those sold out); else None (the app decides). Pure: the main loop's."""

@@ -353,6 +353,8 @@ VARIABLES: list[Variable] = [
              "(0: no bound)", optional=True, parse=_head_slots, shop_default="HEAD_SLOTS_PER_CLIENT"),
     Variable("SHOP_LINES", "a line for each drop (false: drops sell without one, as before)", kind="bool",
              default=True),
+    Variable("SHOP_LINE_DOOR", "the worker takes an API buyer's place in a drop's line before the app (false: "
+             "the app does)", kind="bool", default=True),
     Variable("SHOP_LINE_WINDOW", "buyers of one drop's line let through to the checkout at once", optional=True,
              parse=_above_zero(int), shop_default="LINE_WINDOW"),
     Variable("SHOP_LINE_TURN", "seconds a buyer let through from a drop's line has to come", optional=True,

@@ -10,6 +10,7 @@ SHOP_CURRENCY = value("SHOP_CURRENCY")
 SHOP = {
     "COMBINING": value("SHOP_COMBINING"),
     "LINES": value("SHOP_LINES"),
+    "LINE_DOOR": value("SHOP_LINE_DOOR"),
 }
 # Set only when the environment says so: otherwise shop/conf.py's default applies. Checkout lanes,
 # how paused holders are ended, the unpaid-orders limit, and a crowd bigger than the servers

@@ -108,10 +108,12 @@ def _stall(port: int, token: str) -> socket.socket:
 
 
 def test_a_buyer_told_busy_first_keeps_its_place_before_one_who_came_later(window_of_one):
+    """Without the line's door (as a web checkout is), a full queue answers `busy`: the stamp
+    keeps the buyer's first arrival."""
     p = _drop(stock=5)
     first, early, late = helpers.make_users(3, prefix="wstamp")
     tokens = {u.pk: ApiToken.issue(user_id=u.pk, name="line") for u in (early, late)}
-    with appservers.running(1, workers=1, threads=1, env=window_of_one) as servers:
+    with appservers.running(1, workers=1, threads=1, env={**window_of_one, "SHOP_LINE_DOOR": "false"}) as servers:
         port = servers[0].port
         held = line.join(config=line.config_of(p), user_id=first.pk, start=True, until=time.monotonic() + 120)
         time.sleep(1.0)  # the worker knows the drop's line
@@ -135,6 +137,50 @@ def test_a_buyer_told_busy_first_keeps_its_place_before_one_who_came_later(windo
         # The stamp is bound to its token: another account's request gains nothing from it.
         status, _, again = _order(port, tokens[late.pk], p.pk, **{"Line-Arrival": stamp})
         assert (status, again["line"]["place"]) == (202, 3)
+        line.finish([held], outcome=line.DONE, user_id=first.pk, lines={p.pk: line.config_of(p)})
+
+
+def test_the_door_dates_a_place_from_arrival_and_never_answers_busy(window_of_one):
+    """Two app servers share a drop's line. Server A's only thread is held and its queue is full:
+    an API order sent to it is not told `busy` but waits at the line's door; a later buyer on the
+    idle server B takes a place at once. When A's thread frees, the early buyer's place dates
+    from when A read its order: before the later one. Bad input and a bad token waiting there
+    take no place (the app refuses them)."""
+    p = _drop(stock=5)
+    first, early, late, bad = helpers.make_users(4, prefix="wdoor")
+    tokens = {u.pk: ApiToken.issue(user_id=u.pk, name="line") for u in (early, late, bad)}
+    with appservers.running(2, workers=1, threads=1, env=window_of_one) as servers:
+        a, b = servers[0].port, servers[1].port
+        held = line.join(config=line.config_of(p), user_id=first.pk, start=True, until=time.monotonic() + 120)
+        time.sleep(1.0)  # the workers know the drop's line
+        stalls = [_stall(a, tokens[late.pk])]
+        time.sleep(0.3)  # A's one thread reads it
+        stalls.append(_stall(a, tokens[late.pk]))  # queued behind it: A's queue is full
+        time.sleep(0.3)
+        waiting = {}
+        for name, body, token in (("early", _order_body(p.pk), tokens[early.pk]),
+                                  ("bad input", b'{"lines":[{"product_id":%d,"quantity":0}]}' % p.pk, tokens[bad.pk]),
+                                  ("bad token", _order_body(p.pk), "shp_not-a-token")):
+            waiting[name] = socket.create_connection(("127.0.0.1", a), timeout=20)
+            waiting[name].sendall(_post(b"/api/orders/", body, token=token))
+        time.sleep(0.5)
+        status, _, behind = _order(b, tokens[late.pk], p.pk)  # later, on the idle server
+        assert (status, behind["line"]["place"]) == (202, 2), behind
+        for sock in stalls:
+            sock.close()
+        answers = {}
+        for name, sock in waiting.items():
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            sock.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            answers[name] = (int(head.split(b" ", 2)[1]), json.loads(body))
+        assert answers["early"][0] == 202 and answers["early"][1]["line"]["place"] == 2, answers
+        assert answers["bad input"][0] == 400 and answers["bad token"][0] == 401, answers
+        assert _places(p) == [first.pk, early.pk, late.pk]
+        status, _, now = _order(b, tokens[late.pk], p.pk)
+        assert (status, now["line"]["place"]) == (202, 3)
         line.finish([held], outcome=line.DONE, user_id=first.pk, lines={p.pk: line.config_of(p)})
 
 

@@ -1,0 +1,85 @@
+"""The line's door: an API order of a product in a drop's line takes its place before Django.
+
+In a drop's first seconds the crowd arrives faster than the app servers can run requests, and a
+place taken only when a request reaches a view goes to whoever the worker happened to let in
+first, not to whoever came first. So the shop's worker (shop/gunicorn_worker.py) hands such an
+order to a thread that does only this: read the token, check the order as the API would, and
+take the buyer's place as of the moment the worker read the request (`line.join`, one script
+call). A buyer who must wait gets the API's own 202 from here, at a fraction of a request's
+cost; everything else (its turn, sold out, before the pre-queue, any doubt) goes on to the app,
+which answers it as it always did. Nothing here writes but the place; a request the app would
+refuse as bad input gets no place (it goes to the app, which refuses it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from shop import account_age, api, errors, line, metrics, order_requests, tokens, validation
+from shop.line import arrivals
+
+APP, TURN = "app", "turn"
+Verdict = bytes | Literal["app", "turn"]
+
+
+def door(request: bytes, *, arrived_ms: int, until: float) -> Verdict:
+    """What to do with an API order's bytes (read whole by the worker at `arrived_ms`, the shop's
+    clock): the 202 to send (bytes), TURN (it is this buyer's turn: on to the app, which starts
+    it), or APP (the app decides). Raises on I/O trouble (the caller sends it to the app)."""
+    found = _order(request)
+    if found is None:
+        return APP
+    product_id, raw_token = found
+    configs = line.lined([product_id])
+    config = configs.get(product_id)
+    if config is None or config.paused:
+        return APP
+    try:
+        user = tokens.user_for_token(raw_token)
+        account_age.check(user=user, product_ids=[product_id])
+    except (tokens.BadToken, errors.ShopError):
+        return APP  # the app answers 401 / 403 as it always does
+    credential = arrivals.credential(authorization=order_requests.header(request, b"authorization"), session=None)
+    brought = order_requests.header(request, b"line-arrival")
+    stamped = arrivals.read(brought, credential=credential) if brought else None
+    position = line.join(config=config, user_id=user.pk, start=False, until=until, counted=False,
+                         arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms)
+    if position.state in (line.WAITING, line.PRE_QUEUED):
+        metrics.line_answered(position.state)
+        return waiting_response(position.details())
+    return TURN if position.state == line.ADMITTED else APP
+
+
+def _order(request: bytes) -> tuple[int, str] | None:
+    """(product id, bearer token) of a well-formed API order of one product, as the API would
+    accept it (JSON body, its fields and an Idempotency-Key checked by the API's own rules);
+    None for anything else."""
+    kind = order_requests.header(request, b"content-type") or b""
+    if kind.split(b";")[0].strip().lower() != b"application/json" or order_requests.header(request, b"line-ticket"):
+        return None  # a ticket the worker let through goes to the app, which reads it
+    auth = order_requests.header(request, b"authorization")
+    scheme, _, raw = (auth or b"").decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip() or len(raw) > 200:
+        return None
+    raw_body = order_requests.body(request)
+    data = order_requests.order_json(raw_body) if raw_body else None
+    if not isinstance(data, dict):
+        return None
+    key = order_requests.header(request, b"idempotency-key")
+    try:
+        lines, _ = api.parse_order(data)
+        if key is not None:
+            validation.validate_idempotency_key(key.decode("latin-1"))
+    except (errors.ShopError, UnicodeDecodeError):
+        return None
+    if len(lines) != 1:
+        return None
+    return lines[0][0], raw.strip()
+
+
+def waiting_response(details: dict) -> bytes:
+    """The API's 202 for a place in line (shop/api.py `line_response`), as raw HTTP."""
+    from shop.gunicorn_worker import line_response
+
+    return line_response(details)
+
