@@ -61,6 +61,7 @@ import html
 import json
 import logging
 import math
+import queue
 import selectors
 import socket
 import threading
@@ -182,13 +183,18 @@ def busy_response(request: bytes, reason: str, extra: bytes = b"") -> bytes:
             + str(len(page)).encode() + b"\r\n\r\n" + page)
 
 
+def json_answer(status: bytes, data: dict, extra: bytes = b"") -> bytes:
+    """A whole JSON answer from the worker, with the site's headers; `extra`: more header lines."""
+    body = json.dumps(data, separators=(",", ":")).encode()
+    return (b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n" + extra
+            + b"Cache-Control: no-store\r\n" + _SITE_HEADERS + b"Content-Security-Policy: " + _CSP_JSON
+            + b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
 def line_response(details: dict) -> bytes:
     """The worker's 202 to a waiting ticket: the app's answer (shop/api.py `line_response`)."""
-    body = json.dumps({"line": details}, separators=(",", ":")).encode()
-    return (b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nRetry-After: "
-            + str(details["retry_after"]).encode() + b"\r\nLine-Ticket: " + details["ticket"].encode()
-            + b"\r\nCache-Control: no-store\r\n" + _SITE_HEADERS + b"Content-Security-Policy: " + _CSP_JSON
-            + b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return json_answer(b"202 Accepted", {"line": details}, b"Retry-After: " + str(details["retry_after"]).encode()
+                       + b"\r\nLine-Ticket: " + details["ticket"].encode() + b"\r\n")
 
 
 def _busy_answer(request: bytes, reason: str) -> tuple[bytes, bytes, bytes]:
@@ -279,6 +285,7 @@ class ShopWorker(ThreadWorker):
         self.turn_room = self.door_room = 0
         self.door_open = False
         self.door_budget = 4.0
+        self._door_inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._count = self._observe = None
         # Connections whose request is still coming, oldest first (dicts: ordered sets), and the
         # same per client address; connections closed after their answer, with their end.
@@ -311,6 +318,8 @@ class ShopWorker(ThreadWorker):
         self.turn_room = int(shop_settings.LINE_WINDOW)
         self.door_open, self.door_room = bool(shop_settings.LINE_DOOR), 8 * int(self.cfg.threads)
         self.door_budget = deadlines.budget()
+        if self.door_open:
+            threading.Thread(target=self._door_loop, name="shop-line-door", daemon=True).start()
         self.queue_target = float(shop_settings.QUEUE_TARGET)
         self.queue_interval = float(shop_settings.QUEUE_INTERVAL)
         self.head_timeout = float(shop_settings.HEAD_TIMEOUT)
@@ -500,16 +509,15 @@ class ShopWorker(ThreadWorker):
             self._queue_empty_at = now
         conn.request = request = bytes(conn.request)
         ticketed = self._ticket(request) if b"icket" in request or b"ICKET" in request else None
-        conn.turn = conn.door = False
+        conn.turn = False
         if (waiting_in_line := self._not_yet(ticketed)) is not None:
             self._answer_and_close(conn, waiting_in_line)
             self._not_yet_counted()
         elif waiting < self.queue_max + self.turn_room and self._turn_came(ticketed):
             conn.turn = True
             self._give_thread(conn)
-        elif self.door_open and waiting < self.queue_max + self.door_room and self._at_door(request):
-            conn.door = True
-            self._give_thread(conn)
+        elif self.door_open and self._door_inbox.qsize() < self.door_room and self._at_door(request):
+            self._door_inbox.put(conn)  # the door's thread answers it, or hands it back (`_after_door`)
         elif waiting >= self.queue_max:
             self._answer_busy(conn, "queue_full")
         elif self._lines_full() and self._order_to_refuse(request):
@@ -586,20 +594,46 @@ class ShopWorker(ThreadWorker):
             self.log.exception("door check failed; the request goes on as any other")
             return False
 
-    def _through_door(self, conn):
-        """In a thread: the door's verdict on a request `_at_door` picked (its 202 as bytes, or
-        "turn" / "app"); "app" should anything fail: the app answers as it always did."""
-        offset = self._clock_offset
-        if offset is None:
-            return "app"
-        try:
-            from shop.line import door
+    def _door_loop(self) -> None:
+        """The line's door (shop/line/door.py), one thread per process: it takes the places of the
+        orders `_at_door` picked, in the order they were read, without waiting behind the app's
+        requests; it answers a waiting or cut place itself and hands the rest back to the main
+        loop (`method_queue`: the main loop owns the connections' bookkeeping)."""
+        from django.db import close_old_connections
 
-            return door.door(bytes(conn.request), arrived_ms=int((conn.queued_at + offset) * 1000),
-                             until=time.monotonic() + self.door_budget)
-        except Exception:
-            self.log.warning("the line's door failed; the app answers", exc_info=True)
-            return "app"
+        from shop.line import door
+
+        while self.alive:
+            conn = self._door_inbox.get()
+            offset = self._clock_offset
+            try:
+                verdict = door.APP if offset is None else door.door(
+                    bytes(conn.request), arrived_ms=int((conn.queued_at + offset) * 1000),
+                    until=conn.queued_at + self.door_budget)
+            except Exception:
+                self.log.warning("the line's door failed; the app answers", exc_info=True)
+                close_old_connections()
+                verdict = door.APP
+            if isinstance(verdict, bytes):
+                with contextlib.suppress(OSError):
+                    conn.sock.settimeout(0.5)
+                    conn.sock.sendall(verdict)
+                    conn.sock.shutdown(socket.SHUT_WR)
+                self.method_queue.defer(self._close, conn)
+            else:
+                self.method_queue.defer(self._after_door, conn, verdict == door.TURN)
+
+    def _after_door(self, conn, turn: bool) -> None:
+        """Back from the door: its buyer's turn (a thread even while the queue is full, as a
+        let-through ticket gets), or for the app as any request."""
+        waiting = self._waiting()
+        if turn and waiting < self.queue_max + self.turn_room:
+            conn.turn = True
+            self._give_thread(conn)
+        elif waiting >= self.queue_max:
+            self._answer_busy(conn, "queue_full")
+        else:
+            self._give_thread(conn)
 
     def _arrival_headers(self, request: bytes) -> bytes:
         """The arrival stamp for a `busy` order of a lined product (a web checkout: while any line
@@ -691,20 +725,13 @@ class ShopWorker(ThreadWorker):
 
     # --- a thread ----------------------------------------------------------------------
     def handle(self, conn):
-        if getattr(conn, "door", False):
-            verdict = self._through_door(conn)
-            if isinstance(verdict, bytes):
-                self._send_here(conn, verdict)
-                return False  # close
-            conn.turn = verdict == "turn"
         now = time.monotonic()
         queued_at = getattr(conn, "queued_at", now)
         waited = now - queued_at
         if self._waiting() == 0:
             self._queue_empty_at = now
         standing = now - self._queue_empty_at > self.queue_interval
-        if (waited > (self.queue_target if standing else self.queue_interval)
-                and not (getattr(conn, "turn", False) or getattr(conn, "door", False))):
+        if waited > (self.queue_target if standing else self.queue_interval) and not getattr(conn, "turn", False):
             self._answer_busy_here(conn, "queue_delay")
             return False  # close
         if self._lines_full() and self._is_order_to_refuse(conn):  # they filled since it was queued

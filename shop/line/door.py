@@ -29,7 +29,7 @@ def door(request: bytes, *, arrived_ms: int, until: float) -> Verdict:
     found = _order(request)
     if found is None:
         return APP
-    product_id, raw_token = found
+    product_id, quantity, raw_token = found
     configs = line.lined([product_id])
     config = configs.get(product_id)
     if config is None or config.paused:
@@ -46,12 +46,24 @@ def door(request: bytes, *, arrived_ms: int, until: float) -> Verdict:
                          arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms)
     if position.state in (line.WAITING, line.PRE_QUEUED):
         metrics.line_answered(position.state)
-        return waiting_response(position.details())
+        return _answer(b"202 Accepted", {"line": position.details()}, retry_after=position.retry_after,
+                       ticket=position.ticket)
+    if position.state == line.CUT:
+        # The units left cannot reach this place, and it never had a turn (a buyer who had one is
+        # `admitted` again, whatever the cut): no order of it to replay. The app's answer.
+        metrics.line_answered(position.state)
+        metrics.soldout_rejected()
+        line.answered([position], outcome="sold_out")
+        refused = errors.OutOfStock(details={
+            "lines": [{"product_id": product_id, "requested": quantity, "available": 0}],
+            "line": {"product_id": product_id, "place": position.place, "state": position.state}})
+        return _answer(b"409 Conflict", {"error": {"code": refused.code, "message": refused.message,
+                                                   "details": refused.details}})
     return TURN if position.state == line.ADMITTED else APP
 
 
-def _order(request: bytes) -> tuple[int, str] | None:
-    """(product id, bearer token) of a well-formed API order of one product, as the API would
+def _order(request: bytes) -> tuple[int, int, str] | None:
+    """(product id, quantity, bearer token) of a well-formed API order of one product, as the API would
     accept it (JSON body, its fields and an Idempotency-Key checked by the API's own rules);
     None for anything else."""
     kind = order_requests.header(request, b"content-type") or b""
@@ -74,12 +86,12 @@ def _order(request: bytes) -> tuple[int, str] | None:
         return None
     if len(lines) != 1:
         return None
-    return lines[0][0], raw.strip()
+    return lines[0][0], lines[0][1], raw.strip()
 
 
-def waiting_response(details: dict) -> bytes:
-    """The API's 202 for a place in line (shop/api.py `line_response`), as raw HTTP."""
-    from shop.gunicorn_worker import line_response
+def _answer(status: bytes, data: dict, *, retry_after: int | None = None, ticket: str = "") -> bytes:
+    """The app's JSON answer as raw HTTP, with the site's headers (the worker's)."""
+    from shop.gunicorn_worker import json_answer
 
-    return line_response(details)
-
+    extra = b"Retry-After: %d\r\n" % retry_after if retry_after is not None else b""
+    return json_answer(status, data, extra + (b"Line-Ticket: " + ticket.encode() + b"\r\n" if ticket else b""))

@@ -140,15 +140,24 @@ def test_a_buyer_told_busy_first_keeps_its_place_before_one_who_came_later(windo
         line.finish([held], outcome=line.DONE, user_id=first.pk, lines={p.pk: line.config_of(p)})
 
 
-def test_the_door_dates_a_place_from_arrival_and_never_answers_busy(window_of_one):
-    """Two app servers share a drop's line. Server A's only thread is held and its queue is full:
-    an API order sent to it is not told `busy` but waits at the line's door; a later buyer on the
-    idle server B takes a place at once. When A's thread frees, the early buyer's place dates
-    from when A read its order: before the later one. Bad input and a bad token waiting there
-    take no place (the app refuses them)."""
-    p = _drop(stock=5)
-    first, early, late, bad = helpers.make_users(4, prefix="wdoor")
-    tokens = {u.pk: ApiToken.issue(user_id=u.pk, name="line") for u in (early, late, bad)}
+def _read_answer(sock: socket.socket) -> tuple[int, dict]:
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    sock.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+def test_the_door_takes_a_place_while_every_thread_is_held(window_of_one):
+    """Server A's only thread is held and its queue is full: an API order of the drop sent to it
+    is not told `busy`, it gets its place and the API's 202 from the line's door at once; a buyer
+    who comes later to the idle server B is behind it. A place the units left cannot reach is
+    told sold out by the door too. Bad input and a bad token take no place: the door hands them
+    back (A answers `busy`, its queue is full; B's app refuses them)."""
+    p = _drop(stock=3)
+    first, early, late, bad, last = helpers.make_users(5, prefix="wdoor")
+    tokens = {u.pk: ApiToken.issue(user_id=u.pk, name="line") for u in (early, late, bad, last)}
     with appservers.running(2, workers=1, threads=1, env=window_of_one) as servers:
         a, b = servers[0].port, servers[1].port
         held = line.join(config=line.config_of(p), user_id=first.pk, start=True, until=time.monotonic() + 120)
@@ -158,29 +167,32 @@ def test_the_door_dates_a_place_from_arrival_and_never_answers_busy(window_of_on
         stalls.append(_stall(a, tokens[late.pk]))  # queued behind it: A's queue is full
         time.sleep(0.3)
         waiting = {}
-        for name, body, token in (("early", _order_body(p.pk), tokens[early.pk]),
-                                  ("bad input", b'{"lines":[{"product_id":%d,"quantity":0}]}' % p.pk, tokens[bad.pk]),
+        for name, body, token in (("bad input", b'{"lines":[{"product_id":%d,"quantity":0}]}' % p.pk, tokens[bad.pk]),
                                   ("bad token", _order_body(p.pk), "shp_not-a-token")):
             waiting[name] = socket.create_connection(("127.0.0.1", a), timeout=20)
             waiting[name].sendall(_post(b"/api/orders/", body, token=token))
-        time.sleep(0.5)
+        status, headers, placed = _order(a, tokens[early.pk], p.pk)
+        assert status == 202 and placed["line"]["place"] == 2, placed
+        assert headers["line-ticket"] == placed["line"]["ticket"] and headers["x-frame-options"] == "DENY"
         status, _, behind = _order(b, tokens[late.pk], p.pk)  # later, on the idle server
-        assert (status, behind["line"]["place"]) == (202, 2), behind
+        assert (status, behind["line"]["place"]) == (202, 3), behind
+        status, _, again = _order(a, tokens[early.pk], p.pk)  # a retry keeps its place
+        assert (status, again["line"]["place"]) == (202, 2), again
+        status, _, cut = _order(a, tokens[last.pk], p.pk)  # 3 units, 3 buyers ahead: sold out
+        assert (status, cut["error"]["code"], cut["error"]["details"]["line"]["state"]) == (409, "out_of_stock", "cut")
+        assert _places(p) == [first.pk, early.pk, late.pk, last.pk]
+        # Handed back by the door, they find A's queue full: `busy`, as any request would.
+        answers = {name: _read_answer(sock) for name, sock in waiting.items()}
+        assert {name: (s, a["error"]["code"]) for name, (s, a) in answers.items()} == {
+            "bad input": (503, "busy"), "bad token": (503, "busy")}
         for sock in stalls:
             sock.close()
-        answers = {}
-        for name, sock in waiting.items():
-            answer = b""
-            while chunk := sock.recv(65536):
-                answer += chunk
-            sock.close()
-            head, _, body = answer.partition(b"\r\n\r\n")
-            answers[name] = (int(head.split(b" ", 2)[1]), json.loads(body))
-        assert answers["early"][0] == 202 and answers["early"][1]["line"]["place"] == 2, answers
-        assert answers["bad input"][0] == 400 and answers["bad token"][0] == 401, answers
-        assert _places(p) == [first.pk, early.pk, late.pk]
-        status, _, now = _order(b, tokens[late.pk], p.pk)
-        assert (status, now["line"]["place"]) == (202, 3)
+        status, _, refused = _order(b, "shp_not-a-token", p.pk)
+        assert status == 401, refused
+        status, refused = exchange(b, _post(b"/api/orders/", b'{"lines":[{"product_id":%d,"quantity":0}]}' % p.pk,
+                                            token=tokens[bad.pk]))
+        assert status == 400, refused
+        assert _places(p) == [first.pk, early.pk, late.pk, last.pk]
         line.finish([held], outcome=line.DONE, user_id=first.pk, lines={p.pk: line.config_of(p)})
 
 
