@@ -19,7 +19,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from shop import clock, deadlines, errors, ratelimits, selectors, validation
-from shop.line import arrivals, lined
+from shop.line import arrivals, lined, tickets
 from shop.models import CouponClaim, Order, Product
 from shop.receipts import Receipt
 from shop.services import cancel_order, claim_coupon, pay_order, place_order
@@ -227,7 +227,7 @@ def orders(request: HttpRequest) -> JsonResponse:
                              deadline=deadlines.of_request(request), line_ticket=request.headers.get("Line-Ticket"),
                              arrived_ms=arrived)
     except errors.InLine as waiting:
-        return line_response(waiting)
+        return line_response(waiting, credential=arrivals.of_request(request))
     except errors.Busy as busy:
         return _busy_with_arrival(request, busy, lines=lines, arrived=arrived)
     return JsonResponse(receipt_json(placed), status=200 if placed.replayed else 201)
@@ -243,12 +243,16 @@ def _busy_with_arrival(request: HttpRequest, busy: errors.Busy, *, lines: list, 
     return response
 
 
-def line_response(waiting: errors.InLine) -> JsonResponse:
+def line_response(waiting: errors.InLine, *, credential: bytes) -> JsonResponse:
     """Not this buyer's turn yet (202, not an error): its place in the drop's line, when to come
-    back (Retry-After), and its ticket to send back as a Line-Ticket header."""
-    response = JsonResponse({"line": waiting.details}, status=202)
+    back (Retry-After), and its ticket to send back as a Line-Ticket header, bound to the
+    request's credential (shop/line/tickets.py: the worker answers it only from that one)."""
+    details = waiting.details
+    if details.get("ticket"):
+        details = {**details, "ticket": tickets.bound(details["ticket"], credential=credential)}
+    response = JsonResponse({"line": details}, status=202)
     response["Retry-After"] = str(waiting.retry_after)
-    response["Line-Ticket"] = waiting.details.get("ticket", "")
+    response["Line-Ticket"] = details.get("ticket", "")
     return response
 
 

@@ -82,6 +82,8 @@ LINGER, LINGER_BYTES = 2.0, 65536
 # one has been sending this long: a burst of new connections (a NAT, a load generator, a client
 # starved of CPU between connect and send) whose requests are on their way is not cut off.
 SLOT_GRACE = 1.0
+# The line's door takes at most this many orders' places at once (one read of their tokens).
+DOOR_BATCH = 64
 # The lines' fronts older than this (the chores thread could not read them) answer no ticket.
 FRONTS_STALE = 2.0
 
@@ -539,16 +541,19 @@ class ShopWorker(ThreadWorker):
 
     def _ticket(self, request: bytes):
         """(ticket, its text, its line's front) for an API order that brings a Line-Ticket this shop
-        signed, for a line whose front (read a few times a second) is fresh, ordering that line's
-        product and not one known sold out; None for anything else. Never raises: the main loop's."""
+        signed and gave to the request's credential (tickets.verify_bound), for a line whose front
+        (read a few times a second) is fresh, ordering that line's product and not one known sold
+        out; None for anything else. Never raises: the main loop's."""
         fronts = self._fronts
         if not fronts or time.monotonic() - self._fronts_at > FRONTS_STALE:
             return None
         try:
-            from shop.line import tickets
+            from shop.line import arrivals, tickets
 
             text = order_requests.header(request, b"line-ticket")
-            found = tickets.verify(text.decode("latin-1")) if text else None
+            credential = arrivals.credential(authorization=order_requests.header(request, b"authorization"),
+                                             session=order_requests.cookie(request, self._session_cookie))
+            found = tickets.verify_bound(text.decode("latin-1"), credential=credential) if text else None
             front = fronts.get(found[0].product_id) if found else None
             if front is None:
                 return None
@@ -604,24 +609,27 @@ class ShopWorker(ThreadWorker):
         from shop.line import door
 
         while self.alive:
-            conn = self._door_inbox.get()
+            batch = [self._door_inbox.get()]  # then what else came meanwhile: one token read for all
+            while len(batch) < DOOR_BATCH and not self._door_inbox.empty():
+                batch.append(self._door_inbox.get_nowait())
             offset = self._clock_offset
             try:
-                verdict = door.APP if offset is None else door.door(
-                    bytes(conn.request), arrived_ms=int((conn.queued_at + offset) * 1000),
-                    until=conn.queued_at + self.door_budget)
+                verdicts = [door.APP] * len(batch) if offset is None else door.doors(
+                    [(bytes(c.request), int((c.queued_at + offset) * 1000)) for c in batch],
+                    until=batch[0].queued_at + self.door_budget)
             except Exception:
                 self.log.warning("the line's door failed; the app answers", exc_info=True)
                 close_old_connections()
-                verdict = door.APP
-            if isinstance(verdict, bytes):
-                with contextlib.suppress(OSError):
-                    conn.sock.settimeout(0.5)
-                    conn.sock.sendall(verdict)
-                    conn.sock.shutdown(socket.SHUT_WR)
-                self.method_queue.defer(self._close, conn)
-            else:
-                self.method_queue.defer(self._after_door, conn, verdict == door.TURN)
+                verdicts = [door.APP] * len(batch)
+            for conn, verdict in zip(batch, verdicts, strict=True):
+                if isinstance(verdict, bytes):
+                    with contextlib.suppress(OSError):
+                        conn.sock.settimeout(0.5)
+                        conn.sock.sendall(verdict)
+                        conn.sock.shutdown(socket.SHUT_WR)
+                    self.method_queue.defer(self._close, conn)
+                else:
+                    self.method_queue.defer(self._after_door, conn, verdict == door.TURN)
 
     def _after_door(self, conn, turn: bool) -> None:
         """Back from the door: its buyer's turn (a thread even while the queue is full, as a

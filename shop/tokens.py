@@ -63,6 +63,34 @@ def user_for_token(raw: str):
     return token.user
 
 
+def users_for_tokens(raws: list[str]) -> dict[str, object]:
+    """`user_for_token` for many tokens at once (the line's door, a crowd's first requests): one
+    cache read, one SELECT for those not cached, one UPDATE of their `last_used_at`. Unknown,
+    revoked and inactive ones are left out."""
+    hashes = {raw: ApiToken.hash(raw) for raw in raws}
+    ttl = int(shop_settings.TOKEN_CACHE_TTL)
+    users: dict[str, object] = {}
+    if ttl > 0:
+        try:
+            cached = _cache().get_many([_cache_key(h) for h in set(hashes.values())])
+        except Exception:  # Redis away: MySQL still answers
+            cached = {}
+        users = {h: user for h in hashes.values() if (user := cached.get(_cache_key(h))) is not None}
+    missing = {h for h in hashes.values() if h not in users}
+    if missing:
+        found = [t for t in ApiToken.objects.select_related("user").filter(key_hash__in=missing)
+                 if t.revoked_at is None and t.user.is_active]
+        now = timezone.now()
+        stale = [t.pk for t in found if t.last_used_at is None or (now - t.last_used_at).total_seconds() > 60]
+        if stale:
+            ApiToken.objects.filter(pk__in=stale).update(last_used_at=now)
+        users.update({t.key_hash: t.user for t in found})
+        if ttl > 0 and found:
+            with contextlib.suppress(Exception):
+                _cache().set_many({_cache_key(t.key_hash): t.user for t in found}, ttl)
+    return {raw: users[h] for raw, h in hashes.items() if h in users}
+
+
 def _forget(key_hash: str) -> None:
     with contextlib.suppress(Exception):
         _cache().delete(_cache_key(key_hash))

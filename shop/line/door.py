@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Literal
 
 from shop import account_age, api, errors, line, metrics, order_requests, tokens, validation
-from shop.line import arrivals
+from shop.line import arrivals, tickets
 
 APP, TURN = "app", "turn"
 Verdict = bytes | Literal["app", "turn"]
@@ -24,21 +24,32 @@ Verdict = bytes | Literal["app", "turn"]
 
 def door(request: bytes, *, arrived_ms: int, until: float) -> Verdict:
     """What to do with an API order's bytes (read whole by the worker at `arrived_ms`, the shop's
-    clock): the 202 to send (bytes), TURN (it is this buyer's turn: on to the app, which starts
-    it), or APP (the app decides). Raises on I/O trouble (the caller sends it to the app)."""
-    found = _order(request)
-    if found is None:
-        return APP
-    product_id, quantity, raw_token = found
-    configs = line.lined([product_id])
-    config = configs.get(product_id)
+    clock): the answer to send (bytes: 202 in line, 409 cut), TURN (it is this buyer's turn: on
+    to the app, which starts it), or APP (the app decides). Raises on I/O trouble (the caller
+    sends it to the app)."""
+    return doors([(request, arrived_ms)], until=until)[0]
+
+
+def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
+    """`door` for several requests at once, in the order given (the order they were read): one
+    read of their tokens for all of them, then each one's place."""
+    orders = [_order(request) for request, _ in requests]
+    users = tokens.users_for_tokens(sorted({found[2] for found in orders if found is not None}))
+    return [_verdict(request, arrived_ms, found, users.get(found[2]) if found else None, until=until)
+            for (request, arrived_ms), found in zip(requests, orders, strict=True)]
+
+
+def _verdict(request: bytes, arrived_ms: int, found: tuple[int, int, str] | None, user, *, until: float) -> Verdict:
+    if found is None or user is None:
+        return APP  # not an order the door takes, or a bad token: the app answers (400, 401...)
+    product_id, quantity, _ = found
+    config = line.lined([product_id]).get(product_id)
     if config is None or config.paused:
         return APP
     try:
-        user = tokens.user_for_token(raw_token)
         account_age.check(user=user, product_ids=[product_id])
-    except (tokens.BadToken, errors.ShopError):
-        return APP  # the app answers 401 / 403 as it always does
+    except errors.ShopError:
+        return APP  # the app answers 403 as it always does
     credential = arrivals.credential(authorization=order_requests.header(request, b"authorization"), session=None)
     brought = order_requests.header(request, b"line-arrival")
     stamped = arrivals.read(brought, credential=credential) if brought else None
@@ -46,8 +57,9 @@ def door(request: bytes, *, arrived_ms: int, until: float) -> Verdict:
                          arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms)
     if position.state in (line.WAITING, line.PRE_QUEUED):
         metrics.line_answered(position.state)
-        return _answer(b"202 Accepted", {"line": position.details()}, retry_after=position.retry_after,
-                       ticket=position.ticket)
+        ticket = tickets.bound(position.ticket, credential=credential)
+        return _answer(b"202 Accepted", {"line": {**position.details(), "ticket": ticket}},
+                       retry_after=position.retry_after, ticket=ticket)
     if position.state == line.CUT:
         # The units left cannot reach this place, and it never had a turn (a buyer who had one is
         # `admitted` again, whatever the cut): no order of it to replay. The app's answer.

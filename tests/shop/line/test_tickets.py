@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shop.line import tickets
 from shop.line.tickets import PLACE, PRE_QUEUE, Ticket, not_yet, read, verify
 
 
@@ -46,3 +47,19 @@ def test_not_yet_compares_the_place_with_now_serving():
     place = Ticket(product_id=1, drop=2, kind=PLACE, score=1000)
     assert not_yet(place, 999) and not not_yet(place, 1000) and not not_yet(place, 5000)
     assert not_yet(Ticket(product_id=1, drop=2, kind=PRE_QUEUE, score=5), 10**18)  # before the opening: never
+
+
+def test_a_bound_ticket_verifies_in_the_worker_only_with_its_credential():
+    text = Ticket(product_id=3, drop=1_800_000_000, kind=PLACE, score=1_800_000_000_000_123).text(user_id=7)
+    token = b"Bearer shp_mine"
+    bound = tickets.bound(text, credential=token)
+    assert bound.startswith(text + ".") and len(bound) <= tickets.MAX_LENGTH
+    assert tickets.verify_bound(bound, credential=token) == tickets.verify(text)
+    assert tickets.verify_bound(bound, credential=b"Bearer shp_theirs") is None  # replayed by another
+    assert tickets.verify_bound(text, credential=token) is None  # not bound: the app decides
+    assert tickets.verify_bound(bound, credential=b"") is None
+    # The app reads it as any ticket of its account; an altered binding does not verify.
+    assert tickets.read(bound, user_id=7) == tickets.read(text, user_id=7) is not None
+    altered = bound[:-1] + ("A" if bound[-1] != "A" else "B")
+    assert tickets.verify_bound(altered, credential=token) is None
+    assert tickets.bound("garbage", credential=token) == "garbage"
