@@ -84,6 +84,7 @@ LINGER, LINGER_BYTES = 2.0, 65536
 SLOT_GRACE = 1.0
 # The line's door takes at most this many orders' places at once (one read of their tokens).
 DOOR_BATCH = 64
+DOOR_KEPT_MAX = 100_000  # answers the door keeps for retries (by token), at most
 # The lines' fronts older than this (the chores thread could not read them) answer no ticket.
 FRONTS_STALE = 2.0
 
@@ -288,6 +289,8 @@ class ShopWorker(ThreadWorker):
         self.door_open = False
         self.door_budget = 4.0
         self._door_inbox: queue.SimpleQueue = queue.SimpleQueue()
+        # The door's answers by token and product, and until when they may be given again.
+        self._door_kept: dict[bytes, tuple[float, bytes]] = {}
         self._count = self._observe = None
         # Connections whose request is still coming, oldest first (dicts: ordered sets), and the
         # same per client address; connections closed after their answer, with their end.
@@ -317,8 +320,8 @@ class ShopWorker(ThreadWorker):
         from shop.plumbing import soldout
 
         self.queue_max = int(shop_settings.QUEUE_MAX or self.cfg.threads)
-        self.turn_room = int(shop_settings.LINE_WINDOW)
         self.door_open, self.door_room = bool(shop_settings.LINE_DOOR), 8 * int(self.cfg.threads)
+        self.turn_room = min(int(shop_settings.LINE_WINDOW), 4 * int(self.cfg.threads))
         self.door_budget = deadlines.budget()
         if self.door_open:
             threading.Thread(target=self._door_loop, name="shop-line-door", daemon=True).start()
@@ -518,8 +521,14 @@ class ShopWorker(ThreadWorker):
         elif waiting < self.queue_max + self.turn_room and self._turn_came(ticketed):
             conn.turn = True
             self._give_thread(conn)
-        elif self.door_open and self._door_inbox.qsize() < self.door_room and self._at_door(request):
-            self._door_inbox.put(conn)  # the door's thread answers it, or hands it back (`_after_door`)
+        elif self.door_open and (at_door := self._at_door(request)) is not None:
+            if (kept := self._door_kept.get(at_door)) is not None and kept[0] > now:
+                self._answer_and_close(conn, kept[1])  # the door's answer to this token a moment ago
+            elif self._door_inbox.qsize() < self.door_room:
+                conn.door_key = at_door
+                self._door_inbox.put(conn)  # the door's thread answers it, or hands it back (`_after_door`)
+            else:
+                self._answer_busy(conn, "queue_full")
         elif waiting >= self.queue_max:
             self._answer_busy(conn, "queue_full")
         elif self._lines_full() and self._order_to_refuse(request):
@@ -584,20 +593,22 @@ class ShopWorker(ThreadWorker):
         itself), or the line's drain would depend on winning the `busy` lottery."""
         return ticketed is not None and ticketed[2].let_through_to(ticketed[0])
 
-    def _at_door(self, request: bytes) -> bool:
-        """An API order of one product with a line open, not known sold out: its buyer's place is
-        taken by the line's door (shop/line/door.py) in a thread, before the app, and never as a
-        `busy` lottery. Never raises: the main loop's."""
+    def _at_door(self, request: bytes) -> bytes | None:
+        """For an API order of one product with a line open, not known sold out: the key of its
+        token and product (its buyer's place is taken by the line's door, shop/line/door.py, in a
+        thread before the app, never as a `busy` lottery); None for anything else. Never raises:
+        the main loop's."""
         lined = self._lined
         if not lined or not request.startswith(b"POST "):
-            return False
+            return None
         try:
             ids = order_requests.product_ids(request)
-            return (ids is not None and len(set(ids)) == 1 and ids[0] in lined
-                    and not self._known_sold_out(ids[:1]))
+            if ids is None or len(set(ids)) != 1 or ids[0] not in lined or self._known_sold_out(ids[:1]):
+                return None
+            return b"%d " % ids[0] + (order_requests.header(request, b"authorization") or b"")
         except Exception:
             self.log.exception("door check failed; the request goes on as any other")
-            return False
+            return None
 
     def _door_loop(self) -> None:
         """The line's door (shop/line/door.py), one thread per process: it takes the places of the
@@ -621,11 +632,16 @@ class ShopWorker(ThreadWorker):
                 self.log.warning("the line's door failed; the app answers", exc_info=True)
                 close_old_connections()
                 verdicts = [door.APP] * len(batch)
+            kept = self._door_kept
+            if len(kept) > DOOR_KEPT_MAX:
+                self._door_kept = kept = {}  # swapped whole: the main loop reads it meanwhile
             for conn, verdict in zip(batch, verdicts, strict=True):
-                if isinstance(verdict, bytes):
+                if isinstance(verdict, door.Answer):
+                    if verdict.keep > 0:
+                        kept[conn.door_key] = (time.monotonic() + verdict.keep, verdict.data)
                     with contextlib.suppress(OSError):
                         conn.sock.settimeout(0.5)
-                        conn.sock.sendall(verdict)
+                        conn.sock.sendall(verdict.data)
                         conn.sock.shutdown(socket.SHUT_WR)
                     self.method_queue.defer(self._close, conn)
                 else:

@@ -13,18 +13,34 @@ refuse as bad input gets no place (it goes to the app, which refuses it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from shop import account_age, api, errors, line, metrics, order_requests, tokens, validation
 from shop.line import arrivals, tickets
 
 APP, TURN = "app", "turn"
-Verdict = bytes | Literal["app", "turn"]
+# How long the worker may give the same answer again to the same token's retries (scripts send
+# several at once and retry every few ms) without asking the line: "not yet" and "in the checkout"
+# change with the line's front, a cut place only if the cut is lifted (rare, and then it is lifted
+# for everyone after everyone before it was answered).
+KEEP_WAITING, KEEP_CUT = 0.25, 1.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole HTTP answer the door gives, and how long it may be given again to the same token."""
+
+    data: bytes
+    keep: float
+
+
+Verdict = Answer | Literal["app", "turn"]
 
 
 def door(request: bytes, *, arrived_ms: int, until: float) -> Verdict:
     """What to do with an API order's bytes (read whole by the worker at `arrived_ms`, the shop's
-    clock): the answer to send (bytes: 202 in line, 409 cut), TURN (it is this buyer's turn: on
+    clock): the answer to send (202 in line, 409 cut, 503 in the checkout), TURN (it is this buyer's turn: on
     to the app, which starts it), or APP (the app decides). Raises on I/O trouble (the caller
     sends it to the app)."""
     return doors([(request, arrived_ms)], until=until)[0]
@@ -58,8 +74,8 @@ def _verdict(request: bytes, arrived_ms: int, found: tuple[int, int, str] | None
     if position.state in (line.WAITING, line.PRE_QUEUED):
         metrics.line_answered(position.state)
         ticket = tickets.bound(position.ticket, credential=credential)
-        return _answer(b"202 Accepted", {"line": {**position.details(), "ticket": ticket}},
-                       retry_after=position.retry_after, ticket=ticket)
+        return Answer(_answer(b"202 Accepted", {"line": {**position.details(), "ticket": ticket}},
+                              retry_after=position.retry_after, ticket=ticket), KEEP_WAITING)
     if position.state == line.CUT:
         # The units left cannot reach this place, and it never had a turn (a buyer who had one is
         # `admitted` again, whatever the cut): no order of it to replay. The app's answer.
@@ -69,9 +85,21 @@ def _verdict(request: bytes, arrived_ms: int, found: tuple[int, int, str] | None
         refused = errors.OutOfStock(details={
             "lines": [{"product_id": product_id, "requested": quantity, "available": 0}],
             "line": {"product_id": product_id, "place": position.place, "state": position.state}})
-        return _answer(b"409 Conflict", {"error": {"code": refused.code, "message": refused.message,
-                                                   "details": refused.details}})
+        return Answer(_error(refused), KEEP_CUT)
+    if position.state == line.IN_CHECKOUT:
+        # Another request of this buyer is in the checkout (a script's parallel attempt): the
+        # app's answer, retryable. (The app would first look for an order this key placed
+        # before; such a replay is told to retry, and gets its order once the checkout is done.)
+        return Answer(_error(errors.Busy(details={"reason": "in_checkout", "retry_after": errors.Busy.retry_after})),
+                      KEEP_WAITING)
     return TURN if position.state == line.ADMITTED else APP
+
+
+def _error(refused: errors.ShopError) -> bytes:
+    """The API's error envelope (shop/api.py `error_response`)."""
+    status = {409: b"409 Conflict", 503: b"503 Service Unavailable"}[refused.status]
+    return _answer(status, {"error": {"code": refused.code, "message": refused.message, "details": refused.details}},
+                   retry_after=refused.retry_after)
 
 
 def _order(request: bytes) -> tuple[int, int, str] | None:
