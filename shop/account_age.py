@@ -129,16 +129,18 @@ def forget(**_: object) -> None:
 post_save.connect(forget, sender=Product, dispatch_uid="shop.account_age.forget")
 
 
-def check(*, user, product_ids: list[int]) -> None:
+def check(*, user, product_ids: list[int], signal: bool = True) -> None:
     """Refuse `user` (AccountTooNew) if a product of the order asks for an older account. A user
-    model without `date_joined` is not checked."""
+    model without `date_joined` is not checked. `signal` False: the caller counts the young
+    buyer itself (`signal_young_buyers`, many at once)."""
     found = rules(product_ids)
     joined = getattr(user, "date_joined", None)
     if not found or joined is None:
         return
     now = timezone.now()
     age = now - joined
-    _count_young_buyer(user_id=user.pk, age=age, found=found.values(), now=now)
+    if signal:
+        signal_young_buyers([(user, pid) for pid in product_ids])
     short = [pid for pid in product_ids if pid in found and found[pid].min_age is not None
              and age < found[pid].min_age]
     if not short:
@@ -161,19 +163,30 @@ def eligible_at(*, user, product: Product) -> datetime | None:
     return when if when > timezone.now() else None
 
 
-def _count_young_buyer(*, user_id: int, age: timedelta, found: Iterable[DropRule], now: datetime) -> None:
-    """The operator's signal (see the module doc). Never fails an order."""
-    if age.total_seconds() >= float(shop_settings.YOUNG_ACCOUNT_AGE):
-        return
+def signal_young_buyers(buyers: Iterable[tuple[object, int]]) -> None:
+    """The operator's signal (see the module doc) for these (user, product) pairs: each account
+    younger than YOUNG_ACCOUNT_AGE buying in a drop's first DROP_OPENING_WINDOW seconds is counted
+    once per drop, in one round trip. Never fails an order."""
+    now = timezone.now()
     window = float(shop_settings.DROP_OPENING_WINDOW)
-    for rule in found:
-        if rule.opens_at is None or not 0 <= (now - rule.opens_at).total_seconds() < window:
+    keys = []
+    for user, product_id in buyers:
+        joined = getattr(user, "date_joined", None)
+        rule = rules([product_id]).get(product_id)
+        if (joined is None or rule is None or rule.opens_at is None
+                or (now - joined).total_seconds() >= float(shop_settings.YOUNG_ACCOUNT_AGE)
+                or not 0 <= (now - rule.opens_at).total_seconds() < window):
             continue
-        key = redis_keys.young_buyer(rule.product_id, int(rule.opens_at.timestamp()), user_id)
-        try:
-            first = get_redis_connection(shop_settings.REDIS_ALIAS).set(key, 1, nx=True, ex=int(window) + 60)
-        except Exception:  # Redis away: the order meets the lock's own answer; no signal
-            log.debug("young buyer signal not counted", exc_info=True)
-            continue
-        if first:
-            metrics.young_buyer()
+        keys.append(redis_keys.young_buyer(product_id, int(rule.opens_at.timestamp()), user.pk))
+    if not keys:
+        return
+    try:
+        pipe = get_redis_connection(shop_settings.REDIS_ALIAS).pipeline(transaction=False)
+        for key in keys:
+            pipe.set(key, 1, nx=True, ex=int(window) + 60)
+        firsts = sum(1 for first in pipe.execute() if first)
+    except Exception:  # Redis away: the order meets the lock's own answer; no signal
+        log.debug("young buyers' signal not counted", exc_info=True)
+        return
+    for _ in range(firsts):
+        metrics.young_buyer()

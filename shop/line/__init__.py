@@ -49,8 +49,8 @@ from shop.line import arrivals
 from shop.line.tickets import PLACE, PRE_QUEUE, Ticket, not_yet, read
 from shop.models import Product
 
-__all__ = ["Front", "LineConfig", "Position", "Status", "Ticket", "every_line", "finish", "forget", "fronts", "join",
-           "lined", "not_yet", "now_serving", "read_ticket", "status"]
+__all__ = ["Front", "Joining", "LineConfig", "Position", "Status", "Ticket", "every_line", "finish", "forget", "fronts",
+           "join", "join_many", "lined", "not_yet", "now_serving", "read_ticket", "status"]
 
 log = logging.getLogger("shop")
 
@@ -180,10 +180,11 @@ def keys(product_id: int, drop: int) -> list[str]:
             redis_keys.sold_out_marker(product_id)]
 
 
-def _run(config: LineConfig, op: str, *args: object) -> list | int:
+def _run(config: LineConfig, op: str, *args: object, on=None) -> list | int:
+    """line.lua's `op` on this line; `on`: a pipeline to queue it on (its reply comes with the rest)."""
     head = [op, TTL, int(shop_settings.LINE_WINDOW), int(float(shop_settings.LINE_TURN) * 1000),
             1 if config.paused else 0]
-    return _script()(keys=keys(config.product_id, config.drop), args=[*head, *args], client=client())
+    return _script()(keys=keys(config.product_id, config.drop), args=[*head, *args], client=on or client())
 
 
 def read_ticket(text: str, *, user_id: int) -> Ticket | None:
@@ -203,19 +204,53 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
     `arrived_ms`: the time of an arrival stamp the buyer brought (shop/line/arrivals.py, checked):
     a new place is taken as of then, if the stamp is young enough and not before the pre-queue's
     window. Raises RedisError if the line cannot be reached."""
-    mine = ticket is not None and (ticket.product_id, ticket.drop) == (config.product_id, config.drop)
-    claim = ticket if mine else None
+    return join_many([Joining(config=config, user_id=user_id, start=start, until=until, ticket=ticket,
+                              counted=counted, arrived_ms=arrived_ms)])[0]
+
+
+@dataclass(frozen=True)
+class Joining:
+    """One buyer's `join` (its arguments), for `join_many`."""
+
+    config: LineConfig
+    user_id: int
+    start: bool
+    until: float
+    ticket: Ticket | None = None
+    counted: bool = True
+    arrived_ms: int | None = None
+
+
+def join_many(joinings: list[Joining]) -> list[Position]:
+    """`join` for several buyers, in order, in one round trip to Redis (the line's door takes a
+    crowd's places this way). Raises RedisError if the lines cannot be reached."""
     now_ms = int(clock.now().timestamp() * 1000)
-    arrived = arrivals.honoured(arrived_ms, now_ms=now_ms,
-                                window_ms=int(config.opens_at.timestamp() * 1000) - config.prequeue_seconds * 1000)
-    reply = _join(config, user_id=user_id, start=start, until=until, claim=claim, arrived=arrived, now_ms=now_ms)
+    calls = []
+    for j in joinings:
+        mine = j.ticket is not None and (j.ticket.product_id, j.ticket.drop) == (j.config.product_id, j.config.drop)
+        window_ms = int(j.config.opens_at.timestamp() * 1000) - j.config.prequeue_seconds * 1000
+        arrived = arrivals.honoured(j.arrived_ms, now_ms=now_ms, window_ms=window_ms)
+        calls.append((j, j.ticket if mine else None, arrived))
+    if len(calls) == 1:
+        replies = [_join(calls[0][0], claim=calls[0][1], arrived=calls[0][2], now_ms=now_ms)]
+    else:
+        pipe = client().pipeline(transaction=False)
+        for j, claim, arrived in calls:
+            _join(j, claim=claim, arrived=arrived, now_ms=now_ms, on=pipe)
+        replies = pipe.execute()
+    return [_joined(j, claim=claim, arrived=arrived, now_ms=now_ms, reply=reply)
+            for (j, claim, arrived), reply in zip(calls, replies, strict=True)]
+
+
+def _joined(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: int, reply: list) -> Position:
+    """One buyer's position from its reply to line.lua's join (and the follow-ups it asks for)."""
+    config, user_id = j.config, j.user_id
     state = _text(reply[0])
     units_due = state not in (NOT_OPEN, PRE_QUEUED) and bool(int(reply[7]))
     if state != NOT_OPEN and int(reply[3 if state == PRE_QUEUED else 9]) and not _lost_before(config):
         _run(config, "release")  # a new line, not one Redis lost: nobody need be held back
         if state == WAITING:  # held back just now: its turn may have come
-            reply = _join(config, user_id=user_id, start=start, until=until, claim=claim, arrived=arrived,
-                          now_ms=now_ms)
+            reply = _join(j, claim=claim, arrived=arrived, now_ms=now_ms)
             state = _text(reply[0])
     found = Position(state=state, product_id=config.product_id, drop=config.drop, opens_at=config.opens_at)
     if state == NOT_OPEN:
@@ -226,7 +261,7 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
                                   prequeue_size=int(reply[2]), opens_at=config.opens_at), PRE_QUEUE, user_id)
     if units_due or int(reply[7]):
         _refresh_units(config)
-    if counted:
+    if j.counted:
         metrics.line_answered(state)
     if state == STARTED:
         metrics.line_let_through(config.product_id)
@@ -236,18 +271,18 @@ def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket:
                      PLACE, user_id)
 
 
-def _join(config: LineConfig, *, user_id: int, start: bool, until: float, claim: Ticket | None,
-          arrived: int | None, now_ms: int) -> list:
-    checkout_ms = int((max(0.0, until - time.monotonic()) + CHECKOUT_MARGIN) * 1000)
+def _join(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: int, on=None) -> list:
+    config = j.config
+    checkout_ms = int((max(0.0, j.until - time.monotonic()) + CHECKOUT_MARGIN) * 1000)
     # The latest the database's clock may read now (shop/clock.py): "not open yet" only when the
     # opening is surely ahead; at the edge the order goes on, and the writer decides it exactly
     # under the row lock (docs/design.md, "One clock for drop windows").
     latest_ms = now_ms + int(clock.uncertainty() * 1000)
-    return _run(config, "join", user_id, 1 if start else 0, checkout_ms, latest_ms,
+    return _run(config, "join", j.user_id, 1 if j.start else 0, checkout_ms, latest_ms,
                 int(config.opens_at.timestamp() * 1000), config.prequeue_seconds * 1000, 1 if config.fifo else 0,
                 secrets.randbits(52), claim.kind if claim else "", claim.score if claim else "",
                 int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000,
-                arrived if arrived is not None else "")
+                arrived if arrived is not None else "", on=on)
 
 
 def hold_seconds() -> int:

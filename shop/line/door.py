@@ -48,29 +48,43 @@ def door(request: bytes, *, arrived_ms: int, until: float) -> Verdict:
 
 def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
     """`door` for several requests at once, in the order given (the order they were read): one
-    read of their tokens for all of them, then each one's place."""
+    read of their tokens, one round trip for their places."""
     orders = [_order(request) for request, _ in requests]
     users = tokens.users_for_tokens(sorted({found[2] for found in orders if found is not None}))
-    return [_verdict(request, arrived_ms, found, users.get(found[2]) if found else None, until=until)
-            for (request, arrived_ms), found in zip(requests, orders, strict=True)]
+    verdicts: list[Verdict] = [APP] * len(requests)
+    joining: list[tuple[int, int, int, line.Joining]] = []  # (its index, product, quantity, the join)
+    young: list[tuple[object, int]] = []
+    for n, ((request, arrived_ms), found) in enumerate(zip(requests, orders, strict=True)):
+        user = users.get(found[2]) if found is not None else None
+        if found is None or user is None:
+            continue  # not an order the door takes, or a bad token: the app answers (400, 401...)
+        product_id, quantity, _ = found
+        config = line.lined([product_id]).get(product_id)
+        if config is None or config.paused:
+            continue
+        try:
+            account_age.check(user=user, product_ids=[product_id], signal=False)
+        except errors.ShopError:
+            continue  # the app answers 403 as it always does
+        young.append((user, product_id))
+        brought = order_requests.header(request, b"line-arrival")
+        stamped = arrivals.read(brought, credential=_credential(request)) if brought else None
+        joining.append((n, product_id, quantity, line.Joining(
+            config=config, user_id=user.pk, start=False, until=until, counted=False,
+            arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms)))
+    account_age.signal_young_buyers(young)
+    positions = line.join_many([j for *_, j in joining]) if joining else []
+    for (n, product_id, quantity, _), position in zip(joining, positions, strict=True):
+        verdicts[n] = _verdict(position, product_id=product_id, quantity=quantity,
+                               credential=_credential(requests[n][0]))
+    return verdicts
 
 
-def _verdict(request: bytes, arrived_ms: int, found: tuple[int, int, str] | None, user, *, until: float) -> Verdict:
-    if found is None or user is None:
-        return APP  # not an order the door takes, or a bad token: the app answers (400, 401...)
-    product_id, quantity, _ = found
-    config = line.lined([product_id]).get(product_id)
-    if config is None or config.paused:
-        return APP
-    try:
-        account_age.check(user=user, product_ids=[product_id])
-    except errors.ShopError:
-        return APP  # the app answers 403 as it always does
-    credential = arrivals.credential(authorization=order_requests.header(request, b"authorization"), session=None)
-    brought = order_requests.header(request, b"line-arrival")
-    stamped = arrivals.read(brought, credential=credential) if brought else None
-    position = line.join(config=config, user_id=user.pk, start=False, until=until, counted=False,
-                         arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms)
+def _credential(request: bytes) -> bytes:
+    return arrivals.credential(authorization=order_requests.header(request, b"authorization"), session=None)
+
+
+def _verdict(position: line.Position, *, product_id: int, quantity: int, credential: bytes) -> Verdict:
     if position.state in (line.WAITING, line.PRE_QUEUED):
         metrics.line_answered(position.state)
         ticket = tickets.bound(position.ticket, credential=credential)
