@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shop import account_age, api, errors, line, metrics, order_requests, tokens, validation
+from shop import account_age, api, errors, line, metrics, order_requests, redis_keys, rules, tokens, validation
 from shop.line import arrivals, tickets
+from shop.plumbing import soldout
 
 APP, TURN = "app", "turn"
 # How long the worker may give the same answer again to the same token's retries (scripts send
@@ -52,13 +53,13 @@ def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
     orders = [_order(request) for request, _ in requests]
     users = tokens.users_for_tokens(sorted({found[2] for found in orders if found is not None}))
     verdicts: list[Verdict] = [APP] * len(requests)
-    joining: list[tuple[int, int, int, line.Joining]] = []  # (its index, product, quantity, the join)
+    joining: list[tuple[int, int, int, str | None, line.Joining]] = []  # (its index, product, quantity, key, the join)
     young: list[tuple[object, int]] = []
     for n, ((request, arrived_ms), found) in enumerate(zip(requests, orders, strict=True)):
         user = users.get(found[2]) if found is not None else None
         if found is None or user is None:
             continue  # not an order the door takes, or a bad token: the app answers (400, 401...)
-        product_id, quantity, _ = found
+        product_id, quantity, _, key = found
         config = line.lined([product_id]).get(product_id)
         if config is None or config.paused:
             continue
@@ -66,17 +67,34 @@ def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
             account_age.check(user=user, product_ids=[product_id], signal=False)
         except errors.ShopError:
             continue  # the app answers 403 as it always does
+        text = order_requests.header(request, b"line-ticket")
+        ticket = tickets.read(text.decode("latin-1"), user_id=user.pk) if text else None
+        if text and ticket is None:
+            continue  # not this account's ticket: the app refuses it (400)
         young.append((user, product_id))
         brought = order_requests.header(request, b"line-arrival")
         stamped = arrivals.read(brought, credential=_credential(request)) if brought else None
-        joining.append((n, product_id, quantity, line.Joining(
-            config=config, user_id=user.pk, start=False, until=until, counted=False,
+        joining.append((n, product_id, quantity, key, line.Joining(
+            config=config, user_id=user.pk, start=False, until=until, counted=False, ticket=ticket,
             arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms)))
     account_age.signal_young_buyers(young)
     positions = line.join_many([j for *_, j in joining]) if joining else []
-    for (n, product_id, quantity, _), position in zip(joining, positions, strict=True):
-        verdicts[n] = _verdict(position, product_id=product_id, quantity=quantity,
-                               credential=_credential(requests[n][0]))
+    sold_out = []
+    for (n, product_id, quantity, key, j), position in zip(joining, positions, strict=True):
+        if position.state == line.SOLD_OUT:
+            sold_out.append((n, product_id, quantity, redis_keys.idempotency_record(j.user_id, key) if key else None))
+        else:
+            verdicts[n] = _verdict(position, product_id=product_id, quantity=quantity,
+                                   credential=_credential(requests[n][0]))
+    # Sold out: the app's fast path, and first as there the replay of an order this key placed.
+    keyed = [record for *_, record in sold_out if record is not None]
+    found = dict(zip(keyed, soldout.records_exist(keyed), strict=True))
+    for n, product_id, quantity, record in sold_out:
+        if record is None or found[record] is False:
+            metrics.soldout_rejected()
+            short = [{"product_id": product_id, "requested": quantity, "available": 0}]
+            verdicts[n] = Answer(_error(errors.OutOfStock(rules.out_of_stock_message(short),
+                                                          details={"lines": short})), 0)
     return verdicts
 
 
@@ -116,13 +134,13 @@ def _error(refused: errors.ShopError) -> bytes:
                    retry_after=refused.retry_after)
 
 
-def _order(request: bytes) -> tuple[int, int, str] | None:
-    """(product id, quantity, bearer token) of a well-formed API order of one product, as the API would
+def _order(request: bytes) -> tuple[int, int, str, str | None] | None:
+    """(product id, quantity, bearer token, Idempotency-Key) of a well-formed API order of one product, as the API would
     accept it (JSON body, its fields and an Idempotency-Key checked by the API's own rules);
     None for anything else."""
     kind = order_requests.header(request, b"content-type") or b""
-    if kind.split(b";")[0].strip().lower() != b"application/json" or order_requests.header(request, b"line-ticket"):
-        return None  # a ticket the worker let through goes to the app, which reads it
+    if kind.split(b";")[0].strip().lower() != b"application/json":
+        return None
     auth = order_requests.header(request, b"authorization")
     scheme, _, raw = (auth or b"").decode("latin-1").partition(" ")
     if scheme.lower() != "bearer" or not raw.strip() or len(raw) > 200:
@@ -140,7 +158,7 @@ def _order(request: bytes) -> tuple[int, int, str] | None:
         return None
     if len(lines) != 1:
         return None
-    return lines[0][0], lines[0][1], raw.strip()
+    return lines[0][0], lines[0][1], raw.strip(), key.decode("latin-1") if key is not None else None
 
 
 def _answer(status: bytes, data: dict, *, retry_after: int | None = None, ticket: str = "") -> bytes:

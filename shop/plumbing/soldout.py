@@ -96,6 +96,19 @@ def markers_and_record(product_ids: Iterable[int], *, record_key: str | None = N
     return fast_path_of(ids, values, record_key=record_key)
 
 
+def records_exist(record_keys: Sequence[str]) -> list[bool | None]:
+    """Whether each of these idempotency records exists (one read: MGET, or one per slot on
+    Cluster); None for each if Redis cannot tell."""
+    if not record_keys:
+        return []
+    try:
+        client = _client()
+        values = client.mget_nonatomic(record_keys) if isinstance(client, RedisCluster) else client.mget(record_keys)
+    except RedisError:
+        return [None] * len(record_keys)
+    return [value is not None for value in values]
+
+
 def guard_keys(product_ids: Iterable[int], *, record_key: str | None = None) -> list[str]:
     """The keys `markers_and_record` reads, for a lock's submit to check instead (guards, see
     locks/combining.py): then the check costs no round trip of its own. Only where the markers

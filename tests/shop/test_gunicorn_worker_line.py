@@ -199,6 +199,26 @@ def test_the_door_takes_a_place_while_every_thread_is_held(window_of_one):
         line.finish([held], outcome=line.DONE, user_id=first.pk, lines={p.pk: line.config_of(p)})
 
 
+def test_the_door_answers_sold_out_but_a_replay_of_the_winning_key_gets_its_order():
+    p = _drop(stock=1)
+    winner, loser = helpers.make_users(2, prefix="wsold")
+    tokens = {u.pk: ApiToken.issue(user_id=u.pk, name="line") for u in (winner, loser)}
+    with appservers.running(1, workers=1, threads=2) as servers:
+        port = servers[0].port
+        time.sleep(1.0)  # the worker knows the drop's line: its orders go through the door
+        status, _, placed = _order(port, tokens[winner.pk], p.pk, **{"Idempotency-Key": "won"})
+        assert status == 201, placed
+        time.sleep(0.6)  # the worker reads the sold-out markers 4x a second
+        for _ in range(2):
+            status, _, refused = _order(port, tokens[loser.pk], p.pk, **{"Idempotency-Key": "late"})
+            assert (status, refused["error"]["code"]) == (409, "out_of_stock"), refused
+            status, _, again = _order(port, tokens[winner.pk], p.pk, **{"Idempotency-Key": "won"})
+            assert (status, again["id"]) == (200, placed["id"]), again
+            status, _, other = _order(port, tokens[winner.pk], p.pk, **{"Idempotency-Key": "another"})
+            assert (status, other["error"]["code"]) == (409, "out_of_stock"), other
+    assert Product.objects.get(pk=p.pk).stock == 0
+
+
 def test_a_products_crowd_fills_the_process_for_its_own_buyers_only(make_product):
     """1 worker x 4 threads: 2 buyers may wait. The hot product's lock is held, so its buyers wait
     in the process's gate; a buyer of another product is served as if nothing were going on."""
