@@ -432,10 +432,12 @@ class DropBooks:
     # What the buyer heard of the request of each unseen order (its key's last attempt before the
     # commit: "script TimeoutError", "person ConnectionResetError", ...): where the answer was lost.
     unseen_heard: dict[str, int] = field(default_factory=dict)
+    # What breaks the line's invariants (shop/line/invariants.py, docs/design.md "The line": L1-L3).
+    line: tuple[str, ...] = ()
 
     @property
     def problems(self) -> list[str]:
-        out = []
+        out = list(self.line)
         if self.sold > self.units or self.sold != self.orders:
             out.append(f"units sold {self.sold} != orders {self.orders} (stock {self.units})")
         if self.orders != self.seen:
@@ -451,10 +453,12 @@ LATE_SLACK = 1.0  # seconds
 
 def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
     """Read the product's orders and stock and hold them against what the buyers saw."""
+    from shop.line.invariants import line_violations
     from shop.models import Order, Product
 
     plan = result.plan
-    stock = Product.objects.get(pk=plan.product_id).stock
+    product = Product.objects.get(pk=plan.product_id)
+    stock = product.stock
     rows = list(Order.objects.filter(lines__product_id=plan.product_id, status__in=("pending_payment", "paid",
                                                                                        "placed"))
                 .values_list("pk", "user_id", "idempotency_key", "created_at").distinct())
@@ -479,6 +483,7 @@ def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
     return DropBooks(units=plan.units, sold=plan.units - stock, orders=len(rows), seen=len(seen & ids),
                      accounts_over_cap=sum(1 for n in per_user.values() if n > 1), not_orders=len(seen - ids),
                      unseen=len(ids - seen), late=late, unseen_heard=dict(heard.most_common()),
+                     line=tuple(line_violations(product)),
                      committed=tuple(sorted(created.timestamp() - wall_open for *_, created in rows)))
 
 

@@ -499,7 +499,8 @@ def drop_report(d: drop.DropRun) -> str:
     books = (f"books: {b.units:,} units, {b.sold:,} sold, {b.orders:,} orders, {b.seen:,} seen placed; "
              f"{b.accounts_over_cap} accounts over the cap, {b.not_orders} placed answers without an order, "
              f"{b.unseen} orders never seen ({b.late} committed more than {d.deadline + drop.LATE_SLACK:g} s after "
-             f"their request was sent, by the client's clock)")
+             f"their request was sent, by the client's clock); the line's invariants "
+             f"{'held' if not b.line else 'broken'}")
     lines.append(books + (": OK" if not b.problems else ": FAIL " + "; ".join(b.problems)))
     if b.unseen_heard:
         lines.append("what the buyers of the unseen orders heard of them: "

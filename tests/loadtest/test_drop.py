@@ -233,6 +233,9 @@ def test_the_books_name_every_problem():
     assert len(bad.problems) == 5
     late = drop.DropBooks(units=10, sold=10, orders=10, seen=10, accounts_over_cap=0, not_orders=0, unseen=0, late=1)
     assert late.problems == []  # the client's clock cannot tell a broken deadline from a slow accept
+    broken = drop.DropBooks(units=10, sold=10, orders=10, seen=10, accounts_over_cap=0, not_orders=0, unseen=0,
+                            late=0, line=("L2: accounts let through past the sold-out cut: [7]",))
+    assert broken.problems == ["L2: accounts let through past the sold-out cut: [7]"]
 
 
 @pytest.mark.django_db(transaction=True)
