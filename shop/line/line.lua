@@ -193,7 +193,11 @@ if op == 'join' then
     if cut and place >= cut then
       answer = 'cut'
     elseif units and ahead >= units then
-      redis.call('HSET', M, 'cut', num(cut and math.min(cut, place) or place))
+      -- A place dated before the front (an arrival the door or a stamp registered late) that the
+      -- units cannot reach is told so alone: a cut there would fall behind buyers let through.
+      if place > (field('front') or 0) then
+        redis.call('HSET', M, 'cut', num(cut and math.min(cut, place) or place))
+      end
       answer = 'cut'
     end
   end

@@ -203,3 +203,22 @@ def test_a_cart_goes_on_when_it_is_its_turn_in_every_line_and_keeps_the_turns_it
     line.finish([held], outcome=line.DONE, user_id=other_user.pk, lines={b.pk: line.config_of(b)})
     assert place_order(user=user, lines=[(a.pk, 1), (b.pk, 1)]).order_id
     assert (line.status(line.config_of(a)).finished, line.status(line.config_of(b)).finished) == (1, 2)
+
+
+def test_a_late_registered_earlier_arrival_the_units_cannot_reach_is_told_alone(settings, drop):
+    """The door registers a place as of its arrival, which may be before buyers already let
+    through: if the units cannot reach it, it is told sold out, and the line's cut does not fall
+    behind anyone let through (L2 holds)."""
+    from shop.line.invariants import line_violations
+
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 8}
+    p = drop(stock=2)
+    config = line.config_of(p)
+    early_ms = int(time.time() * 1000) - 50  # arrived before both, registered after them
+    first, second, late = helpers.make_users(3, prefix="lateplace")
+    let = [line.join(config=config, user_id=u.pk, start=False, until=time.monotonic() + 30) for u in (first, second)]
+    assert [x.state for x in let] == [line.ADMITTED, line.ADMITTED]
+    found = line.join(config=config, user_id=late.pk, start=False, until=time.monotonic() + 30, arrived_ms=early_ms)
+    assert found.state == line.CUT and found.score < let[0].score
+    assert line.status(config).cut is None
+    assert line_violations(Product.objects.get(pk=p.pk)) == []
