@@ -453,8 +453,8 @@ LATE_SLACK = 1.0  # seconds
 
 def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
     """Read the product's orders and stock and hold them against what the buyers saw."""
-    from shop.line.invariants import line_violations
     from shop.models import Order, Product
+    from shop.services.lines import line_violations
 
     plan = result.plan
     product = Product.objects.get(pk=plan.product_id)
@@ -483,7 +483,7 @@ def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
     return DropBooks(units=plan.units, sold=plan.units - stock, orders=len(rows), seen=len(seen & ids),
                      accounts_over_cap=sum(1 for n in per_user.values() if n > 1), not_orders=len(seen - ids),
                      unseen=len(ids - seen), late=late, unseen_heard=dict(heard.most_common()),
-                     line=tuple(line_violations(product)),
+                     line=tuple(line_violations(product=product)),
                      committed=tuple(sorted(created.timestamp() - wall_open for *_, created in rows)))
 
 

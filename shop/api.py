@@ -24,7 +24,7 @@ from shop.models import CouponClaim, Order, Product
 from shop.receipts import Receipt
 from shop.services import cancel_order, claim_coupon, pay_order, place_order
 from shop.tokens import BadToken, bearer_token, user_for_token
-from shop.validation import MAX_CODE_LENGTH, validate_code, validate_idempotency_key
+from shop.validation import validate_idempotency_key
 
 MAX_BODY_BYTES = 16 * 1024
 
@@ -120,38 +120,6 @@ class _Transport(Exception):
         self.response = error_response(status, code, message)
 
 
-def parse_order(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None]:
-    """An order body's lines and coupon, every problem reported at once (the lines by the
-    service's one check: shop.validation)."""
-    problems: dict[str, str] = {}
-    for key in sorted(set(data) - {"lines", "coupon_code"}):
-        problems[str(key)[:50]] = "unknown field"
-    lines_in = data.get("lines")
-    pairs: object = lines_in
-    if isinstance(lines_in, list):
-        pairs = []
-        for i, line in enumerate(lines_in):
-            if not isinstance(line, dict):
-                pairs.append(validation.Malformed("an object {product_id, quantity}"))
-                continue
-            for key in sorted(set(line) - {"product_id", "quantity"}):
-                problems[f"lines[{i}].{str(key)[:50]}"] = "unknown field"
-            pairs.append((line.get("product_id"), line.get("quantity")))
-    elif isinstance(lines_in, tuple):  # JSON gives lists; anything else is not a list of lines
-        pairs = None
-    lines, line_problems = validation.line_problems(pairs)
-    problems.update(line_problems)
-    code = data.get("coupon_code")
-    if code is not None:
-        try:
-            code = validate_code(code)
-        except errors.InvalidInput:
-            problems["coupon_code"] = f"printable text, 1 to {MAX_CODE_LENGTH} characters, or null"
-    if problems:
-        raise validation.refusal(problems)
-    return lines, code
-
-
 def product_json(p: Product) -> dict[str, Any]:
     """A product; `opens_at` / `closes_at`: its drop window (ISO 8601, null: no bound), outside
     which orders are refused `not_open_yet` / `sale_ended`; `min_account_age`: seconds an account
@@ -213,7 +181,7 @@ def orders(request: HttpRequest) -> JsonResponse:
         data = read_json_object(request)
     except _Transport as exc:
         return exc.response
-    lines, code = parse_order(data)
+    lines, code = validation.order_body(data)
     key = request.headers.get("Idempotency-Key")
     if key is not None:
         try:

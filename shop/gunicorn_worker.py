@@ -637,11 +637,12 @@ class ShopWorker(ThreadWorker):
                 self._door_kept = kept = {}  # swapped whole: the main loop reads it meanwhile
             for conn, verdict in zip(batch, verdicts, strict=True):
                 if isinstance(verdict, door.Answer):
+                    answer = json_answer(verdict.status, verdict.body, verdict.headers())
                     if verdict.keep > 0:
-                        kept[conn.door_key] = (time.monotonic() + verdict.keep, verdict.data)
+                        kept[conn.door_key] = (time.monotonic() + verdict.keep, answer)
                     with contextlib.suppress(OSError):
                         conn.sock.settimeout(0.5)
-                        conn.sock.sendall(verdict.data)
+                        conn.sock.sendall(answer)
                         conn.sock.shutdown(socket.SHUT_WR)
                     self.method_queue.defer(self._close, conn)
                 else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from shop import errors
 from shop.conf import shop_settings
 
@@ -95,3 +97,35 @@ def validate_quantity(quantity: object, *, maximum: int) -> int:
         raise errors.InvalidQuantity(f"Quantity must be a whole number from 1 to {maximum}.",
                                      details={"quantity": f"an integer from 1 to {maximum}"})
     return quantity
+
+
+def order_body(data: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None]:
+    """An API order body's lines and coupon, every problem reported at once (the lines by the
+    service's one check, `line_problems`): the API's and the line's door's one reading of it."""
+    problems: dict[str, str] = {}
+    for key in sorted(set(data) - {"lines", "coupon_code"}):
+        problems[str(key)[:50]] = "unknown field"
+    lines_in = data.get("lines")
+    pairs: object = lines_in
+    if isinstance(lines_in, list):
+        pairs = []
+        for i, line in enumerate(lines_in):
+            if not isinstance(line, dict):
+                pairs.append(Malformed("an object {product_id, quantity}"))
+                continue
+            for key in sorted(set(line) - {"product_id", "quantity"}):
+                problems[f"lines[{i}].{str(key)[:50]}"] = "unknown field"
+            pairs.append((line.get("product_id"), line.get("quantity")))
+    elif isinstance(lines_in, tuple):  # JSON gives lists; anything else is not a list of lines
+        pairs = None
+    lines, line_problems_found = line_problems(pairs)
+    problems.update(line_problems_found)
+    code = data.get("coupon_code")
+    if code is not None:
+        try:
+            code = validate_code(code)
+        except errors.InvalidInput:
+            problems["coupon_code"] = f"printable text, 1 to {MAX_CODE_LENGTH} characters, or null"
+    if problems:
+        raise refusal(problems)
+    return lines, code

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shop import account_age, api, errors, line, metrics, order_requests, redis_keys, rules, tokens, validation
+from shop import account_age, errors, line, metrics, order_requests, redis_keys, rules, tokens, validation
 from shop.line import arrivals, tickets
 from shop.plumbing import soldout
 
@@ -30,10 +30,19 @@ KEEP_WAITING, KEEP_CUT = 0.25, 1.0
 
 @dataclass(frozen=True)
 class Answer:
-    """A whole HTTP answer the door gives, and how long it may be given again to the same token."""
+    """An answer the door gives (the API's JSON; the worker writes it out with the site's
+    headers), and how long it may be given again to the same token's retries."""
 
-    data: bytes
+    status: bytes  # "202 Accepted"
+    body: dict
     keep: float
+    retry_after: int | None = None
+    ticket: str = ""
+
+    def headers(self) -> bytes:
+        """Its header lines besides the worker's own."""
+        extra = b"Retry-After: %d\r\n" % self.retry_after if self.retry_after is not None else b""
+        return extra + (b"Line-Ticket: " + self.ticket.encode() + b"\r\n" if self.ticket else b"")
 
 
 Verdict = Answer | Literal["app", "turn"]
@@ -93,8 +102,7 @@ def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
         if record is None or found[record] is False:
             metrics.soldout_rejected()
             short = [{"product_id": product_id, "requested": quantity, "available": 0}]
-            verdicts[n] = Answer(_error(errors.OutOfStock(rules.out_of_stock_message(short),
-                                                          details={"lines": short})), 0)
+            verdicts[n] = _error(errors.OutOfStock(rules.out_of_stock_message(short), details={"lines": short}), 0)
     return verdicts
 
 
@@ -106,8 +114,8 @@ def _verdict(position: line.Position, *, product_id: int, quantity: int, credent
     if position.state in (line.WAITING, line.PRE_QUEUED):
         metrics.line_answered(position.state)
         ticket = tickets.bound(position.ticket, credential=credential)
-        return Answer(_answer(b"202 Accepted", {"line": {**position.details(), "ticket": ticket}},
-                              retry_after=position.retry_after, ticket=ticket), KEEP_WAITING)
+        return Answer(b"202 Accepted", {"line": {**position.details(), "ticket": ticket}}, KEEP_WAITING,
+                      retry_after=position.retry_after, ticket=ticket)
     if position.state == line.CUT:
         # The units left cannot reach this place, and it never had a turn (a buyer who had one is
         # `admitted` again, whatever the cut): no order of it to replay. The app's answer.
@@ -117,21 +125,21 @@ def _verdict(position: line.Position, *, product_id: int, quantity: int, credent
         refused = errors.OutOfStock(details={
             "lines": [{"product_id": product_id, "requested": quantity, "available": 0}],
             "line": {"product_id": product_id, "place": position.place, "state": position.state}})
-        return Answer(_error(refused), KEEP_CUT)
+        return _error(refused, KEEP_CUT)
     if position.state == line.IN_CHECKOUT:
         # Another request of this buyer is in the checkout (a script's parallel attempt): the
         # app's answer, retryable. (The app would first look for an order this key placed
         # before; such a replay is told to retry, and gets its order once the checkout is done.)
-        return Answer(_error(errors.Busy(details={"reason": "in_checkout", "retry_after": errors.Busy.retry_after})),
+        return _error(errors.Busy(details={"reason": "in_checkout", "retry_after": errors.Busy.retry_after}),
                       KEEP_WAITING)
     return TURN if position.state == line.ADMITTED else APP
 
 
-def _error(refused: errors.ShopError) -> bytes:
+def _error(refused: errors.ShopError, keep: float) -> Answer:
     """The API's error envelope (shop/api.py `error_response`)."""
     status = {409: b"409 Conflict", 503: b"503 Service Unavailable"}[refused.status]
-    return _answer(status, {"error": {"code": refused.code, "message": refused.message, "details": refused.details}},
-                   retry_after=refused.retry_after)
+    return Answer(status, {"error": {"code": refused.code, "message": refused.message, "details": refused.details}},
+                  keep, retry_after=refused.retry_after)
 
 
 def _order(request: bytes) -> tuple[int, int, str, str | None] | None:
@@ -151,7 +159,7 @@ def _order(request: bytes) -> tuple[int, int, str, str | None] | None:
         return None
     key = order_requests.header(request, b"idempotency-key")
     try:
-        lines, _ = api.parse_order(data)
+        lines, _ = validation.order_body(data)
         if key is not None:
             validation.validate_idempotency_key(key.decode("latin-1"))
     except (errors.ShopError, UnicodeDecodeError):
@@ -159,11 +167,3 @@ def _order(request: bytes) -> tuple[int, int, str, str | None] | None:
     if len(lines) != 1:
         return None
     return lines[0][0], lines[0][1], raw.strip(), key.decode("latin-1") if key is not None else None
-
-
-def _answer(status: bytes, data: dict, *, retry_after: int | None = None, ticket: str = "") -> bytes:
-    """The app's JSON answer as raw HTTP, with the site's headers (the worker's)."""
-    from shop.gunicorn_worker import json_answer
-
-    extra = b"Retry-After: %d\r\n" % retry_after if retry_after is not None else b""
-    return json_answer(status, data, extra + (b"Line-Ticket: " + ticket.encode() + b"\r\n" if ticket else b""))

@@ -8,6 +8,7 @@ through, and resumes where it stood.
 from __future__ import annotations
 
 from shop import errors, line
+from shop.line import invariants
 from shop.models import Product
 
 ORDERS = ("shuffle", "fifo")
@@ -35,3 +36,9 @@ def steer_line(*, product: Product, paused: bool | None = None, prequeue_seconds
         line.forget()
         product.refresh_from_db()
     return product
+
+
+def line_violations(*, product: Product) -> list[str]:
+    """What breaks the invariants of `product`'s drop line (L1-L3, docs/design.md "The line"),
+    from Redis and the orders: for the load tests' books, as shop.invariants is for the rest."""
+    return invariants.line_violations(product)

@@ -350,10 +350,19 @@ def _line_worker(drop: int) -> SimpleNamespace:
                            _session_cookie=b"sessionid", log=_Log())
 
 
+AUTH = b"Bearer shp_test"  # the token the API gave the tickets below with (tickets.bound)
+
+
 def _ticket_text(score: int, drop: int = 1_795_000_000) -> str:
+    from shop.line import tickets
     from shop.line.tickets import PLACE, Ticket
 
-    return Ticket(product_id=7, drop=drop, kind=PLACE, score=score).text(user_id=42)
+    return tickets.bound(Ticket(product_id=7, drop=drop, kind=PLACE, score=score).text(user_id=42), credential=AUTH)
+
+
+def _not_yet(worker, data: bytes) -> bytes | None:
+    """The main loop's "not your turn yet" to these bytes."""
+    return ShopWorker._not_yet(worker, ShopWorker._ticket(worker, data))
 
 
 line_headers = st.one_of(
@@ -364,6 +373,7 @@ line_headers = st.one_of(
     st.builds(lambda b: b"Line-Arrival: " + b, st.binary(max_size=60)),
     st.builds(lambda b: b"Cookie: sessionid=" + b + b"; line_arrival=" + b, st.binary(max_size=60)),
     st.builds(lambda b: b"Authorization: " + b, st.binary(max_size=60)),
+    st.just(b"Authorization: " + AUTH),
     st.sampled_from([b"Line-Ticket:", b"line-ticket: 7.1795000000.p.5000.42.", b"Cookie: ;;==;",
                      b"Line-Arrival: 1795000000000.AAAAAAAAAAAAAAAAAAAAAAAA"]))
 
@@ -374,16 +384,19 @@ line_headers = st.one_of(
        cut=st.none() | st.integers(min_value=0, max_value=400))
 def test_the_main_loops_ticket_and_arrival_checks_never_raise(headers, payload, target, cut):
     """A Line-Ticket, Line-Arrival or cookie of any shape: the worker answers 202 only to a valid
-    waiting ticket of an order that names its product, adds a stamp only to busy orders, and
-    never raises (nor needs its last guard)."""
+    waiting ticket of an order that names its product, adds a stamp only to busy orders, sends to
+    the line's door only an order of the lined product, and never raises (nor needs its last
+    guard)."""
     worker = _line_worker(1_795_000_000)
     data = request(target, payload, headers=b"\r\n".join([b"Host: h", b"Content-Type: application/json",
                                                           b"Content-Length: " + str(len(payload)).encode(), *headers]))
     if cut is not None:
         data = data[:cut]
-    answer = ShopWorker._not_yet(worker, data)
+    answer = _not_yet(worker, data)
     stamp = ShopWorker._arrival_headers(worker, data)
+    door = ShopWorker._at_door(worker, data)  # the line's door takes an order of the lined product only
     assert worker.log.failures == []
+    assert door is None or (door.startswith(b"7 ") and set(product_ids(data) or ()) == {7})
     assert answer is None or (answer.startswith(b"HTTP/1.1 202 Accepted\r\n") and 7 in (product_ids(data) or ()))
     assert stamp == b"" or (is_order(data) and stamp.startswith(b"Line-Arrival: "))
     everything(data)
@@ -392,9 +405,10 @@ def test_the_main_loops_ticket_and_arrival_checks_never_raise(headers, payload, 
 def test_only_a_valid_waiting_ticket_for_an_ordered_product_gets_the_workers_202():
     worker = _line_worker(1_795_000_000)
 
-    def asked(ticket: str, *ids: int) -> bytes | None:
-        return ShopWorker._not_yet(worker, request(b"/api/orders/", order(*ids), headers=(
-            b"Host: h\r\nLine-Ticket: " + ticket.encode() + b"\r\nContent-Length: " + str(len(order(*ids))).encode())))
+    def asked(ticket: str, *ids: int, auth: bytes = AUTH) -> bytes | None:
+        return _not_yet(worker, request(b"/api/orders/", order(*ids), headers=(
+            b"Host: h\r\nAuthorization: " + auth + b"\r\nLine-Ticket: " + ticket.encode()
+            + b"\r\nContent-Length: " + str(len(order(*ids))).encode())))
 
     waiting = _ticket_text(5_000)
     answer = asked(waiting, 7)
@@ -405,6 +419,8 @@ def test_only_a_valid_waiting_ticket_for_an_ordered_product_gets_the_workers_202
     assert asked(_ticket_text(900), 7) is None  # its turn has come: the app decides
     assert asked(waiting, 8) is None  # an order of another product
     assert asked(waiting[:-1] + ("A" if waiting[-1] != "A" else "B"), 7) is None  # forged: the app refuses it
+    assert asked(waiting, 7, auth=b"Bearer shp_another") is None  # replayed by another token: the app refuses it
+    assert asked(waiting.rsplit(".", 1)[0], 7) is None  # not bound to a token: the app decides
     assert asked(_ticket_text(5_000, drop=1_795_000_060), 7) is None  # another drop
     worker._fronts_at -= 10
     assert asked(waiting, 7) is None  # fronts not read for a while: nothing is answered from them
