@@ -619,7 +619,7 @@ class ShopWorker(ThreadWorker):
 
         from shop.line import door
 
-        while self.alive:
+        while True:  # also while the worker stops: what waits at the door is still answered
             batch = [self._door_inbox.get()]  # then what else came meanwhile: one token read for all
             while len(batch) < DOOR_BATCH and not self._door_inbox.empty():
                 batch.append(self._door_inbox.get_nowait())
@@ -636,17 +636,22 @@ class ShopWorker(ThreadWorker):
             if len(kept) > DOOR_KEPT_MAX:
                 self._door_kept = kept = {}  # swapped whole: the main loop reads it meanwhile
             for conn, verdict in zip(batch, verdicts, strict=True):
-                if isinstance(verdict, door.Answer):
-                    answer = json_answer(verdict.status, verdict.body, verdict.headers())
-                    if verdict.keep > 0:
-                        kept[conn.door_key] = (time.monotonic() + verdict.keep, answer)
-                    with contextlib.suppress(OSError):
-                        conn.sock.settimeout(0.5)
-                        conn.sock.sendall(answer)
-                        conn.sock.shutdown(socket.SHUT_WR)
-                    self.method_queue.defer(self._close, conn)
-                else:
+                try:
+                    answer = (json_answer(verdict.status, verdict.body, verdict.headers())
+                              if isinstance(verdict, door.Answer) else None)
+                except Exception:
+                    self.log.warning("the line's door could not write its answer; the app answers", exc_info=True)
+                    answer, verdict = None, door.APP
+                if answer is None:
                     self.method_queue.defer(self._after_door, conn, verdict == door.TURN)
+                    continue
+                if verdict.keep > 0:
+                    kept[conn.door_key] = (time.monotonic() + verdict.keep, answer)
+                with contextlib.suppress(OSError):  # a few hundred bytes: the socket's buffer takes them
+                    conn.sock.settimeout(0.5)
+                    conn.sock.sendall(answer)
+                    conn.sock.shutdown(socket.SHUT_WR)
+                self.method_queue.defer(self._close, conn)
 
     def _after_door(self, conn, turn: bool) -> None:
         """Back from the door: its buyer's turn (a thread even while the queue is full, as a
