@@ -98,11 +98,15 @@ def _uncounted() -> None:
     """Before the app loads, nothing is counted."""
 
 
+def _uncounted_as(what: str) -> None:
+    """Before the app loads, nothing is counted."""
+
+
 def _sha256(source: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
 
 
-_BUSY_JSON = {reason: _busy_json(reason) for reason in ("queue_full", "queue_delay", "full")}
+_BUSY_JSON = {reason: _busy_json(reason) for reason in ("queue_full", "queue_delay", "full", "door_full")}
 # The pages' one style and one script are inline; the Content-Security-Policy allows exactly them
 # (by hash), and nothing else: no other source, no frame, no base, forms to this site only.
 _STYLE = "body{font-family:system-ui,sans-serif;max-width:32em;margin:3em auto;padding:0 1em}"
@@ -310,12 +314,13 @@ class ShopWorker(ThreadWorker):
         self._clock_offset: float | None = None
         self._session_cookie = b"sessionid"
         self._not_yet_counted = _uncounted
+        self._door_counted = _uncounted_as
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
         from django.conf import settings
 
-        from shop import admission, deadlines, metrics
+        from shop import admission, deadlines, metrics, overload
         from shop.conf import shop_settings
         from shop.plumbing import soldout
 
@@ -337,6 +342,7 @@ class ShopWorker(ThreadWorker):
         self._product_crowded = admission.crowded
         self._session_cookie = settings.SESSION_COOKIE_NAME.encode()
         self._not_yet_counted = metrics.line_answered_at_worker
+        self._door_counted = overload.count
         threading.Thread(target=self._keep_known_sold_out, args=(soldout,), name="shop-worker-chores",
                          daemon=True).start()
         app, arrival = self.wsgi, self._arrival
@@ -524,11 +530,12 @@ class ShopWorker(ThreadWorker):
         elif self.door_open and (at_door := self._at_door(request)) is not None:
             if (kept := self._door_kept.get(at_door)) is not None and kept[0] > now:
                 self._answer_and_close(conn, kept[1])  # the door's answer to this token a moment ago
+                self._door_counted("door:kept")
             elif self._door_inbox.qsize() < self.door_room:
                 conn.door_key = at_door
                 self._door_inbox.put(conn)  # the door's thread answers it, or hands it back (`_after_door`)
             else:
-                self._answer_busy(conn, "queue_full")
+                self._answer_busy(conn, "door_full")
         elif waiting >= self.queue_max:
             self._answer_busy(conn, "queue_full")
         elif self._lines_full() and self._order_to_refuse(request):
@@ -643,8 +650,10 @@ class ShopWorker(ThreadWorker):
                     self.log.warning("the line's door could not write its answer; the app answers", exc_info=True)
                     answer, verdict = None, door.APP
                 if answer is None:
+                    self._door_counted("door:turn" if verdict == door.TURN else "door:app")
                     self.method_queue.defer(self._after_door, conn, verdict == door.TURN)
                     continue
+                self._door_counted("door:answered")
                 if verdict.keep > 0:
                     kept[conn.door_key] = (time.monotonic() + verdict.keep, answer)
                 with contextlib.suppress(OSError):  # a few hundred bytes: the socket's buffer takes them

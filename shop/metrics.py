@@ -61,7 +61,8 @@ SOLDOUT_REJECTIONS = Counter("flashsale_soldout_rejections", "Checkouts refused 
                              "without the lock or MySQL (also counted in orders_refused{reason=out_of_stock}).")
 SHED = Counter("flashsale_shed", "Requests answered 503 busy without their work: queue_full and queue_delay "
                "(the worker's queue for a thread was full, or the request waited in it too long), admission "
-               "(the process lets no more buyers wait in the lines).", ["reason"])
+               "(the process lets no more buyers wait in the lines), door_full (more orders of a drop waited "
+               "at the line's door than it holds).", ["reason"])
 DEADLINE_EXPIRED = Counter("flashsale_deadline_expired", "Order requests whose deadline passed before their work "
                            "was done, by stage: arrival (before it started), take (when a combiner took it), "
                            "commit (before its batch's COMMIT).", ["stage"])
