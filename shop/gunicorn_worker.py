@@ -83,7 +83,7 @@ LINGER, LINGER_BYTES = 2.0, 65536
 # starved of CPU between connect and send) whose requests are on their way is not cut off.
 SLOT_GRACE = 1.0
 # The line's door takes at most this many orders' places at once (one read of their tokens).
-DOOR_BATCH = 64
+DOOR_BATCH = 256
 DOOR_KEPT_MAX = 100_000  # answers the door keeps for retries (by token), at most
 # The lines' fronts older than this (the chores thread could not read them) answer no ticket.
 FRONTS_STALE = 2.0
@@ -325,7 +325,7 @@ class ShopWorker(ThreadWorker):
         from shop.plumbing import soldout
 
         self.queue_max = int(shop_settings.QUEUE_MAX or self.cfg.threads)
-        self.door_open, self.door_room = bool(shop_settings.LINE_DOOR), 8 * int(self.cfg.threads)
+        self.door_open, self.door_room = bool(shop_settings.LINE_DOOR), 32 * int(self.cfg.threads)
         self.turn_room = min(int(shop_settings.LINE_WINDOW), 4 * int(self.cfg.threads))
         self.door_budget = deadlines.budget()
         if self.door_open:
