@@ -2,6 +2,7 @@
 # A crowd bigger than the server, open loop over HTTP, before and after, one run each:
 #   BEFORE=/path/to/checkout-before bash docs/bench_crowd.sh
 #   PHASE=8 BEFORE_THREADS=4 AFTER_THREADS=16 SERVER_CPUS=0 CLIENT_CPUS=1 BEFORE=... bash docs/bench_crowd.sh
+#   SIDES=after SHOP_HEAD_SLOTS_PER_CLIENT=64 bash docs/bench_crowd.sh   this tree only, with a setting
 # For each tree in turn (one server at a time): its gunicorn as its image runs it (gunicorn -c
 # gunicorn.conf.py -w 4, the tree's thread count), DEBUG off, rate limits and the unpaid-orders
 # limit off, on the database shop_bench (the tree before: shop_bench_before); then the tree's own open-loop load generator:
@@ -14,7 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AFTER=$(pwd)
-BEFORE=${BEFORE:?set BEFORE to the checkout before (with its own .venv or a link to one)}
+SIDES=${SIDES:-before after}  # SIDES=after: this tree only (e.g. to compare its settings run by run)
+case " $SIDES " in *" before "*) BEFORE=${BEFORE:?set BEFORE to the checkout before (with its own .venv or a link to one)};;
+  *) BEFORE=${BEFORE:-$AFTER};; esac
 PHASE=${PHASE:-8} WORKERS=${WORKERS:-4} BEFORE_THREADS=${BEFORE_THREADS:-4} AFTER_THREADS=${AFTER_THREADS:-16}
 SERVER_CPUS=${SERVER_CPUS-0} CLIENT_CPUS=${CLIENT_CPUS-1}
 export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false DEV_ENV_FILE=
@@ -25,8 +28,9 @@ export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
 BEFORE_DATABASE_URL=${BEFORE_DATABASE_URL:-${DATABASE_URL}_before}
 py=.venv/bin/python
 $py manage.py createdb >/dev/null && $py manage.py migrate --no-input -v 0
-(cd "$BEFORE" && DATABASE_URL=$BEFORE_DATABASE_URL .venv/bin/python manage.py createdb >/dev/null \
-   && DATABASE_URL=$BEFORE_DATABASE_URL .venv/bin/python manage.py migrate --no-input -v 0)
+case " $SIDES " in *" before "*)
+  (cd "$BEFORE" && DATABASE_URL=$BEFORE_DATABASE_URL .venv/bin/python manage.py createdb >/dev/null \
+     && DATABASE_URL=$BEFORE_DATABASE_URL .venv/bin/python manage.py migrate --no-input -v 0);; esac
 shared=$(pgrep -x mariadbd; pgrep -f 'redis-server .*:6379')
 all_cpus=$(taskset -p $$ | awk '{print $NF}')
 if [ -n "$SERVER_CPUS" ]; then
@@ -35,7 +39,7 @@ fi
 server=
 # At the end MariaDB and Redis get all the CPUs back (other work on this machine needs them).
 trap '[ -n "$server" ] && kill "$server" 2>/dev/null; for pid in $shared; do taskset -a -p "$all_cpus" "$pid" >/dev/null 2>&1; done; true' EXIT
-for side in before after; do
+for side in $SIDES; do
   if [ $side = before ]; then tree=$BEFORE threads=$BEFORE_THREADS db=$BEFORE_DATABASE_URL
   else tree=$AFTER threads=$AFTER_THREADS db=$DATABASE_URL; fi
   gen="$tree/.venv/bin/python $tree/manage.py"
