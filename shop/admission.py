@@ -40,8 +40,9 @@ def serve_with_threads(threads: int) -> None:
 
 
 def limit() -> int | None:
-    if shop_settings.MAX_WAITING is not None:
-        return int(shop_settings.MAX_WAITING)
+    most = shop_settings.MAX_WAITING  # read once: the worker's main loop asks twice per busy answer
+    if most is not None:
+        return int(most)
     if _threads is None:
         return None
     return max(1, _threads - max(2, _threads // 4))
