@@ -249,9 +249,14 @@ def _body_length(head: bytes) -> int | None:
         return 0
     if b"transfer-encoding" in low and _header_values(low, b"transfer-encoding", first):
         return None
-    lengths = _header_values(low, b"content-length", first)
-    if not all(value.isdigit() and len(value) <= 15 for value in lengths):
-        return None
+    if low.count(b"content-length") == 1 and (at := low.find(b"\r\ncontent-length:")) >= 0:
+        end = low.find(b"\r\n", at + 17)  # the usual head: the one line that names a length, plainly
+        lengths = [low[at + 17:end if end >= 0 else len(low)].strip()]
+    else:
+        lengths = _header_values(low, b"content-length", first)
+    for value in lengths:
+        if not value.isdigit() or len(value) > 15:
+            return None
     return int(lengths[-1]) if lengths else 0
 
 
