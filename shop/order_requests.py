@@ -168,10 +168,12 @@ def order_json(data: bytes) -> Any:
         return None
     try:
         text = data.decode("utf-8")
-        value, end = _SCAN(text, _WHITESPACE.match(text).end())
+        value, end = _SCAN(text, 0 if text[:1] == "{" else _WHITESPACE.match(text).end())
     except (ValueError, StopIteration, _Unreadable, RecursionError):
         return None
-    return value if _WHITESPACE.match(text, end).end() == len(text) else None  # nothing after it
+    if end != len(text) and _WHITESPACE.match(text, end).end() != len(text):
+        return None  # something after it
+    return value
 
 
 def product_ids(request: bytes) -> tuple[int, ...] | None:
