@@ -516,12 +516,15 @@ class ShopWorker(ThreadWorker):
     def _stop_reading(self, conn, *, close: bool = False) -> None:
         if conn.polled:
             del self._reading[conn]
-            slots = self._slots[_address(conn)]
+            address = _address(conn)
+            slots = self._slots[address]
             del slots[conn]
             if not slots:
-                del self._slots[_address(conn)]
-            with contextlib.suppress(OSError, KeyError, ValueError):
+                del self._slots[address]
+            try:  # noqa: SIM105 (contextlib.suppress costs 0.35 us more, here for most requests)
                 self.poller.unregister(conn.sock)
+            except (OSError, KeyError, ValueError):
+                pass
             conn.polled = False
         if close:
             self._close(conn)
@@ -614,9 +617,11 @@ class ShopWorker(ThreadWorker):
     def _answer_and_close(self, conn, answer: bytes) -> None:
         """Answer from the main loop and close at once: what the client sent so far has been read,
         so the close is a FIN after the answer (no lingering: a lost `busy` costs a retry)."""
-        with contextlib.suppress(OSError):
+        try:  # not contextlib.suppress (0.35 us more): once per busy answer
             conn.sock.send(answer)  # a few hundred bytes: the socket's buffer takes them at once
             conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
         self._close(conn)
 
     def _close(self, conn) -> None:
