@@ -117,14 +117,14 @@ def one_batch(worker, module, request: bytes, n: int, *, late: bool = False) -> 
     start = time.process_time()
     for server, _ in pairs:  # gthread's accept(), then the worker's
         conn = conn_class(worker.cfg, server, ("127.0.0.1", 40000), ("127.0.0.1", 8000))
-        worker.enqueue_req(conn)  # d85ccfe: always polled until readable, then peeked (below)
+        worker.enqueue_req(conn)
     spent = time.process_time() - start
-    if late or before:
-        if late:
-            for _, client in pairs:
-                client.sendall(request)
+    if late:
+        for _, client in pairs:
+            client.sendall(request)
+    if worker.poller.get_map():  # the main loop's next round (d85ccfe always; since, new connections)
         start = time.process_time()
-        for key, _ in worker.poller.select(0):  # the main loop's round
+        for key, _ in worker.poller.select(0):
             key.data(key.fileobj)
         spent += time.process_time() - start
     answer = pairs[-1][1].recv(65536)
@@ -178,7 +178,7 @@ class TcpClient:
         start = time.process_time()
         for _ in range(n):
             worker.accept(self.listener)  # d85ccfe: gthread's, then polled until readable (below)
-        if not hasattr(module, "_Conn"):
+        if worker.poller.get_map():  # the main loop's next round
             for key, _ in worker.poller.select(0):
                 key.data(key.fileobj)
         spent = time.process_time() - start

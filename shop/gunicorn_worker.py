@@ -449,7 +449,10 @@ class ShopWorker(ThreadWorker):
         conn.whole_at = conn.scanned = 0
         conn.reading_since = time.monotonic()
         conn.read_until = conn.reading_since + self.head_timeout
-        self._receive(conn)  # the request has often come already: no round through the poller
+        if conn.parser is None:  # a new connection: its request has mostly not come yet (accept races it)
+            self._wait_for_more(conn)
+        else:
+            self._receive(conn)  # kept alive: readable, or with the next request read already
 
     def _receive(self, conn, _sock=None) -> None:
         """Take what the client sent, without waiting; once the request is whole, triage it."""
