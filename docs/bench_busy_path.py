@@ -6,8 +6,8 @@ answer sent and the socket closed. Not a test: it prints figures.
     .venv/bin/python docs/bench_busy_path.py --tree /path/to/other  # another tree (main, d85ccfe)
     .venv/bin/python docs/bench_busy_path.py --profile api         # cProfile (CPU clock) of one case
 
-Each request comes on a fresh socketpair (made outside the timing), its bytes already sent, as
-the main loop mostly finds them: the worker's own code runs as in a server (recv, triage, the
+Each request comes on a fresh socketpair (made, written and read outside the timing): the
+worker's own code runs as in a server (its connection object, the poller, recv, triage, the
 answer, send, shutdown, close), with SHOP_MAX_WAITING=1 and one buyer waiting for the ordered
 product (its lines full, the product crowded: the busy answer `full`). Counting is left out (the
 same in every tree). Cases: `api` (a JSON order with a token, as docs/bench_edge.sh sends),
@@ -16,8 +16,10 @@ carries an arrival stamp): `checkout-lined`, and `api-queue-lined` (the threads'
 busy answer `queue_full`; with only the lines full a lined product's order goes on to the app).
 The tree before issue 35 (d85ccfe) has no lines: there the `-lined` cases are the plain ones.
 Figures: CPU (time.process_time) per request, the median of ROUNDS (each BATCHES x BATCH), with
-the request there when the connection is taken ("ready") and not yet ("late": once the poller
-says it came; d85ccfe always went through the poller).
+the request sent before the connection is taken ("ready") and after ("late"); either way a new
+connection goes through one poller round (d85ccfe and today; main at 6f6f46f read it at once).
+--tcp: real TCP connections from another process, accepted by the worker (its accept() and the
+kernel's TCP work counted too; the client reads its answers only after the clock stops).
 """
 
 from __future__ import annotations
