@@ -44,7 +44,7 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _TARGET = re.compile(rb"[\x21-\x7e]+")  # printable ASCII: gunicorn refuses any other target
 _PLAIN = {path.encode(): path for path in ORDER_PATHS}  # the usual spellings need no reading
 # The usual request lines of an order, as `request_line` reads them (its fast path: tests/shop/
-# test_order_requests.py proves it decides as the full reading on any bytes).
+# test_order_requests_fast.py checks that it decides as the full reading on any bytes).
 _PLAIN_LINES = {b"POST " + target + b" HTTP/1." + minor: ("POST", path)
                 for target, path in _PLAIN.items() for minor in (b"1", b"0")}
 _PLAIN_LINE_MAX = max(map(len, _PLAIN_LINES))
