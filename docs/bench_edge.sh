@@ -12,7 +12,8 @@
 # schedule) to each server in turn, and the worker's CPU (utime + stime, /proc) is read before
 # and after: CPU per answer, busy answers (the worker's own, `"where":"server"`) and p50/p99, side
 # by side. The same with GETs of a JSON 404 (the app's whole request path, no checkout):
-# PATHS="busy notfound" (default both).
+# PATHS="busy notfound" (default both). PAIRED=1: both servers at once instead (see there): the
+# figure to trust on a shared machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AFTER=$(pwd)
@@ -70,6 +71,75 @@ sleep 3
 # CPU ticks (utime + stime) of a gunicorn master's workers.
 ticks() { local sum=0 pid; for pid in $(pgrep -P "$1"); do
   sum=$((sum + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0))); done; echo $sum; }
+
+if [ "${PAIRED:-}" = 1 ]; then
+  # Both servers at once, RATE/2 a second each, the requests alternating between them: whatever
+  # else runs on a shared machine falls on both alike (on a busy 2-core machine an A/A run of one
+  # tree gave 1.01, where the rounds above, one server after the other, vary by 10-20%).
+  for path in ${PATHS:-busy notfound}; do
+    for r in $(seq "$ROUNDS"); do
+      b0=$(ticks "${master[8081]}") a0=$(ticks "${master[8082]}")
+      $py - "$RATE" "$SECONDS_EACH" "$out/paired-$path-$r.json" "$path" "$out/held.json" <<'PY'
+import asyncio, json, sys, time
+rate, seconds, path, kind = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+held = json.load(open(sys.argv[5]))
+if kind == "busy":
+    body = held["body"].encode()
+    head = (f"POST /api/orders/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {held['token']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    request = head.encode() + body
+else:
+    request = b"GET /api/no-such-thing/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+seen = {port: {"answered": 0, "busy": 0, "lat": []} for port in (8081, 8082)}
+async def one(at, port):
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
+        w.write(request)
+        data = await asyncio.wait_for(r.read(), 10)
+        w.close()
+        seen[port]["answered"] += data[9:12].isdigit()
+        seen[port]["busy"] += b'"where":"server"' in data
+    except Exception:
+        pass
+    seen[port]["lat"].append(time.monotonic() - at)
+async def main():
+    t0 = time.monotonic() + 0.2
+    await asyncio.gather(*(one(t0 + i / rate, 8081 + i % 2) for i in range(int(rate * seconds))))
+asyncio.run(main())
+for stats in seen.values():
+    stats["lat"].sort()
+    stats["p50"], stats["p99"] = stats["lat"][len(stats["lat"]) // 2], stats["lat"][int(len(stats["lat"]) * 0.99)]
+    del stats["lat"]
+json.dump(seen, open(path, "w"))
+PY
+      echo "$path $r $(( $(ticks "${master[8081]}") - b0 )) $(( $(ticks "${master[8082]}") - a0 ))" >> "$out/paired"
+    done
+  done
+  $py - "$out" "$(getconf CLK_TCK)" <<'PY'
+import json, statistics, sys
+from pathlib import Path
+out, hz = Path(sys.argv[1]), int(sys.argv[2])
+rows = {}
+for line in (out / "paired").read_text().split("\n"):
+    if line:
+        path, r, before, after = line.split()
+        seen = json.loads((out / f"paired-{path}-{r}.json").read_text())
+        rows.setdefault(path, []).append((int(before), int(after), seen["8081"], seen["8082"]))
+print(f"{'path':<9} {'round':>5} {'before us/answer':>17} {'after':>7} {'after/before':>12} {'answered':>17} {'busy':>13}")
+for path, runs in rows.items():
+    for r, (before, after, b, a) in enumerate(runs, 1):
+        cb, ca = before / hz * 1e6 / max(b["answered"], 1), after / hz * 1e6 / max(a["answered"], 1)
+        print(f"{path:<9} {r:>5} {cb:>17.0f} {ca:>7.0f} {ca / cb:>12.2f} {b['answered']:>8} {a['answered']:>8}"
+              f" {b['busy']:>6} {a['busy']:>6}")
+    cb = sum(x[0] for x in runs) / hz * 1e6 / max(sum(x[2]["answered"] for x in runs), 1)
+    ca = sum(x[1] for x in runs) / hz * 1e6 / max(sum(x[3]["answered"] for x in runs), 1)
+    ratios = [(x[1] / max(x[3]["answered"], 1)) / (x[0] / max(x[2]["answered"], 1)) for x in runs if x[0]]
+    print(f"{path}: CPU per answer, all rounds: before {cb:.0f} us, after {ca:.0f} us, after / before = {ca / cb:.2f}"
+          f" (rounds: median {statistics.median(ratios):.2f}, {min(ratios):.2f} .. {max(ratios):.2f})")
+PY
+  exit 0
+fi
 
 for path in ${PATHS:-busy notfound}; do
   for r in $(seq "$ROUNDS"); do

@@ -40,8 +40,9 @@ def serve_with_threads(threads: int) -> None:
 
 
 def limit() -> int | None:
-    if shop_settings.MAX_WAITING is not None:
-        return int(shop_settings.MAX_WAITING)
+    most = shop_settings.MAX_WAITING  # read once: the worker's main loop asks twice per busy answer
+    if most is not None:
+        return int(most)
     if _threads is None:
         return None
     return max(1, _threads - max(2, _threads // 4))
@@ -57,8 +58,10 @@ def spare() -> int | None:
 def crowded(product_ids: Iterable[int]) -> bool:
     """Whether an order of these products is refused while the gate is full: one of them has
     buyers waiting here (its crowd fills the process), or no spare place is left. No I/O."""
+    if any(_by_product.get(pid) for pid in product_ids):
+        return True
     most = spare()
-    return any(_by_product.get(pid) for pid in product_ids) or (most is not None and _waiting >= most)
+    return most is not None and _waiting >= most
 
 
 def waiting() -> int:

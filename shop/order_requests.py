@@ -43,6 +43,12 @@ MAX_ID = 2**63 - 1
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _TARGET = re.compile(rb"[\x21-\x7e]+")  # printable ASCII: gunicorn refuses any other target
 _PLAIN = {path.encode(): path for path in ORDER_PATHS}  # the usual spellings need no reading
+# The usual request lines of an order, as `request_line` reads them (its fast path: tests/shop/
+# test_order_requests_fast.py checks that it decides as the full reading on any bytes).
+_PLAIN_LINES = {b"POST " + target + b" HTTP/1." + minor: ("POST", path)
+                for target, path in _PLAIN.items() for minor in (b"1", b"0")}
+_PLAIN_LINE_MAX = max(map(len, _PLAIN_LINES))
+_WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's (json.decoder.WHITESPACE)
 
 
 class _Unreadable(Exception):
@@ -52,6 +58,8 @@ class _Unreadable(Exception):
 def clean_path(path: str) -> str:
     """A decoded path without doubled slashes and dot segments ("/api//x/../orders/" is
     "/api/orders/"); a trailing slash stays."""
+    if path in ORDER_PATHS:  # the usual case, clean already
+        return path
     parts: list[str] = []
     segments = path.split("/")
     for i, segment in enumerate(segments):
@@ -97,6 +105,13 @@ def is_api_path(path: str) -> bool:
 def request_line(request: bytes) -> tuple[str, str | None] | None:
     """(method, path) of a request's first line, once it came whole within HEAD_MAX bytes; the
     path is None when the target cannot be routed (`target_path`)."""
+    end = request.find(b"\r\n", 0, _PLAIN_LINE_MAX + 2)
+    plain = _PLAIN_LINES.get(request[:end]) if end > 0 else None
+    return plain if plain is not None else _request_line(request)
+
+
+def _request_line(request: bytes) -> tuple[str, str | None] | None:
+    """`request_line`'s full reading: any request line."""
     line, sep, _ = request[:HEAD_MAX].partition(b"\r\n")
     parts = line.split(b" ")
     if not sep or len(parts) != 3 or not parts[2].startswith(b"HTTP/") or not parts[0].isalpha():
@@ -110,18 +125,6 @@ def is_order(request: bytes) -> bool:
     return line is not None and line[1] is not None and is_order_request(line[0], line[1])
 
 
-def _values(head: bytes, name: bytes) -> list[bytes]:
-    """Every value of a header (`head` lower-cased, `name` lower-case, without its colon)."""
-    values, key = [], b"\r\n" + name + b":"
-    at = head.find(key)
-    while at >= 0:
-        start = at + len(key)
-        end = head.find(b"\r\n", start)
-        values.append(head[start:end if end >= 0 else len(head)].strip())
-        at = head.find(key, start)
-    return values
-
-
 def body(request: bytes) -> bytes | None:
     """A request's whole body by its Content-Length, at most BODY_MAX bytes; None when its head or
     body has not all come, it is longer, chunked, or its length is not one plain number."""
@@ -130,16 +133,18 @@ def body(request: bytes) -> bytes | None:
     if end < 0:
         return None
     head = request[:end].lower()
-    lengths = _values(head, b"content-length")
-    if _values(head, b"transfer-encoding") or len(lengths) > 1:
-        return None
-    if not lengths:
+    key = b"\r\ncontent-length:"
+    at = head.find(key)
+    if b"\r\ntransfer-encoding:" in head or (at >= 0 and head.find(key, at + len(key)) >= 0):
+        return None  # a Transfer-Encoding, or more than one Content-Length
+    if at < 0:
         return b""
-    length = lengths[0]
-    if not (0 < len(length) <= 5 and length.isdigit()) or int(length) > BODY_MAX:
+    stop = head.find(b"\r\n", at + len(key))
+    length = head[at + len(key):stop if stop >= 0 else len(head)].strip()
+    if not (0 < len(length) <= 5 and length.isdigit()) or (size := int(length)) > BODY_MAX:
         return None
-    rest = request[end + 4:]
-    return rest[:int(length)] if len(rest) >= int(length) else None
+    start = end + 4
+    return request[start:start + size] if len(request) - start >= size else None
 
 
 def _small_int(digits: str) -> int:
@@ -152,14 +157,23 @@ def _refuse(value: str) -> Any:
     raise _Unreadable(value[:20])  # a float, NaN, Infinity: no product id
 
 
+# One decoder, made once (json.loads with hooks makes one per call): json.loads' reading, by its
+# scanner (thread-safe: json's own default decoder is shared alike).
+_SCAN = json.JSONDecoder(parse_int=_small_int, parse_float=_refuse, parse_constant=_refuse).scan_once
+
+
 def order_json(data: bytes) -> Any:
     """An API order's body as JSON, parsed within the bounds above; None when unreadable."""
     if len(data) > BODY_MAX or data.count(b"[") + data.count(b"{") > MAX_BRACKETS:
         return None
     try:
-        return json.loads(data.decode("utf-8"), parse_int=_small_int, parse_float=_refuse, parse_constant=_refuse)
-    except (ValueError, _Unreadable, RecursionError):
+        text = data.decode("utf-8")
+        value, end = _SCAN(text, 0 if text[:1] == "{" else _WHITESPACE.match(text).end())
+    except (ValueError, StopIteration, _Unreadable, RecursionError):
         return None
+    if end != len(text) and _WHITESPACE.match(text, end).end() != len(text):
+        return None  # something after it
+    return value
 
 
 def product_ids(request: bytes) -> tuple[int, ...] | None:
@@ -177,10 +191,13 @@ def _ids(request: bytes) -> tuple[int, ...] | None:
     lines = order.get("lines") if isinstance(order, dict) else None
     if not isinstance(lines, list) or not lines:
         return None
-    ids = tuple(line.get("product_id") if isinstance(line, dict) else None for line in lines)
-    if not all(type(pid) is int and 1 <= pid <= MAX_ID for pid in ids):
-        return None
-    return ids
+    ids = []
+    for line in lines:
+        pid = line.get("product_id") if isinstance(line, dict) else None
+        if type(pid) is not int or not 1 <= pid <= MAX_ID:
+            return None
+        ids.append(pid)
+    return tuple(ids)
 
 
 def to_refuse_while_full(request: bytes, *, known_sold_out: Callable[[Iterable[int]], bool],
@@ -200,21 +217,35 @@ def to_refuse_while_full(request: bytes, *, known_sold_out: Callable[[Iterable[i
 def header(request: bytes, name: bytes) -> bytes | None:
     """The first value of a header (`name` lower-case, without its colon), as sent, stripped;
     None without it or without a whole head within HEAD_MAX bytes."""
+    return headers(request, (name,))[0]
+
+
+def headers(request: bytes, names: tuple[bytes, ...]) -> tuple[bytes | None, ...]:
+    """`header` of each of `names`, the head read once."""
     end = request.find(b"\r\n\r\n", 0, HEAD_MAX + 4)
     if end < 0:
-        return None
+        return (None,) * len(names)
     head = request[:end]
-    at = head.lower().find(b"\r\n" + name + b":")
-    if at < 0:
-        return None
-    start = at + len(name) + 3
-    stop = head.find(b"\r\n", start)
-    return head[start:stop if stop >= 0 else len(head)].strip()
+    low = head.lower()
+    found: list[bytes | None] = []
+    for name in names:
+        at = low.find(b"\r\n" + name + b":")
+        if at < 0:
+            found.append(None)
+            continue
+        start = at + len(name) + 3
+        stop = head.find(b"\r\n", start)
+        found.append(head[start:stop if stop >= 0 else len(head)].strip())
+    return tuple(found)
 
 
 def cookie(request: bytes, name: bytes) -> bytes | None:
     """A cookie's value from the request's (first) Cookie header; None without it."""
-    jar = header(request, b"cookie")
+    return cookie_in(header(request, b"cookie"), name)
+
+
+def cookie_in(jar: bytes | None, name: bytes) -> bytes | None:
+    """A cookie's value from a Cookie header's value (`header(request, b"cookie")`)."""
     for pair in (jar or b"").split(b";"):
         key, sep, value = pair.strip().partition(b"=")
         if sep and key == name:
