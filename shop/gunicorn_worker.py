@@ -679,17 +679,19 @@ class ShopWorker(ThreadWorker):
         loop (`method_queue`: the main loop owns the connections' bookkeeping)."""
         from django.db import close_old_connections
 
+        from shop import clock
         from shop.line import door
 
         while True:  # also while the worker stops: what waits at the door is still answered
             batch = [self._door_inbox.get()]  # then what else came meanwhile: one token read for all
             while len(batch) < DOOR_BATCH and not self._door_inbox.empty():
                 batch.append(self._door_inbox.get_nowait())
-            offset = self._clock_offset
             try:
-                verdicts = [door.APP] * len(batch) if offset is None else door.doors(
-                    [(bytes(c.request), int((c.queued_at + offset) * 1000)) for c in batch],
-                    until=batch[0].queued_at + self.door_budget)
+                # Each arrival as the shop's clock reads it, from the offset the join will use too:
+                # its age in the line (now - arrival) is then this process's monotonic clock's.
+                offset = clock.now().timestamp() - time.monotonic()
+                verdicts = door.doors([(bytes(c.request), int((c.queued_at + offset) * 1000)) for c in batch],
+                                      until=batch[0].queued_at + self.door_budget)
             except Exception:
                 self.log.warning("the line's door failed; the app answers", exc_info=True)
                 close_old_connections()

@@ -282,7 +282,7 @@ def _join(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: int,
                 int(config.opens_at.timestamp() * 1000), config.prequeue_seconds * 1000, 1 if config.fifo else 0,
                 secrets.randbits(52), claim.kind if claim else "", claim.score if claim else "",
                 int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000,
-                arrived if arrived is not None else "", on=on)
+                arrived if arrived is not None else "", now_ms, on=on)
 
 
 def hold_seconds() -> int:
