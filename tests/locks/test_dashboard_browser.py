@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-def _buy_for(user_id: int, product_ids: list[int], seconds: float, start) -> None:
+def _buy_for(user_id: int, product_ids: list[int], seconds: float, start, stop) -> None:
+    """Order again and again from `start` until `stop` (at most `seconds`)."""
     from django.db import connections
 
     connections.close_all()
@@ -31,7 +32,7 @@ def _buy_for(user_id: int, product_ids: list[int], seconds: float, start) -> Non
     start.wait(10)
     end = time.monotonic() + seconds
     i = 0
-    while time.monotonic() < end:
+    while time.monotonic() < end and not stop.is_set():
         with contextlib.suppress(errors.ShopError):
             place_order(user=user, lines=[(product_ids[i % len(product_ids)], 1)])
         i += 1
@@ -48,8 +49,9 @@ def test_dashboard_screenshot_under_load(browser, live_server, settings):
     get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password-1")
     users = make_users(8, prefix="load")
     connections.close_all()
-    start = FORK.Event()
-    procs = [FORK.Process(target=_buy_for, args=(u.pk, [p.pk for p in products], 12.0, start)) for u in users]
+    # The load goes on until the screenshot is taken (not a fixed 12 s of it).
+    start, stop = FORK.Event(), FORK.Event()
+    procs = [FORK.Process(target=_buy_for, args=(u.pk, [p.pk for p in products], 30.0, start, stop)) for u in users]
     for p in procs:
         p.start()
     try:
@@ -69,6 +71,7 @@ def test_dashboard_screenshot_under_load(browser, live_server, settings):
             page.screenshot(path=str(ARTIFACTS / "lock-dashboard.png"), full_page=True)
             text = page.inner_text("#locks-dashboard")
     finally:
+        stop.set()
         for p in procs:
             p.join(30)
     assert any(f"product:{p.pk}" in text for p in products) and "product:*" in text
