@@ -43,8 +43,9 @@ def log_in(context, url: str, user) -> None:
 @contextmanager
 def module_browser() -> Iterator:
     """Playwright's driver and one Chromium, stopped after (the `browser` fixture's, per module).
-    While it runs, this thread counts as inside an event loop (Playwright's sync API), hence
-    DJANGO_ALLOW_ASYNC_UNSAFE in the modules that use it."""
+    While it runs, this thread counts as inside an event loop (Playwright's sync API): Django's
+    ORM needs DJANGO_ALLOW_ASYNC_UNSAFE (the browser modules set it) and asyncio.run() refuses to
+    start, so it lives for one module, never for the session."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
