@@ -89,3 +89,20 @@ def private_redis(settings) -> Iterator[RedisServer]:
     finally:
         server.resume()
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def _module_chromium():
+    from tests.browser import module_browser
+
+    with module_browser() as browser:
+        yield browser
+
+
+@pytest.fixture
+def browser(_module_chromium):
+    """Debian's Chromium, one per test module (tests/browser.py says why); a context a failed
+    test left open is closed after it."""
+    yield _module_chromium
+    for context in _module_chromium.contexts:
+        context.close()

@@ -78,7 +78,10 @@ class RedisServer:
         assert exe, "redis-server is not installed (./dev.sh installs it)"
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir],
+             "--dir", self.dir,
+             # A replica is synced at once, not after Redis's default 5 s wait for more of them
+             # (as loadtest/servers/base.py starts its servers).
+             "--repl-diskless-sync-delay", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port)

@@ -12,6 +12,8 @@ import time
 
 import pytest
 from django_redis import get_redis_connection
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from locks import Lock, LockTimeout
 from locks.combining import Guarded, Served, Turn, submit
@@ -281,7 +283,10 @@ def test_a_turn_whose_redis_is_gone_raises_lock_unavailable(name, redis_server, 
     from locks import LockUnavailable
 
     client = redis_server.client()
-    client.connection_pool.connection_kwargs.update(socket_timeout=0.5, socket_connect_timeout=0.5)
+    # As the shop's pool of a single server has it (locks/redis_urls.py): short timeouts, no retry
+    # (redis.Redis's own default retries a refused connection 10 times with backoff: ~4 s here).
+    client.connection_pool.connection_kwargs.update(socket_timeout=0.5, socket_connect_timeout=0.5,
+                                                    retry=Retry(NoBackoff(), 0))
     turn = submit(Lock(name, ttl=5.0, client=client), "mine")
     assert isinstance(turn, Turn)
     redis_server.stop()

@@ -16,14 +16,15 @@ from locks import Lock, stats
 from shop import errors
 from shop.models import Product
 from shop.services import place_order
-from tests.browser import ARTIFACTS, launch, logged_in_page
+from tests.browser import ARTIFACTS, logged_in_page, own_contexts
 from tests.helpers import FORK, make_users
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-def _buy_for(user_id: int, product_ids: list[int], seconds: float, start) -> None:
+def _buy_for(user_id: int, product_ids: list[int], seconds: float, start, stop) -> None:
+    """Order again and again from `start` until `stop` (at most `seconds`)."""
     from django.db import connections
 
     connections.close_all()
@@ -31,16 +32,15 @@ def _buy_for(user_id: int, product_ids: list[int], seconds: float, start) -> Non
     start.wait(10)
     end = time.monotonic() + seconds
     i = 0
-    while time.monotonic() < end:
+    while time.monotonic() < end and not stop.is_set():
         with contextlib.suppress(errors.ShopError):
             place_order(user=user, lines=[(product_ids[i % len(product_ids)], 1)])
         i += 1
     connections.close_all()
 
 
-def test_dashboard_screenshot_under_load(live_server, settings):
+def test_dashboard_screenshot_under_load(browser, live_server, settings):
     from django.db import connections
-    from playwright.sync_api import sync_playwright
 
     settings.SHOP = {**getattr(settings, "SHOP", {}), "LOCK_WAIT": 10.0}
     # A fresh key space: the dashboard shows only this test's load, not earlier tests' stats.
@@ -49,13 +49,13 @@ def test_dashboard_screenshot_under_load(live_server, settings):
     get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password-1")
     users = make_users(8, prefix="load")
     connections.close_all()
-    start = FORK.Event()
-    procs = [FORK.Process(target=_buy_for, args=(u.pk, [p.pk for p in products], 12.0, start)) for u in users]
+    # The load goes on until the screenshot is taken (not a fixed 12 s of it).
+    start, stop = FORK.Event(), FORK.Event()
+    procs = [FORK.Process(target=_buy_for, args=(u.pk, [p.pk for p in products], 30.0, start, stop)) for u in users]
     for p in procs:
         p.start()
     try:
-        with sync_playwright() as pw:
-            browser = launch(pw)
+        with own_contexts(browser):
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(f"{live_server.url}/admin/login/?next=/admin/locks/lockdashboard/")
             page.fill("#id_username", "ops")
@@ -70,20 +70,18 @@ def test_dashboard_screenshot_under_load(live_server, settings):
                 " && document.querySelectorAll('#lock-stats tbody td.names a').length >= 3", timeout=15000)
             page.screenshot(path=str(ARTIFACTS / "lock-dashboard.png"), full_page=True)
             text = page.inner_text("#locks-dashboard")
-            browser.close()
     finally:
+        stop.set()
         for p in procs:
             p.join(30)
     assert any(f"product:{p.pk}" in text for p in products) and "product:*" in text
     assert (ARTIFACTS / "lock-dashboard.png").stat().st_size > 10_000
 
 
-def test_the_refresh_renders_queued_requests_and_the_combining_row(live_server, settings):
+def test_the_refresh_renders_queued_requests_and_the_combining_row(browser, live_server, settings):
     """dashboard.js redraws the held table's queued requests and the Combining table from the
     JSON: 2 requests queued behind our hold, then (after we serve them) a batch of 3."""
     import uuid
-
-    from playwright.sync_api import sync_playwright
 
     from locks import Lock, stats
     from locks.combining import submit
@@ -94,8 +92,7 @@ def test_the_refresh_renders_queued_requests_and_the_combining_row(live_server, 
     turn = submit(Lock(name, ttl=30.0), "mine")
     stats.flush()
     waiters = [start_submitter(name, f"r{i}", queued_before=i) for i in range(2)]
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = browser.new_page()
         page.goto(f"{live_server.url}/admin/login/?next=/admin/locks/lockdashboard/%3Fprefix%3D{name}")
         page.fill("#id_username", "ops")
@@ -113,19 +110,17 @@ def test_the_refresh_renders_queued_requests_and_the_combining_row(live_server, 
             f"() => (document.querySelector('#lock-combining tbody td') || {{}}).textContent === {name!r}",
             timeout=10000)
         row = page.locator("#lock-combining tbody tr").first.locator("td").all_inner_texts()
-        browser.close()
     for proc, queue in waiters:
         queue.get(timeout=10)
         proc.join(5)
     assert row[1:6] == ["1", "3", "3", "≤ 4", "≤ 4"] and row[6] == "3-4: 1" and row[7].endswith("s ago")
 
 
-def test_force_release_links_encode_every_character_of_the_lock_name():
+def test_force_release_links_encode_every_character_of_the_lock_name(browser):
     """A lock name is one URL path segment's worth of data: `#`, `?` and `%` must not cut it short
     (encodeURI left them as they are, so "odd#1" linked to the release page of "odd")."""
     from django.conf import settings
     from django.urls import resolve
-    from playwright.sync_api import sync_playwright
 
     script = (settings.BASE_DIR / "locks" / "static" / "locks" / "dashboard.js").read_text()
     release_url = "/admin/locks/lockdashboard/release/NAME/"
@@ -139,8 +134,7 @@ def test_force_release_links_encode_every_character_of_the_lock_name():
             "stats": [], "stats_families": 0, "totals": {"acquired": 0, "contention": 0, "timeouts": 0, "lost": 0,
                                                         "force_released": 0},
             "next_cursor": None, "at": 0, "at_text": "1970-01-01 00:00:00 UTC"}
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = browser.new_page()
         page.route("http://dashboard.test/**", lambda route: route.fulfill(
             status=200,
@@ -151,7 +145,6 @@ def test_force_release_links_encode_every_character_of_the_lock_name():
         page.goto("http://dashboard.test/")
         page.wait_for_function("() => document.querySelectorAll('#held-locks tbody a').length === 4")
         hrefs = page.eval_on_selector_all("#held-locks tbody a", "links => links.map(a => a.getAttribute('href'))")
-        browser.close()
     prefix = release_url.removesuffix("NAME/")
     for name, href in zip(names, hrefs, strict=True):
         assert href.startswith(prefix) and "#" not in href and "?" not in href, href
@@ -215,14 +208,14 @@ def _wide_names_and_a_held_lock(settings) -> tuple[str, object]:
     return held, Lock(held, ttl=30.0)
 
 
-def test_the_dashboard_fits_1280_px_and_every_cell_is_on_a_phone_screen(live_server, settings):
+def test_the_dashboard_fits_1280_px_and_every_cell_is_on_a_phone_screen(browser, live_server, settings):
     """At 1280 px every table fits its box (Hold p99 included, no scrolling); at 375 and 320 px the
     rows are cards: every cell, TTL left, Waiters and Force release among them, is on the screen,
     labelled, and the page never scrolls sideways."""
     ops = get_user_model().objects.create_superuser("ops", "ops@example.com", "ops-password-1")
     name, lock = _wide_names_and_a_held_lock(settings)
     seen = {}
-    with lock, logged_in_page(live_server.url, ops) as page:
+    with lock, logged_in_page(browser, live_server.url, ops) as page:
         stats.flush()
         for width in WIDTHS:
             page.set_viewport_size({"width": width, "height": 900})
@@ -250,7 +243,7 @@ LIST_CELLS = """() => {
 }"""
 
 
-def test_the_job_runs_and_the_force_release_audit_fit_1280_px(live_server):
+def test_the_job_runs_and_the_force_release_audit_fit_1280_px(browser, live_server):
     """Long runners' and holders' host:pid, dates and durations: no column cut off at 1280 px; on a
     phone the page itself never scrolls sideways (the admin's results box may)."""
     from django.utils import timezone
@@ -267,7 +260,7 @@ def test_the_job_runs_and_the_force_release_audit_fit_1280_px(live_server):
     ForceRelease.objects.create(lock_name="product:100001", fence=1795729126554934, waiters=3,
                                 owner="web-server-01.example.internal:123456", held_for=14.756, actor_name="ops")
     seen = {}
-    with logged_in_page(live_server.url, ops) as page:
+    with logged_in_page(browser, live_server.url, ops) as page:
         for width in WIDTHS:
             page.set_viewport_size({"width": width, "height": 900})
             for url in ("/admin/locks/jobrun/", "/admin/locks/forcerelease/"):

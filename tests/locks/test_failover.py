@@ -28,11 +28,17 @@ class Replica(RedisServer):
              "--replicaof", "127.0.0.1", str(self.master_port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis(port=self.port)
+        client, master = redis.Redis(port=self.port), redis.Redis(port=self.master_port)
         for _ in range(300):
             try:
+                # Synced, and acknowledging the master's writes: just after a quick sync a write's
+                # WAIT may go unanswered for up to a second (until the replica's first ACK).
                 if client.info("replication").get("master_link_status") == "up":
-                    return
+                    master.set("replica:ready", 1)
+                    acked = master.wait(1, 100)
+                    master.delete("replica:ready")
+                    if acked == 1:
+                        return
             except redis.ConnectionError:
                 pass
             time.sleep(0.02)

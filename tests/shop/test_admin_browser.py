@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from locks import Lock, stats
 from shop.models import Order
 from shop.services import claim_coupon, pay_order, place_order
-from tests.browser import ARTIFACTS, launch
+from tests.browser import ARTIFACTS, own_contexts
 from tests.helpers import order_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -36,13 +36,10 @@ OVERFLOW = """() => {
 
 
 @contextmanager
-def _operator_page(url: str, next_url: str, *, width: int, height: int) -> Iterator:
+def _operator_page(browser, url: str, next_url: str, *, width: int, height: int) -> Iterator:
     """A superuser ("ops") signed in, at `next_url`, in a browser window of this size."""
-    from playwright.sync_api import sync_playwright
-
     get_user_model().objects.create_superuser("ops", "ops@example.com", PASSWORD)
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = browser.new_page(viewport={"width": width, "height": height})
         page.goto(f"{url}/admin/login/?next={next_url}")
         page.fill("#id_username", "ops")
@@ -50,7 +47,6 @@ def _operator_page(url: str, next_url: str, *, width: int, height: int) -> Itera
         page.click("input[type=submit]")
         page.wait_for_url(f"**{next_url}")
         yield page
-        browser.close()
 
 
 def _overflow(page, shot: str) -> dict[str, int]:
@@ -75,9 +71,10 @@ def _orders(make_product, make_coupon) -> list[Order]:
     return orders
 
 
-def test_the_orders_and_sales_lists_fit_1280_px_without_sideways_scrolling(live_server, make_product, make_coupon):
+def test_the_orders_and_sales_lists_fit_1280_px_without_sideways_scrolling(browser, live_server, make_product,
+                                                                           make_coupon):
     _orders(make_product, make_coupon)
-    with _operator_page(live_server.url, "/admin/shop/order/", width=1280, height=800) as page:
+    with _operator_page(browser, live_server.url, "/admin/shop/order/", width=1280, height=800) as page:
         overflow = _overflow(page, "admin-orders-1280.png")
         text = page.inner_text("#changelist")
         filters = page.inner_text("#changelist-filter")
@@ -89,12 +86,12 @@ def test_the_orders_and_sales_lists_fit_1280_px_without_sideways_scrolling(live_
     assert "Placed" not in filters and "Awaiting payment" in filters  # the legacy status is not offered
 
 
-def test_the_lock_dashboard_fits_a_375_px_phone(live_server, settings, make_product):
+def test_the_lock_dashboard_fits_a_375_px_phone(browser, live_server, settings, make_product):
     settings.LOCKS = {**settings.LOCKS, "KEY_PREFIX": settings.LOCKS["KEY_PREFIX"] + "phone:"}
     product = make_product(stock=5)
     with Lock(f"product:{product.pk}", ttl=30.0), Lock("report:a-rather-long-lock-name-for-a-phone", ttl=30.0):
         stats.flush()
-        with _operator_page(live_server.url, "/admin/locks/lockdashboard/", width=375, height=740) as page:
+        with _operator_page(browser, live_server.url, "/admin/locks/lockdashboard/", width=375, height=740) as page:
             overflow = _overflow(page, "lock-dashboard-375.png")
             # Every table is inside a box no wider than the screen, which scrolls if it must.
             boxes = page.evaluate("""() => [...document.querySelectorAll('#locks-dashboard table')].map(t => {
@@ -115,12 +112,12 @@ def _sold_cell(page, product) -> str:
     }""", product.sku)
 
 
-def test_the_sales_view_refreshes_itself_and_can_be_paused(live_server, make_product, user, monkeypatch):
+def test_the_sales_view_refreshes_itself_and_can_be_paused(browser, live_server, make_product, user, monkeypatch):
     """While a sale runs the figures come in without a reload, with the time they were read; Pause
     stops that, "Refresh now" reads them at once."""
     monkeypatch.setattr("shop.admin.SALES_REFRESH", 1)
     product = make_product(stock=50)
-    with _operator_page(live_server.url, "/admin/shop/productsales/", width=1280, height=800) as page:
+    with _operator_page(browser, live_server.url, "/admin/shop/productsales/", width=1280, height=800) as page:
         assert _sold_cell(page, product) == "0" and page.inner_text(".sales-state") == "refreshed every 1 s"
         first = page.inner_text("#sales-updated time")
         pay_order(order=order_of(place_order(user=user, lines=[(product.pk, 3)])), actor="test")
@@ -146,9 +143,9 @@ def test_the_sales_view_refreshes_itself_and_can_be_paused(live_server, make_pro
 
 
 @pytest.mark.parametrize("width", [320, 375, 1280])
-def test_the_sales_views_refresh_bar_and_totals_fit_every_width(live_server, make_product, make_coupon, width):
+def test_the_sales_views_refresh_bar_and_totals_fit_every_width(browser, live_server, make_product, make_coupon, width):
     _orders(make_product, make_coupon)
-    with _operator_page(live_server.url, "/admin/shop/productsales/", width=width, height=800) as page:
+    with _operator_page(browser, live_server.url, "/admin/shop/productsales/", width=width, height=800) as page:
         overflow = _overflow(page, f"admin-sales-{width}.png")
         controls = page.evaluate("""() => [...document.querySelectorAll(
             '#sales-updated, #sales-refresh [data-action]')].map(e => {
@@ -178,14 +175,15 @@ CONFIRM_BUTTONS = """(noLabel) => {
 }"""
 
 
-def test_refund_and_cancel_mark_yes_as_the_dangerous_action(live_server, make_product, user):
+def test_refund_and_cancel_mark_yes_as_the_dangerous_action(browser, live_server, make_product, user):
     """"Yes, refund it" is red like the force release's "Yes, release it" (the admin's delete
     colour), and "No, keep it" is not: the two no longer look alike. Cancel's confirmation too."""
     product = make_product(stock=10, price="129.00")
     paid = pay_order(order=order_of(place_order(user=user, lines=[(product.pk, 1)])), actor="test")
     pending = order_of(place_order(user=user, lines=[(product.pk, 1)]))
     seen = []
-    with _operator_page(live_server.url, f"/admin/shop/order/{paid.pk}/refund/", width=1280, height=800) as page:
+    refund = f"/admin/shop/order/{paid.pk}/refund/"
+    with _operator_page(browser, live_server.url, refund, width=1280, height=800) as page:
         for url in (f"/admin/shop/order/{paid.pk}/refund/", f"/admin/shop/order/{pending.pk}/cancel/"):
             page.goto(f"{live_server.url}{url}")
             for width in (320, 375, 1280):
@@ -198,12 +196,12 @@ def test_refund_and_cancel_mark_yes_as_the_dangerous_action(live_server, make_pr
         assert buttons["onScreen"], (width, buttons)
 
 
-def test_removing_stock_marks_yes_as_the_dangerous_action(live_server, make_product):
+def test_removing_stock_marks_yes_as_the_dangerous_action(browser, live_server, make_product):
     """An adjustment that takes units away is confirmed in the same red; "No, change it" is not."""
     product = make_product(stock=10)
     url = f"/admin/shop/product/{product.pk}/adjust/"
     seen = []
-    with _operator_page(live_server.url, url, width=1280, height=800) as page:
+    with _operator_page(browser, live_server.url, url, width=1280, height=800) as page:
         page.fill("#id_delta", "-2")
         page.select_option("#id_reason", "damaged")
         page.click("input[value='Review the adjustment']")
@@ -228,7 +226,7 @@ CELL_LINES = """(field) => [...document.querySelectorAll(`#result_list tbody td.
 
 
 @pytest.mark.parametrize("width", [320, 375, 1280])
-def test_the_sales_views_skus_stay_on_one_line(live_server, make_product, width):
+def test_the_sales_views_skus_stay_on_one_line(browser, live_server, make_product, width):
     """Issue 37: at 1280 px the SKU column wrapped letter by letter; a SKU is one word on one line
     (on a phone the table scrolls in its own box), with the drop and money columns beside it."""
     from shop.models import Product
@@ -237,7 +235,7 @@ def test_the_sales_views_skus_stay_on_one_line(live_server, make_product, width)
     products = [Product.objects.create(sku=f"DROP-2026-SNEAKER-RED-{size}", name=f"Sneaker red, size {size}",
                                        price="189.00", stock=30) for size in (41, 42)]
     end_drop(products=products[:1], actor="test")
-    with _operator_page(live_server.url, "/admin/shop/productsales/", width=width, height=800) as page:
+    with _operator_page(browser, live_server.url, "/admin/shop/productsales/", width=width, height=800) as page:
         overflow = _overflow(page, f"admin-sales-skus-{width}.png")
         skus = page.evaluate(CELL_LINES, "sku")
         drops = page.evaluate(CELL_LINES, "drop")
@@ -248,7 +246,7 @@ def test_the_sales_views_skus_stay_on_one_line(live_server, make_product, width)
     assert any(d["text"].startswith("ended") for d in drops), drops
 
 
-def test_end_sale_now_asks_in_red_before_it_ends_anything(live_server, make_product, user):
+def test_end_sale_now_asks_in_red_before_it_ends_anything(browser, live_server, make_product, user):
     """Issue 37: "End sale now" ended the sale on one click. Now a page says what ends and what
     happens to orders awaiting payment, "Yes, end the sale" in the admin's danger red and "No, keep
     it on sale" not, both on the screen at every width; only Yes ends it."""
@@ -257,7 +255,7 @@ def test_end_sale_now_asks_in_red_before_it_ends_anything(live_server, make_prod
     product = make_product(stock=10)
     order_of(place_order(user=user, lines=[(product.pk, 2)]))
     seen = []
-    with _operator_page(live_server.url, "/admin/shop/product/", width=1280, height=800) as page:
+    with _operator_page(browser, live_server.url, "/admin/shop/product/", width=1280, height=800) as page:
         page.check(f"#result_list input.action-select[value='{product.pk}']")
         page.select_option("select[name=action]", "end_sale_now")
         page.click("#changelist-form button[name=index]")
@@ -280,7 +278,7 @@ def test_end_sale_now_asks_in_red_before_it_ends_anything(live_server, make_prod
     assert Product.objects.get(pk=product.pk).drop_state == "ended"
 
 
-def test_the_user_list_with_sign_ups_and_tokens_fits_1280_px(live_server):
+def test_the_user_list_with_sign_ups_and_tokens_fits_1280_px(browser, live_server):
     """Auth > Users with the bots columns (first API token, how soon after sign-up) and the last
     hour's sign-ups and tokens per minute over the list."""
     from shop.models import ApiToken
@@ -288,7 +286,7 @@ def test_the_user_list_with_sign_ups_and_tokens_fits_1280_px(live_server):
     for i in range(3):
         bot = get_user_model().objects.create_user(f"fresh-account-with-a-long-name-{i}@example.com", password="x")
         ApiToken.issue(user_id=bot.pk, name="script")
-    with _operator_page(live_server.url, "/admin/auth/user/", width=1280, height=800) as page:
+    with _operator_page(browser, live_server.url, "/admin/auth/user/", width=1280, height=800) as page:
         overflow = _overflow(page, "admin-users-1280.png")
         signups = page.inner_text("#signups")
         text = page.inner_text("#changelist")

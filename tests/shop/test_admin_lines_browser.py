@@ -42,8 +42,8 @@ def drops(settings, make_product):
 
 
 @pytest.mark.parametrize("width", [320, 375, 1280])
-def test_the_lines_page_fits_the_window_and_refreshes_itself(live_server, drops, width):
-    with _operator_page(live_server.url, "/admin/shop/productline/", width=width, height=800) as page:
+def test_the_lines_page_fits_the_window_and_refreshes_itself(browser, live_server, drops, width):
+    with _operator_page(browser, live_server.url, "/admin/shop/productline/", width=width, height=800) as page:
         row = page.locator(f"#line-{drops[0].pk}")
         assert "open" in row.inner_text() and "Pause…" in row.inner_text()
         overflow = _overflow(page, f"admin-lines-{width}.png")
@@ -63,8 +63,8 @@ def test_the_lines_page_fits_the_window_and_refreshes_itself(live_server, drops,
                                ".textContent.trim() === '4'", timeout=15000)
 
 
-def test_pause_asks_first_in_red_and_the_page_then_says_paused(live_server, drops):
-    with _operator_page(live_server.url, "/admin/shop/productline/", width=375, height=800) as page:
+def test_pause_asks_first_in_red_and_the_page_then_says_paused(browser, live_server, drops):
+    with _operator_page(browser, live_server.url, "/admin/shop/productline/", width=375, height=800) as page:
         page.click(f"#line-{drops[0].pk} a.pause-line")
         page.wait_for_url("**/pause/")
         yes = page.locator("input[type=submit][value='Yes, pause the line']")

@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from shop.models import Order
-from tests.browser import ARTIFACTS, launch
+from tests.browser import ARTIFACTS, own_contexts
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -16,9 +16,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-def test_shopper_journey(live_server, make_product, make_coupon, settings):
-    from playwright.sync_api import sync_playwright
-
+def test_shopper_journey(browser, live_server, make_product, make_coupon, settings):
     # The double submit's twin waits for the first request on the key's lock: give it time on a
     # busy machine (once, with a load test beside the suite, the page never reached the order
     # within 30 s; the cause was not captured, so a failure now leaves the page behind).
@@ -28,8 +26,7 @@ def test_shopper_journey(live_server, make_product, make_coupon, settings):
     mug = make_product(stock=9, price="10.00")
     coupon = make_coupon(total=3, discount="15.00")
     url = live_server.url
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = browser.new_page(viewport={"width": 1100, "height": 800})
         page.goto(f"{url}/signup/")
         page.fill("#id_username", "alice")
@@ -65,7 +62,6 @@ def test_shopper_journey(live_server, make_product, make_coupon, settings):
         page.screenshot(path=str(ARTIFACTS / "confirmation.png"), full_page=True)
         page.go_back()
         page.wait_for_load_state()
-        browser.close()
 
     alice = get_user_model().objects.get(username="alice")
     orders = Order.objects.filter(user=alice)
@@ -87,14 +83,14 @@ def _fits(page, name: str, viewport: str) -> None:
 
 
 @pytest.mark.parametrize("width,height", [(1100, 800), (375, 740)], ids=["desktop", "phone"])
-def test_cart_fix_coupon_pay_and_expiry_on_desktop_and_phone(live_server, make_product, make_coupon, width, height):
+def test_cart_fix_coupon_pay_and_expiry_on_desktop_and_phone(browser, live_server, make_product, make_coupon, width,
+                                                             height):
     """A short cart line is flagged and fixed, the coupon's total shows before placing,
     the order is paid; a second order left unpaid expires and its stock comes back. Every page
     fits the window (no horizontal scrolling), a 375 px phone included."""
     from datetime import timedelta
 
     from django.utils import timezone
-    from playwright.sync_api import sync_playwright
 
     from shop.models import Product
     from shop.services.orders import expire_unpaid
@@ -104,8 +100,7 @@ def test_cart_fix_coupon_pay_and_expiry_on_desktop_and_phone(live_server, make_p
     mug = make_product(stock=9, price="10.00")
     coupon = make_coupon(total=3, discount="15.00")
     url, vp = live_server.url, f"{width}x{height}"
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = browser.new_page(viewport={"width": width, "height": height})
         page.goto(f"{url}/signup/")
         _fits(page, "signup", vp)
@@ -184,4 +179,3 @@ def test_cart_fix_coupon_pay_and_expiry_on_desktop_and_phone(live_server, make_p
         _fits(page, "tokens", vp)
         page.goto(f"{url}/no-such-page/")
         _fits(page, "not-found", vp)
-        browser.close()

@@ -32,12 +32,12 @@ def _on_screen(locator, width: int) -> None:
 
 
 @WIDTHS
-def test_a_cart_line_past_its_cap_is_flagged_with_its_fix(live_server, user, make_product, width):
+def test_a_cart_line_past_its_cap_is_flagged_with_its_fix(browser, live_server, user, make_product, width):
     runner, tee = make_product(stock=30, price="120.00"), make_product(stock=30, price="25.00")
     Product.objects.filter(pk=runner.pk).update(max_per_user=2, name="Trail runner, limited edition")
     Product.objects.filter(pk=tee.pk).update(max_per_user=1, name="Drop tee")
     url = live_server.url
-    with logged_in_page(url, user, width=width) as page:
+    with logged_in_page(browser, url, user, width=width) as page:
         page.goto(f"{url}/products/{runner.pk}/")
         assert "Limit 2 per customer" in page.inner_text("main")
         _fits(page, "cap-product", width)
@@ -77,12 +77,12 @@ def test_a_cart_line_past_its_cap_is_flagged_with_its_fix(live_server, user, mak
 
 
 @WIDTHS
-def test_the_code_box_claims_and_applies_a_code_and_says_what_is_wrong(live_server, user, make_product,
+def test_the_code_box_claims_and_applies_a_code_and_says_what_is_wrong(browser, live_server, user, make_product,
                                                                        make_coupon, width):
     mug = make_product(stock=9, price="5.00")
     coupon = make_coupon(discount="20.00", total=5)
     url = live_server.url
-    with logged_in_page(url, user, width=width) as page:
+    with logged_in_page(browser, url, user, width=width) as page:
         page.goto(f"{url}/products/{mug.pk}/")
         page.click("#add-to-cart")
         page.wait_for_url(f"{url}/cart/")

@@ -17,7 +17,7 @@ from django.utils import timezone
 from shop import selectors
 from shop.models import Product
 from shop.services import end_drop
-from tests.browser import ARTIFACTS, launch
+from tests.browser import ARTIFACTS, own_contexts
 from tests.shop.test_phone_layout import CHECK_LAYOUT, UNBREAKABLE
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -47,19 +47,16 @@ def _laid_out_at_every_width(page, name: str) -> None:
     page.set_viewport_size({"width": 375, "height": 740})
 
 
-def test_the_catalog_badges_flip_at_the_opening_and_at_the_closing(live_server):
+def test_the_catalog_badges_flip_at_the_opening_and_at_the_closing(browser, live_server):
     """One run across both edges (the waits are real seconds), its layout checked at every width
     before and after them."""
-    from playwright.sync_api import sync_playwright
-
     width = 375
 
     now = timezone.now()
     _product("LIVE-0", "Mechanical keyboard", opens_at=now - timedelta(days=1), closes_at=now - timedelta(hours=1))
     _product("LIVE-X", "Signed poster", opens_at=now - timedelta(hours=1), closes_at=now - timedelta(hours=1))
     later = _product("LIVE-L", UNBREAKABLE, opens_at=now + timedelta(hours=3))
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = _wrong_clock_page(browser, width)
         page.goto(f"{live_server.url}/")  # the server and the browser warm
         opens, closes = timezone.now() + timedelta(seconds=5), timezone.now() + timedelta(seconds=8)
@@ -89,14 +86,10 @@ def test_the_catalog_badges_flip_at_the_opening_and_at_the_closing(live_server):
         assert timezone.now() >= closes
         assert "in stock" not in ended.inner_text() and ended.locator("button").count() == 0
         _laid_out_at_every_width(page, "catalog-flipped")
-        browser.close()
 
 
-def test_the_catalog_flips_without_javascript(live_server):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = launch(pw)
+def test_the_catalog_flips_without_javascript(browser, live_server):
+    with own_contexts(browser):
         page = browser.new_page(viewport={"width": 375, "height": 740}, java_script_enabled=False)
         page.goto(f"{live_server.url}/")
         opens = timezone.now() + timedelta(seconds=3)
@@ -107,18 +100,14 @@ def test_the_catalog_flips_without_javascript(live_server):
         assert "loads again by itself" in page.inner_text("#upcoming-drops")
         page.locator(f'#catalog .card[data-product="{soon.pk}"] button').wait_for(timeout=9000)  # the refresh
         assert timezone.now() >= opens and page.locator("#upcoming-drops").count() == 0
-        browser.close()
 
 
-def test_the_product_page_flips_at_its_closing_and_when_the_sale_is_ended_early(live_server):
+def test_the_product_page_flips_at_its_closing_and_when_the_sale_is_ended_early(browser, live_server):
     """One run across the closing and an early end (real seconds), its layout checked at every
     width before and after."""
-    from playwright.sync_api import sync_playwright
-
     width = 375
 
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = _wrong_clock_page(browser, width)
         page.goto(f"{live_server.url}/")
         closes = timezone.now() + timedelta(seconds=6)
@@ -143,17 +132,16 @@ def test_the_product_page_flips_at_its_closing_and_when_the_sale_is_ended_early(
         page.locator("#drop-ended").wait_for(timeout=15000)
         assert "Sale ended" in page.inner_text("#drop-ended") and page.locator("#add-to-cart").count() == 0
         assert timezone.now() - ended_at < timedelta(seconds=15)
-        browser.close()
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_cart_and_checkout_after_a_sale_ended_offer_only_what_helps(live_server, user, width):
+def test_the_cart_and_checkout_after_a_sale_ended_offer_only_what_helps(browser, live_server, user, width):
     from tests.browser import logged_in_page
 
     now = timezone.now()
     ending = _product("END-1", UNBREAKABLE, opens_at=now - timedelta(hours=1), closes_at=now + timedelta(hours=1))
     fine = _product("END-2", "Wireless headphones")
-    with logged_in_page(live_server.url, user, width=width) as page:
+    with logged_in_page(browser, live_server.url, user, width=width) as page:
         for p in (ending, fine):
             page.goto(f"{live_server.url}/products/{p.pk}/")
             page.click("#add-to-cart")

@@ -13,19 +13,16 @@ import pytest
 from django.utils import timezone
 
 from shop.models import Product
-from tests.browser import ARTIFACTS, launch
+from tests.browser import ARTIFACTS, own_contexts
 from tests.shop.test_phone_layout import CHECK_LAYOUT, UNBREAKABLE
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-def test_the_countdown_runs_and_the_page_opens_the_drop_by_itself(live_server):
-    from playwright.sync_api import sync_playwright
-
+def test_the_countdown_runs_and_the_page_opens_the_drop_by_itself(browser, live_server):
     p = Product.objects.create(sku="DROP-1", name="Limited sneaker", price=Decimal("129.00"), stock=9)
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = browser.new_page(viewport={"width": 375, "height": 740})
         page.goto(f"{live_server.url}/")  # the server and the browser warm
         opens = timezone.now() + timedelta(seconds=6)
@@ -43,13 +40,10 @@ def test_the_countdown_runs_and_the_page_opens_the_drop_by_itself(live_server):
         page.click("#add-to-cart")
         page.wait_for_load_state()
         assert "1 in your cart" in page.inner_text("main")
-        browser.close()
 
 
 @pytest.mark.parametrize("width", [320, 375, 1280])
-def test_drop_badges_and_the_countdown_page_fit_the_window(live_server, width):
-    from playwright.sync_api import sync_playwright
-
+def test_drop_badges_and_the_countdown_page_fit_the_window(browser, live_server, width):
     now = timezone.now()
     soon = Product.objects.create(sku="DROP-2", name=UNBREAKABLE, price=Decimal("129.00"), stock=9,
                                   opens_at=now + timedelta(hours=2, minutes=5))
@@ -58,8 +52,7 @@ def test_drop_badges_and_the_countdown_page_fit_the_window(live_server, width):
     Product.objects.create(sku="DROP-4", name="Mechanical keyboard", price=Decimal("1658.00"), stock=4,
                            opens_at=now - timedelta(days=1), closes_at=now - timedelta(hours=1))
     problems: list[str] = []
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = browser.new_page(viewport={"width": width, "height": 740})
         for name, path in (("catalog", "/"), ("product-upcoming", f"/products/{soon.pk}/")):
             response = page.goto(live_server.url + path)
@@ -71,5 +64,4 @@ def test_drop_badges_and_the_countdown_page_fit_the_window(live_server, width):
         # The badges count down from the server's clock (shop/drop-live.js): h:mm:ss, m:ss.
         assert re.search(r"Opens in 2:0[45]:\d\d", main) and "Sale ended" in main, main
         assert re.search(r"Ends in (49|50):\d\d", main), main
-        browser.close()
     assert not problems, "\n".join(problems)

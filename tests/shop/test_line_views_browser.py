@@ -50,10 +50,10 @@ def _let_through(p: Product, held: line.Position, other_user) -> None:
 
 
 @pytest.mark.parametrize("width", [320, 375, 1280])
-def test_with_javascript_the_page_shows_the_place_and_places_the_order_on_its_turn(live_server, user, other_user,
-                                                                                   lined, width):
+def test_with_javascript_the_page_shows_the_place_and_places_the_order_on_its_turn(browser, live_server, user,
+                                                                                   other_user, lined, width):
     p, held = lined
-    with logged_in_page(live_server.url, user, width=width) as page:
+    with logged_in_page(browser, live_server.url, user, width=width) as page:
         _wait_in_line(page, live_server.url, p)
         status = page.locator("#line-status")
         assert "You are number 2 in line, with 1 ahead of you" in status.inner_text()
@@ -68,9 +68,9 @@ def test_with_javascript_the_page_shows_the_place_and_places_the_order_on_its_tu
     assert not problems, "\n".join(problems)
 
 
-def test_with_javascript_a_sold_out_line_is_said_within_about_a_second(live_server, user, other_user, lined):
+def test_with_javascript_a_sold_out_line_is_said_within_about_a_second(browser, live_server, user, other_user, lined):
     p, _ = lined
-    with logged_in_page(live_server.url, user, width=375) as page:
+    with logged_in_page(browser, live_server.url, user, width=375) as page:
         _wait_in_line(page, live_server.url, p)
         assert page.locator("#line-status[data-state=waiting]").count() == 1
         inventory.adjust_stock(product=p, delta=-2, reason="damaged", note="water damage", actor="test")
@@ -85,15 +85,12 @@ def test_with_javascript_a_sold_out_line_is_said_within_about_a_second(live_serv
 
 
 @pytest.mark.parametrize("width", [320, 375, 1280])
-def test_without_javascript_the_page_refreshes_to_the_place_and_try_now_places_the_order(live_server, user,
+def test_without_javascript_the_page_refreshes_to_the_place_and_try_now_places_the_order(browser, live_server, user,
                                                                                          other_user, lined, width):
-    from playwright.sync_api import sync_playwright
-
-    from tests.browser import launch, log_in
+    from tests.browser import log_in, own_contexts
 
     p, held = lined
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         context = browser.new_context(viewport={"width": width, "height": 740}, java_script_enabled=False)
         log_in(context, live_server.url, user)
         page = context.new_page()
@@ -107,6 +104,5 @@ def test_without_javascript_the_page_refreshes_to_the_place_and_try_now_places_t
         page.locator("#line-status[data-state=your_turn]").wait_for(timeout=10000)  # it reloads itself
         page.click("#line-try-now")
         page.wait_for_url(re.compile(r"/orders/\d+/$"), timeout=10000)
-        browser.close()
     assert Order.objects.filter(user=user).count() == 1
     assert not problems, "\n".join(problems)

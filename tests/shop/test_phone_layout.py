@@ -14,7 +14,7 @@ from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
 from shop.models import ApiToken, Coupon, Product
-from tests.browser import ARTIFACTS, launch
+from tests.browser import ARTIFACTS, own_contexts
 from tests.helpers import order_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -126,9 +126,8 @@ def _shop(live_server) -> dict:
 
 
 @pytest.mark.parametrize("width", [320, 375, 1280])
-def test_every_shopper_page_fits_the_window_without_broken_words(live_server, width):
+def test_every_shopper_page_fits_the_window_without_broken_words(browser, live_server, width):
     from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
 
     data = _shop(live_server)
     keyboard, headphones, sneaker = data["products"]
@@ -148,8 +147,7 @@ def test_every_shopper_page_fits_the_window_without_broken_words(live_server, wi
         page.screenshot(path=str(ARTIFACTS / f"layout-{width}-{name}.png"), full_page=True)
         problems.extend(f"{name}: {p}" for p in page.evaluate(CHECK_LAYOUT, phone))
 
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         guest = browser.new_page(viewport={"width": width, "height": 740})
         for name, path in (("login", "/login/"), ("signup", "/signup/"), ("password-reset", "/password-reset/"),
                            ("password-reset-sent", "/password-reset/sent/"),
@@ -186,5 +184,4 @@ def test_every_shopper_page_fits_the_window_without_broken_words(live_server, wi
             guest.click("header details.menu > summary")
             assert guest.locator("header .menu-panel a.login").is_visible()
             check(guest, "guest-menu-open")
-        browser.close()
     assert not problems, "\n".join(problems)

@@ -15,7 +15,7 @@ from django.core import mail
 from shop.models import Order
 from shop.services import place_order
 from shop.services.emails import send_pending_mail
-from tests.browser import ARTIFACTS, launch, log_in
+from tests.browser import ARTIFACTS, log_in, own_contexts
 from tests.helpers import order_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -33,12 +33,9 @@ def _open_menu(page) -> None:
 
 
 @WIDTHS
-def test_more_than_the_stock_shows_one_error_and_keeps_the_quantity(live_server, make_product, width):
-    from playwright.sync_api import sync_playwright
-
+def test_more_than_the_stock_shows_one_error_and_keeps_the_quantity(browser, live_server, make_product, width):
     p = make_product(stock=3)
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         page = browser.new_page(viewport={"width": width, "height": 740})
         page.goto(f"{live_server.url}/products/{p.pk}/")
         page.fill("#id_quantity", "2")
@@ -66,20 +63,16 @@ def test_more_than_the_stock_shows_one_error_and_keeps_the_quantity(live_server,
         }""")
         assert style["same"], "the field error must look like the site's other error messages"
         assert style["bullets"] == 0 and not style["inInfoBox"], style
-        browser.close()
 
 
 @WIDTHS
-def test_order_cancel_is_secondary_and_confirmed_and_pay_by_counts_down_in_local_time(
+def test_order_cancel_is_secondary_and_confirmed_and_pay_by_counts_down_in_local_time(browser,
         live_server, user, make_product, width):
-    from playwright.sync_api import sync_playwright
-
     p = make_product(stock=5, price="1658.00")
     order = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     zone = "America/New_York"
     local = order.pay_by.astimezone(ZoneInfo(zone))
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         context = browser.new_context(viewport={"width": width, "height": 740}, timezone_id=zone, locale="en-US")
         log_in(context, live_server.url, user)
         page = context.new_page()
@@ -113,17 +106,13 @@ def test_order_cancel_is_secondary_and_confirmed_and_pay_by_counts_down_in_local
         page.wait_for_url(f"**/orders/{order.pk}/")
         assert "cancelled" in page.inner_text(".messages")
         assert Order.objects.get(pk=order.pk).status == Order.Status.CANCELLED
-        browser.close()
 
 
 @WIDTHS
-def test_login_signup_and_password_reset_bring_the_buyer_back(live_server, make_product, width):
-    from playwright.sync_api import sync_playwright
-
+def test_login_signup_and_password_reset_bring_the_buyer_back(browser, live_server, make_product, width):
     p = make_product(stock=5)
     url = live_server.url
-    with sync_playwright() as pw:
-        browser = launch(pw)
+    with own_contexts(browser):
         # A new buyer: cart first, then the checkout asks for an account: after sign-up, the checkout.
         page = browser.new_page(viewport={"width": width, "height": 740})
         page.goto(f"{url}/products/{p.pk}/")
@@ -167,5 +156,4 @@ def test_login_signup_and_password_reset_bring_the_buyer_back(live_server, make_
         guest.fill("#id_password", "another-long-pass-456")
         guest.click("main form button[type=submit]")
         guest.wait_for_url(f"{url}/products/{p.pk}/")
-        browser.close()
     assert get_user_model().objects.get(username=f"newbie{width}").check_password("another-long-pass-456")

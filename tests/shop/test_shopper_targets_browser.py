@@ -60,9 +60,9 @@ def _orders(user, make_product) -> dict[str, Order]:
 
 
 @WIDTHS
-def test_the_cart_link_and_each_order_card_are_tap_targets_of_44_px(live_server, user, make_product, width):
+def test_the_cart_link_and_each_order_card_are_tap_targets_of_44_px(browser, live_server, user, make_product, width):
     orders = _orders(user, make_product)
-    with logged_in_page(live_server.url, user, width=width) as page:
+    with logged_in_page(browser, live_server.url, user, width=width) as page:
         page.goto(f"{live_server.url}/orders/")
         page.screenshot(path=str(ARTIFACTS / f"orders-targets-{width}.png"), full_page=True)
 
@@ -95,10 +95,10 @@ def test_the_cart_link_and_each_order_card_are_tap_targets_of_44_px(live_server,
 
 
 @WIDTHS
-def test_buttons_use_the_page_font_and_awaiting_payment_is_not_green_like_paid(live_server, user, make_product,
+def test_buttons_use_the_page_font_and_awaiting_payment_is_not_green_like_paid(browser, live_server, user, make_product,
                                                                                width):
     orders = _orders(user, make_product)
-    with logged_in_page(live_server.url, user, width=width) as page:
+    with logged_in_page(browser, live_server.url, user, width=width) as page:
         page.goto(f"{live_server.url}/orders/{orders['unpaid'].pk}/")
         fonts = page.evaluate("""() => ({page: getComputedStyle(document.body).fontFamily,
             buttons: [...document.querySelectorAll('button')].map((b) => [b.textContent.trim(),
@@ -126,7 +126,7 @@ def test_buttons_use_the_page_font_and_awaiting_payment_is_not_green_like_paid(l
             assert (badge["color"], badge["background"]) == (same["color"], same["background"])
 
 
-def test_every_stock_and_drop_badge_of_the_catalog_is_readable(live_server, user, make_product):
+def test_every_stock_and_drop_badge_of_the_catalog_is_readable(browser, live_server, user, make_product):
     """"Only 3 left", "Sold out", "N in stock", "Coming soon", "Sale ended": 4.5:1 at least (WCAG AA)."""
     from datetime import timedelta
 
@@ -139,7 +139,7 @@ def test_every_stock_and_drop_badge_of_the_catalog_is_readable(live_server, user
     Product.objects.filter(pk=make_product(stock=5).pk).update(opens_at=now + timedelta(hours=2))
     Product.objects.filter(pk=make_product(stock=5).pk).update(opens_at=now - timedelta(hours=2),
                                                                closes_at=now - timedelta(minutes=1))
-    with logged_in_page(live_server.url, user, width=1280) as page:
+    with logged_in_page(browser, live_server.url, user, width=1280) as page:
         page.goto(f"{live_server.url}/")
         badges = page.evaluate(BADGES)
     texts = " | ".join(b["text"] for b in badges)

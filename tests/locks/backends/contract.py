@@ -132,6 +132,12 @@ def test_contract_a_waiter_is_woken_by_the_release(backend, name):
         proc.join(10)
 
 
+def _hold_until(name: str, ready, done) -> None:
+    with Lock(name, ttl=30.0):
+        ready.set()
+        done.wait(30)
+
+
 def _wait_for(name: str, queue) -> None:
     with Lock(name, ttl=5.0, wait=20.0) as held:
         queue.put(held.fence)
@@ -141,17 +147,20 @@ def test_contract_try_acquire_all_takes_the_free_locks_and_release_all_lets_them
     """What a checkout lane does: take what is free at once (a busy lock is skipped, never
     waited for), write, and let everything go together."""
     names = [f"{name}-{c}" for c in "abc"]
-    ready = FORK.Event()
-    busy = FORK.Process(target=_hold_for, args=(names[1], 2.0, ready))
+    ready, done = FORK.Event(), FORK.Event()
+    busy = FORK.Process(target=_hold_until, args=(names[1], ready, done))  # busy until we are done
     busy.start()
-    assert ready.wait(30)
-    started = time.monotonic()
-    holds = try_acquire_all([Lock(n, ttl=5.0) for n in names])
-    assert time.monotonic() - started < 1.0  # the busy one was not waited for
-    assert sorted(holds) == [names[0], names[2]]
-    for n in (names[0], names[2]):
-        assert inspect.lock_info(n).fence == holds[n].fence
-    busy.join(10)
+    try:
+        assert ready.wait(30)
+        started = time.monotonic()
+        holds = try_acquire_all([Lock(n, ttl=5.0) for n in names])
+        assert time.monotonic() - started < 1.0  # the busy one was not waited for
+        assert sorted(holds) == [names[0], names[2]]
+        for n in (names[0], names[2]):
+            assert inspect.lock_info(n).fence == holds[n].fence
+    finally:
+        done.set()
+        busy.join(10)
     queue = FORK.Queue()
     waiter = FORK.Process(target=_wait_for, args=(names[0], queue))
     waiter.start()

@@ -22,8 +22,11 @@ from tests.locks.backends.ha import (
 from tests.locks.conftest import FORK
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def redis_cluster():
+    """This module's cluster, for the whole session: pytest-django runs a module's database,
+    transactional and other tests apart (Django's order), and a module-scoped cluster was
+    started again for each of the three (~2 s each)."""
     with RedisClusterSet() as servers:
         yield servers
 

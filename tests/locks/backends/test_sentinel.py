@@ -12,8 +12,11 @@ from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests
 from tests.locks.backends.ha import acquire_after_failover, cut_replication, two_holders_after_a_failover, use_redis_url
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sentinel_set():
+    """This module's set, for the whole session: pytest-django runs a module's database,
+    transactional and other tests apart (Django's order), and a module-scoped set was started
+    again for each of the three (~2 s each)."""
     with SentinelSet() as servers:
         yield servers
 

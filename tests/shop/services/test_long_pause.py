@@ -36,7 +36,7 @@ def _timed_buy(user_id: int, product_id: int) -> tuple[str, int | None, float]:
     return code, order_id, time.monotonic() - started
 
 
-@pytest.mark.parametrize(("mode", "pause"), [("timeout", 10.0), ("kill", 6.0), ("mysql8", 6.0)])
+@pytest.mark.parametrize(("mode", "pause"), [("timeout", 6.0), ("kill", 6.0), ("mysql8", 6.0)])
 def test_a_holder_paused_mid_transaction_stalls_its_product_at_most_wait_plus_a_second(make_product, settings,
                                                                                       mode, pause, request):
     """MariaDB's timeout, kill mode on MariaDB, and MySQL 8 (dressed: "auto" is kill there)."""
