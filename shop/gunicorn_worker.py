@@ -17,8 +17,9 @@ This worker keeps gthread's threads and accepts as eagerly, and:
   connection is closed (408 if it sent part of one); a head longer than SHOP["HEAD_MAX"] is
   answered 431. Once the worker holds half its worker_connections, one client address may have
   SHOP["HEAD_SLOTS_PER_CLIENT"] connections still sending: one more closes its oldest (sending
-  for SLOT_GRACE s or more). At worker_connections the oldest idle connection is closed, so a
-  new one is always accepted. A body larger than BODY_BUFFER, or chunked, goes on once its head
+  for SLOT_GRACE s or more, nothing of it waiting unread). At worker_connections the oldest idle
+  connection is closed, so a new one is accepted (one whose request waits unread is kept: the
+  worker is behind, not the client). A body larger than BODY_BUFFER, or chunked, goes on once its head
   has come: the thread reads it, and the app's limits apply;
 - answers what it cannot serve in time at once, 503 `busy` with Retry-After, without the app:
   in the main loop, once the request is whole, when more requests already wait for a thread
@@ -58,6 +59,7 @@ import contextlib
 import errno
 import hashlib
 import html
+import itertools
 import json
 import logging
 import math
@@ -83,6 +85,8 @@ LINGER, LINGER_BYTES = 2.0, 65536
 # one has been sending this long: a burst of new connections (a NAT, a load generator, a client
 # starved of CPU between connect and send) whose requests are on their way is not cut off.
 SLOT_GRACE = 1.0
+# To make room, the oldest this many unfinished connections are looked at for one that is stalled.
+ROOM_SCAN = 8
 # The line's door takes at most this many orders' places at once (one read of their tokens).
 DOOR_BATCH = 256
 DOOR_KEPT_MAX = 100_000  # answers the door keeps for retries (by token), at most
@@ -298,6 +302,18 @@ _TIMED_OUT = _plain_answer(b"408 Request Timeout", b"The request did not arrive 
 _HEAD_TOO_LARGE = _plain_answer(b"431 Request Header Fields Too Large", b"The request's head is too large.\n")
 
 
+def _stalled(conn) -> bool:
+    """Whether nothing a connection sent waits unread in the kernel: its client is slow (or gone),
+    not the worker. One peek, only for a connection about to be closed to make room: under a
+    crowd the worker may accept a new connection before it reads requests that came earlier."""
+    try:
+        return not conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return True
+
+
 def _address(conn) -> str:
     """The client's address (its IP; one for every client of a UNIX socket)."""
     return conn.client[0] if isinstance(conn.client, tuple) else ""
@@ -450,12 +466,15 @@ class ShopWorker(ThreadWorker):
         """At worker_connections gthread stops accepting. Before that, the oldest connection that
         only waits is closed (one lingering after its answer, one still sending its request, one
         kept alive), so slow or idle clients never lock a new one out. Those being served or
-        queued for a thread cannot fill it: the queue is bounded."""
+        queued for a thread cannot fill it: the queue is bounded. A connection whose request waits
+        unread is not slow, the worker is (short of CPU): it is kept, and if no other can go, the
+        worker stops accepting until it has room, as gthread does (the kernel's backlog holds the
+        rest)."""
         while self.nr_conns + len(self._lingering) >= self.worker_connections:
             if self._lingering:
                 self._end_linger(next(iter(self._lingering)))
-            elif self._reading:
-                self._stop_reading(next(iter(self._reading)), close=True)
+            elif (stalled := next((c for c in itertools.islice(self._reading, ROOM_SCAN) if _stalled(c)), None)):
+                self._stop_reading(stalled, close=True)
             elif self.keepalived_conns:
                 conn = self.keepalived_conns.popleft()
                 with contextlib.suppress(OSError, KeyError, ValueError):
@@ -510,7 +529,8 @@ class ShopWorker(ThreadWorker):
     def _wait_for_more(self, conn) -> None:
         """Poll a connection whose request is not whole yet. While the worker holds half its
         worker_connections or more, a client with too many unfinished connections loses its
-        oldest (sending for SLOT_GRACE s): one address cannot take the room of the others.
+        oldest (sending for SLOT_GRACE s, and nothing of it waiting unread: `_stalled`): one address
+        cannot take the room of the others.
         Below that an unfinished connection costs no thread and little memory: it may wait."""
         self._reading[conn] = None
         slots = self._slots.setdefault(_address(conn), {})
@@ -519,7 +539,7 @@ class ShopWorker(ThreadWorker):
         conn.polled = True
         if 0 < self.head_slots < len(slots) and self._crowded():
             oldest = next(iter(slots))
-            if oldest.reading_since <= time.monotonic() - SLOT_GRACE:
+            if oldest.reading_since <= time.monotonic() - SLOT_GRACE and _stalled(oldest):
                 self._stop_reading(oldest, close=True)
 
     def _crowded(self) -> bool:

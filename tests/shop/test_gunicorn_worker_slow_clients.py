@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
+import signal
 import socket
 import threading
 import time
 import weakref
+from pathlib import Path
 
 import pytest
 from django.db import connections
@@ -21,7 +24,9 @@ from django.db import connections
 from loadtest import appservers
 from shop.gunicorn_worker import SLOT_GRACE
 
-pytestmark = [pytest.mark.slow]
+# django_db: pytest-django sets up the test database only for a run that holds a test marked so
+# (the servers use it), as a run of this module alone does not otherwise.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 THREADS = 4
 TIGHT_HEAD_TIMEOUT = 3  # seconds: SHOP_HEAD_TIMEOUT of `tight_server` (the default is 5)
@@ -354,3 +359,35 @@ def test_idle_connections_from_many_addresses_never_lock_a_new_client_out(tight_
     finally:
         for sock in socks:
             sock.close()
+
+
+def _worker(server: appservers.AppServer) -> int:
+    (pid,) = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+    return int(pid)
+
+
+def test_a_request_that_came_while_the_worker_was_behind_is_not_cut_off_as_slow(tight_server):
+    """A crowded worker short of CPU (here: stopped) is behind its clients, not they behind it: a
+    connection whose whole request waits unread in the kernel is never closed as a slow client,
+    however long it waited. Here the worker accepts a new connection of the same address (over its
+    slots, after SLOT_GRACE) before it reads the others' requests."""
+    with _crowded(tight_server):
+        socks = [_connect(tight_server) for _ in range(3)]
+        worker = _worker(tight_server)
+        time.sleep(0.3)  # accepted, nothing read yet
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            time.sleep(SLOT_GRACE + 0.3)
+            newest = _connect(tight_server)  # ready for the worker before the others' requests
+            for sock in socks:
+                sock.sendall(b"GET /api/products/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            time.sleep(0.2)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        try:
+            newest.sendall(b"GET /api/products/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            for sock in [*socks, newest]:
+                assert _read_response(sock).startswith(b"HTTP/1.1 200 ")
+        finally:
+            for sock in [*socks, newest]:
+                sock.close()
