@@ -13,7 +13,9 @@ It writes a product, accounts and tokens on that database (a bench one, never pr
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 import threading
 import time
@@ -39,6 +41,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--hogs", type=int, default=0, help="threads burning CPU beside the door")
     parser.add_argument("--switch", type=float, default=sys.getswitchinterval(), help="sys.setswitchinterval")
+    parser.add_argument("--profile", action="store_true", help="cProfile each pass: top TOP (25) by SORT")
     opts = parser.parse_args()
     product = Product.objects.create(sku=f"BENCH-DOOR-{time.time_ns()}", name="Door", price="1.00", stock=10**6,
                                      opens_at=timezone.now() - timedelta(seconds=5))
@@ -66,6 +69,9 @@ def main() -> None:
     try:
         for name in ("first orders (tokens not cached)", "again (cached, places kept)"):
             answers: dict[str, int] = {}
+            profile = cProfile.Profile() if opts.profile else None
+            if profile:
+                profile.enable()
             wall, cpu = time.perf_counter(), time.thread_time()
             for i in range(0, len(requests), opts.batch):
                 now_ms = int(clock.now().timestamp() * 1000)
@@ -74,6 +80,10 @@ def main() -> None:
                     kind = verdict if isinstance(verdict, str) else verdict.status.split(b" ")[0].decode()
                     answers[kind] = answers.get(kind, 0) + 1
             wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            if profile:
+                profile.disable()
+                stats = pstats.Stats(profile).sort_stats(os.environ.get("SORT", "tottime"))
+                stats.print_stats(int(os.environ.get("TOP", "25")))
             print(f"{name}: {len(requests) / wall:,.0f} orders/s, {cpu / len(requests) * 1e6:,.0f} us CPU "
                   f"(this thread) and {wall / len(requests) * 1e6:,.0f} us wall each; batch {opts.batch}, "
                   f"{opts.hogs} hogs, switch {opts.switch * 1000:g} ms; answers {answers}")

@@ -169,15 +169,17 @@ def signal_young_buyers(buyers: Iterable[tuple[object, int]]) -> None:
     once per drop, in one round trip. Never fails an order."""
     now = timezone.now()
     window = float(shop_settings.DROP_OPENING_WINDOW)
+    joined_after = now - timedelta(seconds=float(shop_settings.YOUNG_ACCOUNT_AGE))
+    buyers = list(buyers)
+    opening = {pid: rule.opens_at for pid, rule in rules({pid for _, pid in buyers}).items()
+               if rule.opens_at is not None and 0 <= (now - rule.opens_at).total_seconds() < window}
     keys = []
     for user, product_id in buyers:
+        opens_at = opening.get(product_id)
         joined = getattr(user, "date_joined", None)
-        rule = rules([product_id]).get(product_id)
-        if (joined is None or rule is None or rule.opens_at is None
-                or (now - joined).total_seconds() >= float(shop_settings.YOUNG_ACCOUNT_AGE)
-                or not 0 <= (now - rule.opens_at).total_seconds() < window):
+        if opens_at is None or joined is None or joined <= joined_after:
             continue
-        keys.append(redis_keys.young_buyer(product_id, int(rule.opens_at.timestamp()), user.pk))
+        keys.append(redis_keys.young_buyer(product_id, int(opens_at.timestamp()), user.pk))
     if not keys:
         return
     try:

@@ -157,11 +157,27 @@ DEFAULTS: dict[str, Any] = {
 RENAMED = {"SOLDOUT_CACHE_ALIAS": "REDIS_ALIAS"}
 
 
+# Django's LazySettings keeps each setting it read in its own __dict__ and drops it when that
+# setting is set or the settings are overridden (`__setattr__`): read SHOP from there first. A
+# read through `settings.SHOP` costs ~3 us (LazyObject.__getattribute__), and the line's door and
+# the checkout read a dozen settings per order.
+_read_settings: dict = object.__getattribute__(settings, "__dict__")
+
+
 class ShopSettings:
     def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
-            raise AttributeError(f"unknown SHOP setting {name!r}")
-        return getattr(settings, "SHOP", {}).get(name, DEFAULTS[name])
+        shop = _read_settings.get("SHOP")
+        if shop is None:
+            shop = getattr(settings, "SHOP", {})
+        value = shop.get(name, _UNSET)
+        if value is _UNSET:
+            if name not in DEFAULTS:
+                raise AttributeError(f"unknown SHOP setting {name!r}")
+            return DEFAULTS[name]
+        return value
+
+
+_UNSET = object()
 
 
 shop_settings = ShopSettings()

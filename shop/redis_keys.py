@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import hashlib
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
+
+_database: dict | None = None
 
 
 def namespace() -> str:
-    return f"shop:{connection.settings_dict['NAME']}"
+    """`shop:<the database's name>`. The name is read from the database's settings dict, the one
+    object every thread's connection shares (and the test runner renames in place), not through
+    `connection`: a thread-local lookup for every key."""
+    global _database
+    if _database is None:
+        _database = connections.settings[DEFAULT_DB_ALIAS]
+    return f"shop:{_database['NAME']}"
 
 
 def sold_out_marker(product_id: int) -> str:

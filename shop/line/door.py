@@ -64,6 +64,7 @@ def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
     verdicts: list[Verdict] = [APP] * len(requests)
     joining: list[tuple[int, int, int, str | None, line.Joining]] = []  # (its index, product, quantity, key, the join)
     young: list[tuple[object, int]] = []
+    credentials: dict[int, bytes] = {}
     for n, ((request, arrived_ms), found) in enumerate(zip(requests, orders, strict=True)):
         user = users.get(found[2]) if found is not None else None
         if found is None or user is None:
@@ -76,13 +77,13 @@ def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
             account_age.check(user=user, product_ids=[product_id], signal=False)
         except errors.ShopError:
             continue  # the app answers 403 as it always does
-        text = order_requests.header(request, b"line-ticket")
+        text, brought, auth = order_requests.headers(request, (b"line-ticket", b"line-arrival", b"authorization"))
         ticket = tickets.read(text.decode("latin-1"), user_id=user.pk) if text else None
         if text and ticket is None:
             continue  # not this account's ticket: the app refuses it (400)
         young.append((user, product_id))
-        brought = order_requests.header(request, b"line-arrival")
-        stamped = arrivals.read(brought, credential=_credential(request)) if brought else None
+        credentials[n] = arrivals.credential(authorization=auth, session=None)
+        stamped = arrivals.read(brought, credential=credentials[n]) if brought else None
         joining.append((n, product_id, quantity, key, line.Joining(
             config=config, user_id=user.pk, start=False, until=until, counted=False, ticket=ticket,
             arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms)))
@@ -94,7 +95,7 @@ def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
             sold_out.append((n, product_id, quantity, redis_keys.idempotency_record(j.user_id, key) if key else None))
         else:
             verdicts[n] = _verdict(position, product_id=product_id, quantity=quantity,
-                                   credential=_credential(requests[n][0]))
+                                   credential=credentials[n])
     # Sold out: the app's fast path, and first as there the replay of an order this key placed.
     keyed = [record for *_, record in sold_out if record is not None]
     found = dict(zip(keyed, soldout.records_exist(keyed), strict=True))
@@ -104,10 +105,6 @@ def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
             short = [{"product_id": product_id, "requested": quantity, "available": 0}]
             verdicts[n] = _error(errors.OutOfStock(rules.out_of_stock_message(short), details={"lines": short}), 0)
     return verdicts
-
-
-def _credential(request: bytes) -> bytes:
-    return arrivals.credential(authorization=order_requests.header(request, b"authorization"), session=None)
 
 
 def _verdict(position: line.Position, *, product_id: int, quantity: int, credential: bytes) -> Verdict:
@@ -146,10 +143,9 @@ def _order(request: bytes) -> tuple[int, int, str, str | None] | None:
     """(product id, quantity, bearer token, Idempotency-Key) of a well-formed API order of one product, as the API would
     accept it (JSON body, its fields and an Idempotency-Key checked by the API's own rules);
     None for anything else."""
-    kind = order_requests.header(request, b"content-type") or b""
-    if kind.split(b";")[0].strip().lower() != b"application/json":
+    kind, auth, key = order_requests.headers(request, (b"content-type", b"authorization", b"idempotency-key"))
+    if (kind or b"").split(b";")[0].strip().lower() != b"application/json":
         return None
-    auth = order_requests.header(request, b"authorization")
     scheme, _, raw = (auth or b"").decode("latin-1").partition(" ")
     if scheme.lower() != "bearer" or not raw.strip() or len(raw) > 200:
         return None
@@ -157,7 +153,6 @@ def _order(request: bytes) -> tuple[int, int, str, str | None] | None:
     data = order_requests.order_json(raw_body) if raw_body else None
     if not isinstance(data, dict):
         return None
-    key = order_requests.header(request, b"idempotency-key")
     try:
         lines, _ = validation.order_body(data)
         if key is not None:

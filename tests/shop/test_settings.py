@@ -266,3 +266,23 @@ def test_a_misspelt_or_renamed_shop_key_is_a_system_check_error(settings):
     found = {e.msg.split('"')[1]: e for e in check_shop_keys()}
     assert set(found) == {"SOLDOUT_CACHE_ALIAS", "LOCK_TLL"} and {e.id for e in found.values()} == {"shop.E003"}
     assert "REDIS_ALIAS" in found["SOLDOUT_CACHE_ALIAS"].hint
+
+
+def test_shop_settings_follow_every_way_a_setting_changes(settings):
+    """shop_settings reads SHOP from Django's own per-setting cache (shop/conf.py): an override, a
+    plain assignment and the end of an override must each be seen at once."""
+    from django.conf import settings as django_settings
+    from django.test import override_settings
+
+    from shop.conf import DEFAULTS, shop_settings
+
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 7}
+    assert shop_settings.LINE_WINDOW == 7
+    with override_settings(SHOP={"LINE_WINDOW": 3}):
+        assert shop_settings.LINE_WINDOW == 3
+        assert DEFAULTS["LINE_TURN"] == shop_settings.LINE_TURN  # not in SHOP: the default
+    assert shop_settings.LINE_WINDOW == 7
+    django_settings.SHOP = {**django_settings.SHOP, "LINE_WINDOW": 9}  # as a forked test process does
+    assert shop_settings.LINE_WINDOW == 9
+    with pytest.raises(AttributeError, match="unknown SHOP setting"):
+        shop_settings.NO_SUCH_SETTING  # noqa: B018
