@@ -160,7 +160,7 @@ def _interrupt_at_offsets(port, name, offsets, again_after, queue):
 
 
 @pytest.mark.parametrize("again_after", [0.0, 0.0003], ids=["once", "twice"])
-@pytest.mark.parametrize("held", [True], ids=["held"])
+@pytest.mark.parametrize("held", [True, False], ids=["held", "free"])
 def test_a_waiter_interrupted_anywhere_in_acquire_leaves_nothing_behind(name, redis_server, held, again_after):
     """Ctrl-C at every point of acquire (before, during and after the enqueue's round trip, just
     after the grant, and again inside the cleanup): the waiter's queue entry never outlives it,
