@@ -315,9 +315,28 @@ class Lock:
             return existing
         started = time.monotonic()
         token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
-        grant = self._backend.acquire(self, token=token, owner=owner, blocking=blocking,
-                                      deadline=started + (wait if blocking else 0.0), cancel=cancel)
-        return self._granted(grant, holder, token, owner, started, blocking=blocking, wait=wait)
+        grant = None
+        try:
+            grant = self._backend.acquire(self, token=token, owner=owner, blocking=blocking,
+                                          deadline=started + (wait if blocking else 0.0), cancel=cancel)
+            return self._granted(grant, holder, token, owner, started, blocking=blocking, wait=wait)
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C between the grant and the caller's hold
+            try:  # first, and no helper: see RedisBackend._acquire
+                if grant is not None:
+                    self._abandon(holder, token)
+            except (KeyboardInterrupt, SystemExit):  # Ctrl-C twice
+                self._abandon(holder, token)
+            raise
+
+    def _abandon(self, holder: HolderKey, token: str) -> None:
+        """Give back a grant the caller never got (else it lapses with its lease, or is renewed)."""
+        with self._guard:
+            hold = self._holds.get(holder)
+        with contextlib.suppress(Exception):
+            if hold is not None and hold.token == token:
+                self._release_hold(hold)
+            else:
+                self._backend.release(self, token=token)
 
     def _granted(self, grant: Grant | None, holder: HolderKey, token: str, owner: str, started: float, *,
                  blocking: bool, wait: float) -> Hold:

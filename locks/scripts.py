@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from enum import IntEnum
 from functools import cache
 from pathlib import Path
@@ -43,16 +44,42 @@ def source(name: str) -> str:
     return common + "\n" + (_DIR / f"{name}.lua").read_text()
 
 
+def as_text(args: Iterable[Any]) -> list[Any]:
+    """The arguments with every int as text, for hiredis to pack.
+
+    hiredis-py's pack_command formats an int with repr() and does not check the result. CPython
+    runs pending signal handlers while it formats an int, so a Ctrl-C landing there makes repr()
+    fail, and the process dies of a segmentation fault instead of raising KeyboardInterrupt. A
+    waiter that dies like that leaves its queue entry behind. Formatted here, in Python, the
+    interrupt is an ordinary exception.
+    """
+    return [str(arg) if isinstance(arg, int) else arg for arg in args]
+
+
+class _Script(Script):
+    """redis-py's Script (EVALSHA, loading the script on NOSCRIPT), with numkeys and every int
+    argument sent as text (see `as_text`)."""
+
+    def __call__(self, keys: Sequence[Any] | None = None, args: Iterable[Any] | None = None,
+                 client: Any = None) -> Any:
+        numkeys, keys_and_args = str(len(keys or ())), [*(keys or ()), *as_text(args or ())]
+        try:
+            return client.evalsha(self.sha, numkeys, *keys_and_args)
+        except NoScriptError:
+            self.sha = client.script_load(self.script)
+            return client.evalsha(self.sha, numkeys, *keys_and_args)
+
+
 @cache
 def script(name: str) -> Script:
     """A redis-py Script (EVALSHA, reloading on NOSCRIPT); pass `client=` on each call."""
-    return Script(None, source(name).encode())
+    return _Script(None, source(name).encode())
 
 
 def queue_script(pipe: Any, name: str, *, keys: list[str], args: list) -> None:
     """Queue script `name` on a pipeline as a bare EVALSHA; run the pipeline with `execute_pipeline`.
     (redis-py's Script on a pipeline asks SCRIPT EXISTS before every execute: a round trip more.)"""
-    pipe.evalsha(script(name).sha, len(keys), *keys, *args)
+    pipe.evalsha(script(name).sha, str(len(keys)), *keys, *as_text(args))
 
 
 def execute_pipeline(client: Any, pipe: Any) -> list:

@@ -53,7 +53,7 @@ from locks.connection import (
 from locks.exceptions import HolderChanged, LockNotOwned, LockUnavailable
 from locks.hold import Cancelled, CancelToken, Guarded, Served
 from locks.keys import LockKeys, held_key, name_from_key, name_from_member
-from locks.scripts import NOT_OURS, Acquire, Cancel, execute_pipeline, queue_script, script
+from locks.scripts import NOT_OURS, Acquire, Cancel, as_text, execute_pipeline, queue_script, script
 
 if TYPE_CHECKING:
     from locks.hold import LockLike
@@ -111,7 +111,7 @@ class _Signal:
             reply = self.conn.read_response()
             if reply and self.wait_replicas is not None and text(reply[1]).startswith("g|"):
                 # Our BLPOP came after the releaser's grant, so WAIT on this connection covers it.
-                self.conn.send_command("WAIT", *self.wait_replicas)
+                self.conn.send_command("WAIT", *as_text(self.wait_replicas))
                 acked = self.conn.read_response()
                 if acked < self.wait_replicas[0]:
                     raise ReplicasLagging(f"only {acked} of {self.wait_replicas[0]} replicas acknowledged the hand-off")
@@ -148,8 +148,10 @@ class _Signal:
         """Stop waiting: hang up on a BLPOP still in flight."""
         if self.conn is not None:
             conn, self.conn = self.conn, None
-            conn.disconnect()
-            self.pool.release(conn)
+            try:
+                conn.disconnect()
+            finally:  # even if interrupted: a connection never given back is lost to the pool
+                self.pool.release(conn)
 
 
 def _wait_replicas() -> tuple[int, int] | None:
@@ -264,20 +266,48 @@ class RedisBackend(LockBackend):
             self._release(lock, client, token)
             raise LockUnavailable(str(exc), name=lock.name) from exc
         except BaseException as exc:
-            # Interrupted (cancelled, Ctrl-C, a timeout around us, Redis gone) while queued: leave
-            # the queue, and if a hand-off raced in, give the lock straight back.
-            signal.abort()
-            # Leave the queue, unless Redis itself just failed us: a second call would only
-            # wait out another socket timeout, and a waiter that never confirms a hand-off is
-            # passed over after HANDOFF_LEASE anyway.
-            if queued and not isinstance(exc, UNREACHABLE):
-                with contextlib.suppress(Exception):
-                    if isinstance(self._cancel(lock, client, token), tuple):
-                        self._release(lock, client, token)
+            # Interrupted (cancelled, Ctrl-C, a timeout around us) or failed: leave the queue,
+            # and if a hand-off raced in, give the lock straight back. An interrupt can land
+            # anywhere, this handler's first line included (Ctrl-C twice): so that line is a try,
+            # and a second interrupt gets one more go. (A helper holding the retries would not
+            # do: the interpreter looks for signals on entering a function, before its try.)
+            try:
+                self._leave(lock, client, token, signal, exc)
+            except BaseException as again:
+                try:  # noqa: SIM105 (not contextlib.suppress: entering it is a call, a place to be interrupted)
+                    self._leave(lock, client, token, signal, again)
+                except BaseException:
+                    pass  # a third: passed over at its deadline or hand-off lease, like a crashed waiter
             if isinstance(exc, UNREACHABLE):
                 raise LockUnavailable(f"Redis unreachable: {exc}", name=lock.name) from exc
             raise
         return None
+
+    def _leave(self, lock: LockLike, client: Redis, token: str, signal: _Signal, exc: BaseException) -> None:
+        """After `exc` cut a wait short: leave the queue, giving back a lock handed over meanwhile.
+
+        Whether we are queued is not known here: an interrupt can land after Redis ran the
+        acquire script and before we read its reply. The token is known before any call, and
+        leaving by it does nothing if it was never queued, so we always leave. Unless Redis
+        itself just failed us: a second call would only wait out another socket timeout, and a
+        waiter that never confirms a hand-off is passed over after HANDOFF_LEASE anyway.
+
+        An interrupt that can land anywhere (Ctrl-C; SystemExit from a signal handler: not an
+        Exception) can cut redis-py short between sending a command and reading its reply, or
+        halfway through connecting; the connection goes back to the pool like that, and the
+        next command on it reads the earlier reply as its own, or fails. So this drops the
+        idle connections of the pool first.
+        """
+        signal.abort()
+        if isinstance(exc, (*UNREACHABLE, LockUnavailable)):
+            return
+        if not isinstance(exc, Exception):
+            pool = pool_of(client, lock.keys.lock)
+            if pool is not None:
+                pool.disconnect(inuse_connections=False)
+        with contextlib.suppress(Exception):
+            if isinstance(self._cancel(lock, client, token), tuple):
+                self._release(lock, client, token)
 
     def _run_acquire(self, lock: LockLike, client: Redis, key_list: list[str], args: list, payload: str) -> list:
         """The acquire script; with WAIT_REPLICAS, pipelined with WAIT on the same connection.
@@ -307,7 +337,7 @@ class RedisBackend(LockBackend):
         node = node_client(client, key_list[0])
         pipe = node.pipeline(transaction=False)
         queue_script(pipe, "acquire", keys=key_list, args=args)
-        pipe.execute_command("WAIT", *replicas)
+        pipe.execute_command("WAIT", *as_text(replicas))
         try:
             reply, acked = execute_pipeline(node, pipe)
         except (*UNREACHABLE, MovedError, AskError) as exc:
