@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
@@ -63,6 +64,8 @@ class _Script(Script):
     def __call__(self, keys: Sequence[Any] | None = None, args: Iterable[Any] | None = None,
                  client: Any = None) -> Any:
         numkeys, keys_and_args = str(len(keys or ())), [*(keys or ()), *as_text(args or ())]
+        if isinstance(client, Pipeline):  # as redis-py's: the pipeline loads it before it runs
+            client.scripts.add(self)
         try:
             return client.evalsha(self.sha, numkeys, *keys_and_args)
         except NoScriptError:
