@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
+from django.test import TransactionTestCase
 from django_redis import get_redis_connection
 
 from tests.helpers import RedisServer
@@ -56,6 +57,53 @@ def redis_server() -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+_after_flush: dict[str, list[tuple[str, list[str], list[tuple]]]] = {}
+
+
+def _rows_after_flush(connection) -> list[tuple[str, list[str], list[tuple]]]:
+    """The rows a flush leaves (the content types and permissions its post_migrate made), table by table."""
+    taken = []
+    with connection.cursor() as cursor:
+        for table in connection.introspection.django_table_names(only_existing=True, include_views=False):
+            quoted = connection.ops.quote_name(table)
+            cursor.execute(f"SELECT * FROM {quoted}")
+            rows = cursor.fetchall()
+            if rows:
+                taken.append((quoted, [connection.ops.quote_name(c[0]) for c in cursor.description], rows))
+    return taken
+
+
+def _fixture_teardown(self) -> None:
+    """A transactional test's teardown without post_migrate's hundred queries each time: the first
+    flush is Django's own (post_migrate remakes the content types and permissions) and what it
+    leaves is kept; every later one empties the tables and writes those rows back as they were
+    (ids included). The same state for the next test, in ~10 ms instead of ~70 (x ~1,400 tests)."""
+    from django.contrib.contenttypes.models import ContentType
+    from django.core.management import call_command
+    from django.db import connections
+
+    if self.available_apps is not None or self.serialized_rollback:
+        return _django_fixture_teardown(self)
+    for alias in self._databases_names(include_mirrors=False):
+        if alias not in _after_flush:
+            call_command("flush", verbosity=0, interactive=False, database=alias, reset_sequences=False,
+                         allow_cascade=False, inhibit_post_migrate=False)
+            _after_flush[alias] = _rows_after_flush(connections[alias])
+            continue
+        call_command("flush", verbosity=0, interactive=False, database=alias, reset_sequences=False,
+                     allow_cascade=False, inhibit_post_migrate=True)
+        connection = connections[alias]
+        with connection.constraint_checks_disabled(), connection.cursor() as cursor:
+            for table, columns, rows in _after_flush[alias]:
+                marks = ", ".join(["%s"] * len(columns))
+                cursor.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+    ContentType.objects.clear_cache()  # as post_migrate's create_contenttypes does
+
+
+_django_fixture_teardown = TransactionTestCase._fixture_teardown
+TransactionTestCase._fixture_teardown = _fixture_teardown
 
 
 @pytest.fixture(scope="session", autouse=True)
