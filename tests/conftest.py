@@ -7,9 +7,14 @@ other's locks, and the prefix's keys are deleted at the end.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -17,6 +22,54 @@ from django.test import TransactionTestCase
 from django_redis import get_redis_connection
 
 from tests.helpers import RedisServer
+
+
+@contextmanager
+def _turn(folder: str, alone: bool) -> Iterator[None]:
+    """Under pytest-xdist (./dev.sh test runs two workers), a test marked `alone` runs while the
+    other worker waits: a writer-preferring lock on two files of this run. Other tests share it;
+    an `alone` test first shuts the gate (no test starts beside it), then waits for the test
+    running beside it to end. Unlocked explicitly: a forked child keeps the file open, not the lock."""
+    with open(Path(folder) / "gate", "a") as gate, open(Path(folder) / "lock", "a") as lock:
+        if alone:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(gate, fcntl.LOCK_SH)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None) \
+            and not hasattr(config, "workerinput"):
+        config.alone_folder = tempfile.mkdtemp(prefix="pytest-alone-")
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "alone_folder", None):
+        shutil.rmtree(config.alone_folder, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """The controller hands each xdist worker the folder of the `alone` lock's files."""
+    node.workerinput["alone_folder"] = node.config.alone_folder
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown of a test marked `alone` with nothing beside it (see `_turn`)."""
+    folder = getattr(item.config, "workerinput", {}).get("alone_folder")
+    if folder is None:
+        return (yield)
+    with _turn(folder, item.get_closest_marker("alone") is not None):
+        return (yield)
 
 
 def _delete_matching(client, pattern: str) -> None:
