@@ -26,8 +26,8 @@ from tests.helpers import RedisServer
 
 @contextmanager
 def _turn(folder: str, alone: bool) -> Iterator[None]:
-    """Under pytest-xdist (./dev.sh test runs two workers), a test marked `alone` runs while the
-    other worker waits: a writer-preferring lock on two files of this run. Other tests share it;
+    """Under pytest-xdist (./dev.sh test runs three workers), a test marked `alone` runs while the
+    others wait: a writer-preferring lock on two files of this run. Other tests share it;
     an `alone` test first shuts the gate (no test starts beside it), then waits for the test
     running beside it to end. Unlocked explicitly: a forked child keeps the file open, not the lock."""
     with open(Path(folder) / "gate", "a") as gate, open(Path(folder) / "lock", "a") as lock:
