@@ -277,8 +277,11 @@ case "${1:-}" in
     say "the tests use the database $TEST_DATABASE_NAME"
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
     # One pass: there is one checkout path (batch size 1 with combining off is tested by the
-    # tests parametrized over SHOP["COMBINING"]).
-    exec "$VENV/bin/python" -m pytest
+    # tests parametrized over SHOP["COMBINING"]). Three pytest-xdist workers on two cores: most
+    # tests wait (on servers, subprocesses, leases), not compute. Each has its own test database
+    # (suffixed _gw0, _gw1, ...); a module's tests stay on one worker (its browser, servers and
+    # clusters shared); a test marked `alone` runs while the other workers wait.
+    exec "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-3}" --dist loadfile
     ;;
   setup)
     setup "${2:-run}"

@@ -157,7 +157,7 @@ def test_lock_table_waiters_outlive_the_deadlock_innodb_hands_them():
         probe = connection.cursor()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # both waiters' INSERTs are in flight...
-            probe.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE info LIKE %s",
+            probe.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE db = DATABASE() AND info LIKE %s",
                           ["INSERT INTO `loadtest_dblock`%"])
             if probe.fetchone()[0] >= 2:
                 break

@@ -153,6 +153,7 @@ def _take_renew_and_reply_late(name: str, ready, queue) -> None:
     queue.put("done")
 
 
+@pytest.mark.alone  # a 0.3 s lease kept by its watchdog
 def test_a_taken_request_waits_for_a_live_combiner_past_its_lease_without_queueing_again(name):
     ready, holder_q = FORK.Event(), FORK.Queue()
     holder = FORK.Process(target=_take_renew_and_reply_late, args=(name, ready, holder_q))

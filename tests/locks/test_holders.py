@@ -43,6 +43,7 @@ def test_two_threads_sharing_one_lock_object_exclude_each_other(name):
     lock.release()
 
 
+@pytest.mark.alone  # a 0.2 s lease must outlive a 0.05 s sleep
 def test_asyncio_tasks_cannot_release_each_others_lock(name):
     async def main() -> None:
         lock = Lock(name, ttl=0.2, wait=2.0)

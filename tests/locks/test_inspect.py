@@ -50,6 +50,7 @@ def test_held_locks_pages_through_scan(name, private_redis):
         lock.release()
 
 
+@pytest.mark.alone  # 10 ms holds timed
 def test_counters_and_percentiles(name):
     lock = Lock(name, ttl=10.0)
     for _ in range(5):

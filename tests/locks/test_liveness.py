@@ -118,6 +118,7 @@ def _crash_holding(name, ttl, holding):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.alone  # wake-ups timed to a few ms
 def test_the_head_waiter_gets_a_dead_holders_lock_within_milliseconds_of_its_lease(name, idle_redis):
     client = idle_redis.client()
     lates = []
@@ -139,6 +140,7 @@ def test_the_head_waiter_gets_a_dead_holders_lock_within_milliseconds_of_its_lea
 
 
 # --- 12. no oversleeping after a shorter lease follows a longer one -------------------------
+@pytest.mark.alone  # wake-ups timed to a few ms
 def test_a_waiter_does_not_oversleep_when_a_short_lease_holder_dies(name, idle_redis):
     holder = Lock(name, ttl=4.0)
     holder.acquire()
@@ -280,6 +282,7 @@ def test_wait_for_around_aacquire_times_out_cleanly(name, idle_redis):
     assert not client.exists(keys.lock)
 
 
+@pytest.mark.alone  # wake-ups timed to a few ms
 def test_the_safe_way_is_a_wait_argument(name, idle_redis):
     holder = Lock(name, ttl=30.0)
     holder.acquire()

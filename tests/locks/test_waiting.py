@@ -39,6 +39,7 @@ def _start_waiter(name, **kwargs):
     return proc, queue
 
 
+@pytest.mark.alone  # wake-ups timed to a few ms
 def test_a_waiter_in_another_process_acquires_within_milliseconds_of_release(name, redis_client):
     delays = []
     for i in range(8):
@@ -84,6 +85,7 @@ def test_a_crashed_holders_lock_frees_itself_at_its_ttl(name):
     assert waited < 1.5  # the lease (0.5 s) plus scheduling, not the 5 s wait
 
 
+@pytest.mark.alone  # wake-ups timed to a few ms
 @pytest.mark.parametrize("wait", [0.05, 0.3, 1.0])
 def test_wait_is_honoured_without_oversleeping(name, wait):
     with Lock(name, ttl=10.0):

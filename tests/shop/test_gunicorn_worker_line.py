@@ -24,7 +24,7 @@ from shop.models import ApiToken, Product
 from tests import helpers
 from tests.shop.test_gunicorn_worker_triage import _order_body, _post, exchange
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.alone]  # the queue delay is timed
 
 
 def _drop(stock: int) -> Product:

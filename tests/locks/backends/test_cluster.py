@@ -120,15 +120,22 @@ def test_two_holders_after_a_failover_never_both_write(settings, own_cluster, na
             time.sleep(0.005)
 
     thread = threading.Thread(target=hammer, daemon=True)
-    thread.start()
+
+    def kill_master() -> None:
+        # Started here, after the stale holder is forked: a fork while this thread is inside the
+        # cluster client can leave the child a lock held forever (it hung, the test failed after 60 s).
+        thread.start()
+        servers.kill_master_of(key)
+
     try:
         outcome = two_holders_after_a_failover(
             name, before_acquire=cut, lock_key_on_replica=lambda: _on_replicas(servers, key),
-            kill_master=lambda: servers.kill_master_of(key),
+            kill_master=kill_master,
         )
     finally:
         done.set()
-        thread.join(10)
+        if thread.ident is not None:
+            thread.join(10)
     assert set(errors) <= {"ok", "unavailable", "timeout"}, errors
     assert errors["ok"] > 0
     assert outcome.seconds < 15.0

@@ -140,6 +140,7 @@ def test_a_frozen_holder_loses_the_lock_with_its_session_and_learns_it_when_it_r
         holder.join(10)
 
 
+@pytest.mark.alone  # a Java server's restart within the session timeout
 def test_a_server_restart_keeps_the_hold_and_the_waiters(backend, zookeeper, name, settings):
     # A session timeout well above a restart (JVM start plus the client's reconnect, 1-2 s): a
     # holder disconnected for a whole session timeout must assume its session gone (see
