@@ -308,9 +308,7 @@ def _stalled(conn) -> bool:
     crowd the worker may accept a new connection before it reads requests that came earlier."""
     try:
         return not conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except (BlockingIOError, InterruptedError):
-        return True
-    except OSError:
+    except OSError:  # nothing waiting (BlockingIOError), or the connection is gone
         return True
 
 
