@@ -55,6 +55,9 @@ def _buy(user_id: int, product_id: int, quantities: list[int], code: str | None 
     return {"placed": placed, "refused": refused, "busy": busy}
 
 
+# 32 processes of 2-core CI beside the other xdist workers: once, a buyer's database connection
+# was lost mid-checkout (DatabaseUnavailable, mysql8 mode; the cause was not traced). It runs alone.
+@pytest.mark.alone
 def test_stampede_32_processes_sell_exactly_100_in_batches(make_product):
     p = make_product(stock=100)
     users = make_users(32)
