@@ -90,6 +90,15 @@ ROOM_SCAN = 8
 # The line's door takes at most this many orders' places at once (one read of their tokens).
 DOOR_BATCH = 256
 DOOR_KEPT_MAX = 100_000  # answers the door keeps for retries (by token), at most
+# gthread tells the arbiter it is alive (a utime of a file) and asks whether its parent is (a
+# getppid) on every turn of its main loop, about twice a request under a crowd: here at most this
+# often (the arbiter's timeout is seconds).
+HEARTBEAT = 0.1
+# The kernel hands a TCP connection to accept() only once its first bytes have come (Linux's
+# TCP_DEFER_ACCEPT, nginx's `deferred`), or after about this many seconds: a request is read at
+# accept, in one turn of the main loop, and a client that connects and sends nothing (a slow
+# client, a load generator short of CPU) costs the worker nothing meanwhile.
+DEFER_ACCEPT = 1
 # The lines' fronts older than this (the chores thread could not read them) answer no ticket.
 FRONTS_STALE = 2.0
 
@@ -377,6 +386,9 @@ class ShopWorker(ThreadWorker):
         self._session_cookie = b"sessionid"
         self._not_yet_counted = _uncounted
         self._door_counted = _uncounted_as
+        self._notify_at = self._parent_checked_at = -math.inf
+        self._listener_names: dict = {}
+        self._deferred = False  # the listeners hand over connections with their first bytes
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
@@ -448,7 +460,27 @@ class ShopWorker(ThreadWorker):
                 self.log.warning("the lines' fronts could not be read", exc_info=True)
             close_old_connections()
 
+    def init_process(self) -> None:
+        if self._reads_requests and DEFER_ACCEPT and hasattr(socket, "TCP_DEFER_ACCEPT"):
+            tcp = [s for s in self.sockets if s.FAMILY in (socket.AF_INET, socket.AF_INET6)]
+            with contextlib.suppress(OSError):
+                for listener in tcp:
+                    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, DEFER_ACCEPT)
+                self._deferred = len(tcp) == len(self.sockets)
+        super().init_process()
+
     # --- the main loop: reading requests ---------------------------------------------------
+    def notify(self) -> None:
+        if (now := time.monotonic()) - self._notify_at >= HEARTBEAT:
+            self._notify_at = now
+            super().notify()
+
+    def is_parent_alive(self) -> bool:
+        if (now := time.monotonic()) - self._parent_checked_at < HEARTBEAT:
+            return True
+        self._parent_checked_at = now
+        return super().is_parent_alive()
+
     def accept(self, listener) -> None:
         try:
             sock, client = listener.accept()
@@ -458,7 +490,9 @@ class ShopWorker(ThreadWorker):
             return
         self.nr_conns += 1
         self._make_room()
-        self.enqueue_req(_Conn(self.cfg, sock, client, listener.getsockname(), linger=self._linger))
+        if (name := self._listener_names.get(listener)) is None:  # a syscall a connection in gthread
+            name = self._listener_names[listener] = listener.getsockname()
+        self.enqueue_req(_Conn(self.cfg, sock, client, name, linger=self._linger))
 
     def _make_room(self) -> None:
         """At worker_connections gthread stops accepting. Before that, the oldest connection that
@@ -494,10 +528,10 @@ class ShopWorker(ThreadWorker):
         conn.whole_at = conn.scanned = 0
         conn.reading_since = time.monotonic()
         conn.read_until = conn.reading_since + self.head_timeout
-        if conn.parser is None:  # a new connection: its request has mostly not come yet (accept races it)
+        if conn.parser is None and not self._deferred:  # a new one: its request races accept
             self._wait_for_more(conn)
         else:
-            self._receive(conn)  # kept alive: readable, or with the next request read already
+            self._receive(conn)  # with its first bytes (DEFER_ACCEPT), or kept alive: readable or read already
 
     def _receive(self, conn, _sock=None) -> None:
         """Take what the client sent, without waiting; once the request is whole, triage it."""
