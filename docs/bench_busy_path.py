@@ -17,7 +17,8 @@ busy answer `queue_full`; with only the lines full a lined product's order goes 
 The tree before issue 35 (d85ccfe) has no lines: there the `-lined` cases are the plain ones.
 Figures: CPU (time.process_time) per request, the median of ROUNDS (each BATCHES x BATCH), with
 the request sent before the connection is taken ("ready") and after ("late"); either way a new
-connection goes through one poller round (d85ccfe and today; main at 6f6f46f read it at once).
+connection goes through one poller round (d85ccfe; main at 6f6f46f read it at once), except with
+--tcp in a tree that defers accept (DEFER_ACCEPT: the request is read at accept, as in a server).
 --tcp: real TCP connections from another process, accepted by the worker (its accept() and the
 kernel's TCP work counted too; the client reads its answers only after the clock stops).
 """
@@ -177,6 +178,9 @@ class TcpClient:
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == "ready"
         worker.nr_conns = 0
+        if getattr(module, "DEFER_ACCEPT", 0):  # as the worker's init_process sets it up
+            self.listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, module.DEFER_ACCEPT)
+            worker._deferred = True
         start = time.process_time()
         for _ in range(n):
             worker.accept(self.listener)  # d85ccfe: gthread's, then polled until readable (below)
