@@ -29,7 +29,10 @@ the documents name in backticks exists.
     classes a `ctx` parameter may be (VARIABLES);
   - anything else fails: a first part that names nothing of the project is a module that was
     renamed or removed (`batch.from_json`, once `protocol.from_json`).
-  The failure names the file, line and reference, and what did not resolve.
+  A backticked path whose first part is a top-level file or folder of the repository
+  (`shop/checkout/writer.py`, `locks/scripts/`, `tests/locks/test_wheel.py::test_x`) must exist
+  too; `application/json` and `ttl/3` are not paths of it. The failure names the file, line and
+  reference, and what did not resolve.
 
 No database or Redis: plain file reads, and imports of the project's modules.
 """
@@ -82,6 +85,8 @@ PACKAGES = ("shop", "locks", "loadtest")
 REFERENCE = re.compile(r"(?<!`)`([A-Za-z_]\w*(?:\.\w+)+)(?:\([^`]*\))?`(?!`)")
 # Last parts that make a dotted name a file name.
 FILE_SUFFIXES = {"py", "lua", "md", "sh", "html", "yml", "yaml", "toml", "txt", "json", "example", "png", "cfg"}
+# A whole code span that is a relative path, perhaps with a test after it: `shop/x.py`, `tests/a.py::t`.
+PATH = re.compile(r"(?<!`)`((?:[\w.-]+/)+[\w.-]*)(?:::\w+)?`(?!`)")
 # A system check id: `shop.W003`.
 CHECK_ID = re.compile(r"^(\w+)\.[CEWID]\d{3}$")
 # Dotted names in the documents that are not the project's Python: SQL tables' columns, another
@@ -320,8 +325,12 @@ def resolve(root: Path, reference: str) -> str | None:
 def unresolved_references(rel: str, text: str, root: Path) -> list[str]:
     """The backticked dotted references of one document that do not resolve, as `rel:line: what`."""
     text = _without_fences(text)
-    return [f"{rel}:{_line(text, match.start())}: `{match.group(1)}` does not resolve: {why}"
-            for match in REFERENCE.finditer(text) if (why := resolve(root, match.group(1))) is not None]
+    problems = [(match.start(), f"`{match.group(1)}` does not resolve: {why}")
+                for match in REFERENCE.finditer(text) if (why := resolve(root, match.group(1))) is not None]
+    problems += [(match.start(), f"`{match.group(1)}`: no such file or folder")
+                 for match in PATH.finditer(text)
+                 if (root / match.group(1).split("/")[0]).exists() and not (root / match.group(1)).exists()]
+    return [f"{rel}:{_line(text, start)}: {what}" for start, what in sorted(problems)]
 
 
 def reference_resolution_problems(root: Path, documents: tuple[str, ...] = DOCUMENTS) -> list[str]:
@@ -425,6 +434,9 @@ def test_the_reference_check_finds_what_it_is_for():
     assert resolve(ROOT, "time.monotonic") is None and resolve(ROOT, "details.status") is None
     assert resolve(ROOT, "writer.py") is None
     assert resolve(ROOT, "batch.py") == "no file named 'batch.py' in the repository"
-    text = "# A page\n\n```python\nbatch.Alone  # code, not a reference\n```\nSee `batch.Alone(x)`, `writer.write`.\n"
-    found = unresolved_references("docs/page.md", text, ROOT)
-    assert found == [f"docs/page.md:6: `batch.Alone` does not resolve: {stale}"]
+    text = ("# A page\n\n```python\nbatch.Alone  # code, not a reference\n```\nSee `batch.Alone(x)`, `writer.write`,\n"
+            "`shop/batch.py`, `shop/models.py`, `locks/scripts/` and `application/json`.\n")
+    assert unresolved_references("docs/page.md", text, ROOT) == [
+        f"docs/page.md:6: `batch.Alone` does not resolve: {stale}",
+        "docs/page.md:7: `shop/batch.py`: no such file or folder",
+    ]
