@@ -1,6 +1,6 @@
 """The one table of environment variables (shop/settings/environment.py), the settings that read
-it, and the README's configuration table, which must name the same variables with the same
-defaults."""
+it, and docs/configuration.md's table of them (the README's until it became a front door), which
+must name the same variables with the same defaults."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from shop.settings.environment import TABLE, value
 from tests.shop.test_settings import ROOT, start
 
 SETTINGS_DIR = ROOT / "shop" / "settings"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 
 
-def readme_rows() -> list[tuple[list[str], str, bool]]:
-    """(names, default cell, is a note) of each row of the README's configuration table. A note row
+def documented_rows() -> list[tuple[list[str], str, bool]]:
+    """(names, default cell, is a note) of each row of docs/configuration.md's table. A note row
     says more about variables of other rows ("`REDIS_URL`, `LOCKS_REDIS_URL` forms")."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    text = CONFIGURATION.read_text()
+    section = text.split("\n## Environment variables\n", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         if not line.startswith("| `"):
@@ -30,29 +31,29 @@ def readme_rows() -> list[tuple[list[str], str, bool]]:
     return rows
 
 
-def test_the_readme_table_names_exactly_the_variables_of_the_table():
-    in_readme = {name for names, _, _ in readme_rows() for name in names}
-    assert len(in_readme) > 50  # the table was found
-    assert not set(TABLE) - in_readme, f"add to the README's configuration table: {sorted(set(TABLE) - in_readme)}"
-    assert not in_readme - set(TABLE), (f"the README names variables that shop/settings/environment.py lacks: "
-                                        f"{sorted(in_readme - set(TABLE))}")
+def test_the_documented_table_names_exactly_the_variables_of_the_table():
+    documented = {name for names, _, _ in documented_rows() for name in names}
+    assert len(documented) > 50  # the table was found
+    assert not set(TABLE) - documented, f"add to docs/configuration.md's table: {sorted(set(TABLE) - documented)}"
+    assert not documented - set(TABLE), (f"docs/configuration.md names variables that shop/settings/environment.py "
+                                         f"lacks: {sorted(documented - set(TABLE))}")
 
 
-def test_the_readme_shows_each_default_as_the_table_does():
+def test_the_documented_table_shows_each_default_as_the_table_does():
     seen: list[str] = []
-    for names, default, note in readme_rows():
+    for names, default, note in documented_rows():
         if note:
             continue
         seen += names
         shown = [TABLE[name].shown_default for name in names]
         # One default per name ("`10`, `3`"), or one for all of them ("`false`").
         assert default in {", ".join(shown)} | ({shown[0]} if len(set(shown)) == 1 else set()), (
-            f"README row {', '.join(names)}: default {default!r}, the table's {', '.join(shown)!r}")
-    assert sorted(seen) == sorted(set(seen)), "a variable has two rows in the README"
+            f"docs/configuration.md row {', '.join(names)}: default {default!r}, the table's {', '.join(shown)!r}")
+    assert sorted(seen) == sorted(set(seen)), "a variable has two rows in docs/configuration.md"
 
 
-def test_the_readme_lists_every_lock_backend_of_the_registry():
-    (row,) = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `LOCKS_BACKEND`")]
+def test_the_documented_table_lists_every_lock_backend_of_the_registry():
+    (row,) = [line for line in CONFIGURATION.read_text().splitlines() if line.startswith("| `LOCKS_BACKEND`")]
     for name in BACKENDS:
         assert f"`{name}`" in row
 

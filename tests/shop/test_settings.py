@@ -165,7 +165,7 @@ def test_compose_runs_the_tested_database_and_mysql8_is_an_override():
     mysql8_volume = mysql8["services"]["mysql"]["volumes"][0]
     assert base_volume.split(":")[1] == mysql8_volume.split(":")[1] == "/var/lib/mysql"  # one replaces the other
     assert base_volume.split(":")[0] != mysql8_volume.split(":")[0]
-    assert "docker-compose.mysql8.yml" in (ROOT / "README.md").read_text()
+    assert "docker-compose.mysql8.yml" in (ROOT / "docs" / "configuration.md").read_text()
 
 
 def _run_image_start(tmp_path: Path, **env: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""The set-up a newcomer follows: after `./dev.sh run`, the README's manage.py commands work from
-any other shell (the development env file dev.sh writes), and dev.sh checks its port first."""
+"""The set-up a newcomer follows: after `./dev.sh run`, the manage.py commands of the README and
+docs/ work from any other shell (the development env file dev.sh writes), and dev.sh checks its
+port first."""
 
 from __future__ import annotations
 
@@ -76,28 +77,33 @@ def test_manage_py_help_lists_the_project_commands_from_a_fresh_shell(tmp_path):
         assert command in listed, result.stdout
 
 
-def readme_commands() -> list[list[str]]:
-    """Every `manage.py ...` line in the README's shell blocks, as the arguments after manage.py."""
-    text = (ROOT / "README.md").read_text()
+# The documents whose shell blocks a reader copies: the README and every page of docs/.
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def documented_commands() -> list[list[str]]:
+    """Every `manage.py ...` line in the shell blocks of the README and docs/, as the arguments
+    after manage.py; an optional argument written `[--profile]` is parsed as given."""
+    text = "\n".join(path.read_text() for path in DOCUMENTS)
     commands = []
     for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
         for line in block.replace("\\\n", " ").splitlines():
             for match in re.finditer(r"manage\.py\s+([^)#\n]*)", line):
-                commands.append(shlex.split(match.group(1)))
+                commands.append([re.sub(r"^\[(-.*)\]$", r"\1", arg) for arg in shlex.split(match.group(1))])
     return commands
 
 
-def test_the_readme_shows_manage_py_commands():
-    names = {args[0] for args in readme_commands()}
+def test_the_documents_show_manage_py_commands():
+    names = {args[0] for args in documented_commands()}
     assert {"apitoken", "locks", "loadtest", "coupon_storm", "backendbench"} <= names, names
 
 
-@pytest.mark.parametrize("args", readme_commands(), ids=shlex.join)
-def test_every_manage_py_command_in_the_readme_parses(args):
-    """The README's commands exist and take the arguments shown (the parser of each command)."""
+@pytest.mark.parametrize("args", documented_commands(), ids=shlex.join)
+def test_every_manage_py_command_in_the_documents_parses(args):
+    """The documents' commands exist and take the arguments shown (the parser of each command)."""
     name, *rest = args
     app = get_commands().get(name)
-    assert app is not None, f"the README shows `manage.py {name}`, which does not exist"
+    assert app is not None, f"the README or docs/ show `manage.py {name}`, which does not exist"
     parser = load_command_class(app, name).create_parser("manage.py", name)
     parser.parse_args(rest)  # CommandError on an unknown or malformed argument
 
