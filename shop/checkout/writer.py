@@ -38,9 +38,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 import locks
-from shop import clock, errors, hooks, metrics, rules
+from shop import clock, errors, hooks, metrics, money
 from shop import line as lines_of_drops
-from shop.checkout import purchase_limits
+from shop.checkout import allocation, purchase_limits
 from shop.checkout.protocol import AGAIN, Placed, Refused, Request, Result
 from shop.conf import shop_settings
 from shop.lock_names import product_lock
@@ -56,7 +56,6 @@ from shop.plumbing.transactions import (
     lost_connection,
 )
 from shop.receipts import ReceiptLine as Line
-from shop.rules import coupon_error, pay_by_from
 
 log = logging.getLogger("shop")
 
@@ -273,14 +272,14 @@ def _take_stock(totals: dict[int, int], holds: Holds) -> None:
 def _refuse_unsold(live: list[Request], results: dict[str, Result], rows: dict[int, dict],
                    at: datetime) -> list[Request]:
     """Requests with a line not on sale at `at`: missing or hidden (to non-staff both read as
-    unknown: errors.as_seen_by), or outside its drop window (rules.not_on_sale says which)."""
+    unknown: errors.as_seen_by), or outside its drop window (allocation.not_on_sale says which)."""
     out = []
     for r in live:
         unsold = [pid for pid, _ in r.lines if pid not in rows or not Product.row_on_sale(rows[pid], at)]
         if not unsold:
             out.append(r)
             continue
-        results[r.id] = Refused.of(rules.not_on_sale(unsold, rows, at))
+        results[r.id] = Refused.of(allocation.not_on_sale(unsold, rows, at))
     return out
 
 
@@ -298,13 +297,13 @@ def _allocate(live: list[Request], results: dict[str, Result], rows: dict[int, d
     placed = []
     for r in live:
         if max_unpaid is not None and unpaid.get(r.user_id, 0) >= max_unpaid:
-            results[r.id] = Refused.of(purchase_limits.too_many_unpaid(limit=max_unpaid, unpaid=unpaid[r.user_id]))
+            results[r.id] = Refused.of(errors.UnpaidOrdersLimit.of(limit=max_unpaid, unpaid=unpaid[r.user_id]))
             continue
         over = next(((pid, qty) for pid, qty in r.lines if pid in capped
                      and have[pid].get(r.user_id, 0) + qty > rows[pid]["max_per_user"]), None)
         if over is not None:
             pid, qty = over
-            results[r.id] = Refused.of(purchase_limits.exceeded(product_id=pid, name=rows[pid]["name"],
+            results[r.id] = Refused.of(errors.PurchaseLimitExceeded.of(product_id=pid, name=rows[pid]["name"],
                                                                 limit=rows[pid]["max_per_user"],
                                                                 bought=have[pid].get(r.user_id, 0), requested=qty))
             continue
@@ -312,8 +311,7 @@ def _allocate(live: list[Request], results: dict[str, Result], rows: dict[int, d
                  if qty > left[pid]]
         if short:
             names = {line["product_id"]: rows[line["product_id"]]["name"] for line in short}
-            results[r.id] = Refused.of(errors.OutOfStock(rules.out_of_stock_message(short, names),
-                                                         details={"lines": short}))
+            results[r.id] = Refused.of(errors.OutOfStock.of(short, names))
             continue
         placed.append(r)
         for pid, qty in r.lines:
@@ -332,7 +330,7 @@ def _write_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict[
     foreign key, each request is written in a savepoint of its own, so a request whose rows
     cannot be written is refused alone and the rest of the batch still commits (I9).
     """
-    pay_by = pay_by_from(at)  # the batch commits together: one deadline for all of it
+    pay_by = Order.pay_by_from(at)  # the batch commits together: one deadline for all of it
     if not isolate:
         return _insert_orders(placed, rows=rows, claims=claims, holds=holds, pay_by=pay_by, now=at)
     written = []
@@ -355,7 +353,7 @@ def _insert_orders(placed: list[Request], *, rows: dict[int, dict], claims: dict
     for r in placed:
         subtotal = sum((rows[pid]["price"] * qty for pid, qty in r.lines), Decimal("0.00"))
         claim = claims.get(r.id)
-        off = rules.discount(subtotal, claim.coupon.discount if claim is not None else None)
+        off = money.discount(subtotal, claim.coupon.discount if claim is not None else None)
         lines = tuple(Line(product_id=pid, sku=rows[pid]["sku"], name=rows[pid]["name"], quantity=qty,
                            unit_price=rows[pid]["price"]) for pid, qty in r.lines)
         out.append(Placed(order_id=0, subtotal=subtotal, discount=off, total=subtotal - off,
@@ -528,7 +526,7 @@ def _coupon_claims(live: list[Request], results: dict[str, Result]) -> dict[str,
     coupons = {c.code: c for c in Coupon.objects.filter(code__in={r.code for r in wanted})}
     usable = []
     for r in wanted:
-        if (error := coupon_error(coupons.get(r.code), r.code)) is not None:
+        if (error := Coupon.refusal(coupons.get(r.code), r.code)) is not None:
             results[r.id] = Refused.of(error)
         else:
             usable.append(r)

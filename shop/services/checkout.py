@@ -24,8 +24,8 @@ from redis.exceptions import RedisError
 
 import locks
 from locks.combining import Guarded
-from shop import account_age, admission, clock, deadlines, errors, line, metrics, redis_keys, rules, selectors
-from shop.checkout import combining, protocol, writer
+from shop import account_age, admission, clock, deadlines, errors, line, metrics, redis_keys, selectors
+from shop.checkout import allocation, combining, protocol, writer
 from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
 from shop.lock_names import product_lock
@@ -188,7 +188,7 @@ def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[
                 # its lines cannot be sold, in its order of reasons.
                 row, now = {"active": True, "opens_at": config.opens_at, "closes_at": config.closes_at}, clock.now()
                 if len(lines) == 1 and drop_state(config.opens_at, config.closes_at, now) == UPCOMING:
-                    raise rules.not_on_sale([pid], {pid: row}, now)
+                    raise allocation.not_on_sale([pid], {pid: row}, now)
             elif position.state in (line.WAITING, line.PRE_QUEUED):
                 raise errors.InLine(details=position.details())
             elif (replayed := fast_path()) is not None:  # sold out, cut or busy: but a replay first
@@ -264,7 +264,7 @@ def _fast_path(fast: soldout.FastPath, *, user, key: str | None, digest: str,
     if fast.marked:
         metrics.soldout_rejected()
         short = [{"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in fast.marked]
-        raise errors.OutOfStock(rules.out_of_stock_message(short), details={"lines": short})
+        raise errors.OutOfStock.of(short)
     return None
 
 
