@@ -465,7 +465,7 @@ class DatabaseUnavailable(ShopError):
     code = "database_unavailable"
     status = 503
     retry_after = 2
-    default_message = ("We lost our connection to the database while placing your order. Place it again: "
+    default_message = ("We lost our connection to the database while placing your order. Place order again: "
                        "if the order went through you'll get it, never twice.")
 
 
