@@ -19,7 +19,6 @@ refused by the fence, its lease check, or the request ids' unique key.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -35,7 +34,7 @@ from shop.conf import shop_settings
 from shop.lock_names import lane_lock, product_lock
 from shop.models import CheckoutRequest
 from shop.plumbing import stale_transactions
-from shop.plumbing.locking import lock_error, release_all_safely, release_safely, shop_lock
+from shop.plumbing.locking import lock_error, release_all_safely, shop_lock
 from shop.plumbing.transactions import RETRYABLE_MYSQL, backoff, drop_connection, durable_transaction, lost_connection
 
 log = logging.getLogger("shop")
@@ -187,8 +186,11 @@ def _end_turn(turn: combining.Turn, replies: dict[str, str], *, also: list[locks
             # They wait on; when our hold ends without their reply they queue again, and the next
             # combiner finds their request ids committed (or not) and answers them.
             log.warning("combining: replies to %d buyers failed (Redis); they will be answered again", len(replies))
-        release_safely(turn.hold)
-        with contextlib.suppress(locks.LockNotOwned):
-            turn.release()  # the hold is already released: this counts the batch (lock stats, metrics)
+        try:
+            if not turn.finish():  # released once, the batch counted (lock stats, metrics)
+                log.warning("lock %s expired before release (fence %s); the fence kept the write safe",
+                            turn.hold.name, turn.hold.fence)
+        except locks.LockUnavailable:
+            log.warning("lock %s: Redis unreachable at release; it expires with its lease", turn.hold.name)
     finally:
         stale_transactions.forget([turn.hold, *also])
