@@ -8,11 +8,17 @@ from decimal import Decimal
 
 import pytest
 
-from shop import errors
+from shop import clock, errors
 from shop.checkout import allocation
 from shop.checkout.protocol import Refused, Request
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def fixed_clock(monkeypatch):
+    """NotOpenYet's Retry-After reads the shop's clock (the database's): here, NOW."""
+    monkeypatch.setattr(clock, "now", lambda: NOW)
 
 
 def row(pid: int, *, stock: int = 10, cap: int | None = None, active: bool = True, opens_at: datetime | None = None,
