@@ -1,21 +1,7 @@
-"""Combining: the buyers of one product queue on its lock; whoever holds it commits the queue.
-
-    place_order (checkout.py) -> queue(request):
-      submit the request on the product's lock (locks/combining.py)
-        Served -> the combiner's reply: our result (protocol.from_json)
-        our Turn -> batch = [ours] + the requests queued behind us (up to COMBINE_BATCH),
-          written by the one checkout writer (shop/checkout/writer.py) in one transaction;
-          reply to every request taken, release: the lock goes by hand-off to the next in line,
-          who serves the next batch
-      a buyer whose wait runs out (or who cannot tell what happened) *settles* its request id:
-        INSERT CheckoutRequest(request_id, order=NULL) succeeds -> nothing was committed and
-        nothing can be any more (a late combiner fails on the unique key): lock_timeout;
-        it collides -> the order was committed: the buyer gets it.
-
-Every outcome is determinable: a combiner that crashes mid-batch commits nothing (its waiters
-queue again when its lease ends and the next combiner serves them); one paused past its lease is
-refused by the fence, its lease check, or the request ids' unique key.
-"""
+"""Combining: the buyers of one product queue on its lock; whoever holds it commits the queue in
+one batch, and a buyer whose wait runs out settles its request id, so every outcome is
+determinable. How, step by step, and why: docs/design.md, "The path of one checkout"
+(combining, lanes, replies and release)."""
 
 from __future__ import annotations
 
@@ -35,7 +21,8 @@ from shop.lock_names import lane_lock, product_lock
 from shop.models import CheckoutRequest
 from shop.plumbing import stale_transactions
 from shop.plumbing.locking import lock_error, release_all_safely, shop_lock
-from shop.plumbing.transactions import RETRYABLE_MYSQL, backoff, drop_connection, durable_transaction, lost_connection
+from shop.plumbing.retries import DEADLOCKS
+from shop.plumbing.transactions import drop_connection, durable_transaction, lost_connection
 
 log = logging.getLogger("shop")
 
@@ -86,8 +73,8 @@ def _settled(mine: Request) -> Placed | None:
     again. A lost connection, or a combiner's transaction that still holds our id after the
     retries, leaves the outcome unknown: `database_unavailable` says so (a retry with the
     request's Idempotency-Key settles it), never "not written" for an order it may commit."""
-    retries = int(shop_settings.RETRIES)
-    for n in range(retries + 1):
+    tries = DEADLOCKS.budget()
+    while True:
         try:
             try:
                 with durable_transaction():
@@ -102,12 +89,10 @@ def _settled(mine: Request) -> Placed | None:
             lost = lost_connection(exc)
             if lost:
                 drop_connection()
-            elif not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
+            elif not DEADLOCKS.retryable(exc):
                 raise
-            if lost or n == retries:
+            if lost or not tries.spend():
                 raise errors.DatabaseUnavailable(details={"outcome": "unknown"}) from exc
-            backoff(n)
-    raise AssertionError("unreachable")
 
 
 def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:

@@ -19,12 +19,12 @@ from shop import clock, errors, hooks, metrics, money
 from shop import line as lines_of_drops
 from shop.checkout import allocation, purchase_limits, replays, sql
 from shop.checkout.protocol import AGAIN, Placed, Refused, Request, Result
-from shop.conf import shop_settings
 from shop.lock_names import product_lock
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.plumbing import fence_refusals, idempotency, soldout, stale_transactions
+from shop.plumbing import idempotency, soldout
 from shop.plumbing.locking import StaleFence, check_before_commit
-from shop.plumbing.transactions import ER_LOCK_WAIT_TIMEOUT, RETRYABLE_MYSQL, backoff, durable_transaction
+from shop.plumbing.retries import DEADLOCKS, noticed, reason
+from shop.plumbing.transactions import durable_transaction
 from shop.receipts import ReceiptLine as Line
 
 log = logging.getLogger("shop")
@@ -42,7 +42,8 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
     """Commit `requests` (FIFO) for the products of `holds`, whose locks the caller holds.
 
     One result per request id. Deadlocks and lock-wait timeouts are retried here (under the same
-    locks); a stale fence or a lost lock answers every request not yet answered `AGAIN`.
+    locks, `retries.DEADLOCKS`); a stale fence or a lost lock answers every request not yet
+    answered `AGAIN`.
 
     A batch written again because of one request's own trouble (its deadline passed, its rows hit
     a unique key) uses none of the retries: one request costs only itself (I9). Each such pass
@@ -51,33 +52,29 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
     results: dict[str, Result] = {}
     pending = list(requests)
     isolate = False
-    retries = int(shop_settings.RETRIES)
-    n = 0  # retries used
-    while n <= retries:
+    tries = DEADLOCKS.budget()
+    while tries.left:
         try:
             done, left = _commit(pending, holds=holds, isolate=isolate)
         except IntegrityError:
             # A request's rows hit a unique or foreign key (its key placed an order meanwhile, its
             # buyer gave up, its account is gone): write again, each request on its own (I9).
             if isolate:  # isolated, no request's rows fail the batch: this one is the batch's own
-                n += 1
+                tries.spend(pause=False)
             isolate = True
             continue
         except OperationalError as exc:
-            if not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
+            if not DEADLOCKS.retryable(exc):
                 raise
-            if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
-                stale_transactions.lock_wait_timed_out()  # a holder paused past its lease may keep the row
-            log.info("checkout: retry %d after mysql %s", n + 1, exc.args[0])
-            backoff(n)
-            n += 1
+            noticed(exc, what="place_order")  # a holder paused past its lease may keep the row
+            log.info("checkout: retry %d after %s", tries.used + 1, reason(exc))
+            tries.spend()
             continue
         except (StaleFence, locks.LockLost) as exc:
-            if isinstance(exc, StaleFence):
-                fence_refusals.refused(exc.lock, operation="place_order")
+            noticed(exc, what="place_order")
             return {**results, **{r.id: AGAIN for r in pending}}
         except _Closed:
-            n += 1
+            tries.spend(pause=False)
             continue  # written again: now past its close, that product's requests are refused
         except _Late as exc:
             # Their deadline passed while the batch was written: nothing of it committed; the
@@ -98,7 +95,7 @@ def write(requests: list[Request], *, holds: Holds) -> dict[str, Result]:
                 soldout.mark_under(pid, holds.get(pid))
         lines_of_drops.stock_left(left)  # a drop's line lets through no more buyers than units are left
         return {**results, **done}
-    conflict = Refused.of(errors.Conflict(details={"retries": retries}))
+    conflict = Refused.of(errors.Conflict(details={"retries": tries.retries}))
     return {**results, **{r.id: conflict for r in pending}}
 
 
