@@ -16,6 +16,8 @@ request, and a batch is exactly what queued while the previous one was being ser
         ...do our own request and the batch's, e.g. in one transaction...
         turn.reply({r.token: encode(result) for r, result in ...})
 
+(or, where a lost lock is not an error, end the turn with `turn.finish()`, once.)
+
 This is the public API of an optional backend capability (locks/backends/base.py: a backend
 with `supports_combining` implements `submit`, `take` and `reply`). The Redis backend has it:
 no polling and no lost wake-ups, a waiter BLPOPs its own list, where either the lock (a
@@ -75,13 +77,29 @@ class Turn:
     def release(self) -> None:
         """Release, and count this turn as one batch of 1 + len(taken) requests in the family's
         stats (even if the release finds the lock lost: the batch was formed and worked on).
-        Counted once, however often release is called."""
+        Counted once, however often release is called. LockNotOwned if the lock was lost."""
         try:
             self.hold.release()
         finally:
-            if not self._recorded:
-                self._recorded = True
-                recorder().batch(self.lock, 1 + len(self.taken))
+            self._count()
+
+    def finish(self) -> bool:
+        """End the turn: release once and count its batch (as `release`). True if the lock was
+        still ours; False if it was lost (the lease ended, another holder, or the turn was ended
+        already): nothing to undo there, since the caller's writes were fenced. LockUnavailable
+        if Redis cannot be reached (the hold then ends with its lease)."""
+        try:
+            self.hold.release()
+        except LockNotOwned:
+            return False
+        finally:
+            self._count()
+        return True
+
+    def _count(self) -> None:
+        if not self._recorded:
+            self._recorded = True
+            recorder().batch(self.lock, 1 + len(self.taken))
 
     def __enter__(self) -> Turn:
         return self

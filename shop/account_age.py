@@ -30,8 +30,8 @@ from django_redis import get_redis_connection
 
 from shop import errors, metrics, redis_keys, selectors
 from shop.conf import shop_settings
+from shop.formats import shop_time
 from shop.models import Product
-from shop.rules import shop_time
 
 log = logging.getLogger("shop")
 

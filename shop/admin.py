@@ -39,11 +39,14 @@ from django.views.decorators.http import require_http_methods
 
 from locks import inspect
 from locks.exceptions import LockUnavailable
-from shop import account_age, clock, errors, rules
+from shop import account_age, clock, errors
 from shop.conf import shop_settings
 from shop.exports import line_csv, order_csv
 from shop.line.board import board
 from shop.models import (
+    ENDED,
+    OPEN,
+    UPCOMING,
     ApiToken,
     Coupon,
     CouponClaim,
@@ -130,16 +133,16 @@ class RestockForm(forms.Form):
 def _reason_choices() -> list[tuple[str, str]]:
     """Each reason with the way it goes: "Damaged: removes"."""
     way = {1: "adds", -1: "removes", 0: "adds or removes"}
-    return [(r, f"{StockLedger.Reason(r).label}: {way[rules.ADJUSTMENT_REASONS[r]]}")
-            for r in rules.adjustment_reasons()]
+    return [(r, f"{StockLedger.Reason(r).label}: {way[inventory.ADJUSTMENT_REASONS[r]]}")
+            for r in inventory.adjustment_reasons()]
 
 
 class AdjustStockForm(forms.Form):
-    """The fields of an adjustment; `shop.rules.check_adjustment` (through the service) is the rule."""
+    """The fields of an adjustment; `inventory.check_adjustment` (through the service) is the rule."""
 
     delta = forms.IntegerField(label="Units", help_text="Positive adds units, negative removes them (e.g. -2).")
     reason = forms.ChoiceField(choices=_reason_choices)
-    note = forms.CharField(required=False, max_length=rules.MAX_NOTE_LENGTH,
+    note = forms.CharField(required=False, max_length=inventory.MAX_NOTE_LENGTH,
                            help_text="For the ledger, e.g. “box crushed in transit”.")
 
 
@@ -246,14 +249,13 @@ class DropFilter(admin.SimpleListFilter):
                 ("none", "No window")]
 
     def queryset(self, request, queryset):
-        now = clock.now()  # the database's clock, which decides the window
-        windowed = queryset.exclude(opens_at__isnull=True, closes_at__isnull=True)
-        return {
-            "upcoming": lambda: queryset.filter(opens_at__gt=now),
-            "ended": lambda: queryset.filter(closes_at__lte=now).exclude(opens_at__gt=now),
-            "open": lambda: windowed.exclude(opens_at__gt=now).exclude(closes_at__lte=now),
-            "none": lambda: queryset.filter(opens_at__isnull=True, closes_at__isnull=True),
-        }.get(self.value(), lambda: queryset)()
+        if self.value() in (UPCOMING, ENDED):
+            return queryset.in_drop_state(self.value())
+        if self.value() == OPEN:
+            return queryset.windowed().in_drop_state(OPEN)
+        if self.value() == "none":
+            return queryset.filter(opens_at__isnull=True, closes_at__isnull=True)
+        return queryset
 
 
 @admin.register(Product)
@@ -417,7 +419,7 @@ class ProductAdmin(GuardedSaveMixin, admin.ModelAdmin):
             token = request.POST.get("confirmation", "")
             try:
                 if "confirm" not in request.POST or not CONFIRMATION.fullmatch(token):
-                    rules.check_adjustment(delta=delta, reason=reason, note=note)  # refused before asking
+                    inventory.check_adjustment(delta=delta, reason=reason, note=note)  # refused before asking
                     confirm = True
                 else:
                     done = inventory.adjust_stock(product=product, delta=delta, reason=reason, note=note,
@@ -609,7 +611,7 @@ class OrderAdmin(admin.ModelAdmin):
 
     def action_url(self, order: Order) -> tuple[str, str] | None:
         """(url, label) of what the order's status allows (cancel or refund), or None."""
-        action = rules.operator_action(order.status)
+        action = order.operator_action
         if action is None:
             return None
         return reverse(f"admin:shop_order_{action}", args=[order.pk]), action.capitalize()

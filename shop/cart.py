@@ -13,7 +13,7 @@ from decimal import Decimal
 
 from django.contrib.sessions.backends.base import SessionBase
 
-from shop import errors, rules
+from shop import errors, money
 from shop.conf import shop_settings
 from shop.models import ENDED, UPCOMING, Product
 
@@ -81,11 +81,8 @@ def cap_left(product: Product, held: int) -> int | None:
 
 
 def cap_problem(product: Product, *, held: int, in_cart: int = 0) -> str:
-    """The per-buyer cap in the shopper's words, with what they already hold."""
-    have = [f"{held} in your orders"] if held else []
-    have += [f"{in_cart} in your cart"] if in_cart else []
-    already = f"; you already have {' and '.join(have)}" if have else ""
-    return f"Limit {product.max_per_user} per customer{already}."
+    """The per-buyer cap in the checkout's words, with what the buyer already has."""
+    return errors.PurchaseLimitExceeded.wording(limit=product.max_per_user, bought=held, in_cart=in_cart)
 
 
 def unsold_problem(product: Product) -> str:
@@ -95,9 +92,9 @@ def unsold_problem(product: Product) -> str:
         return errors.InactiveProduct.default_message
     state = product.drop_state
     if state == UPCOMING:
-        return rules.opens_message(product.opens_at)
+        return errors.NotOpenYet.wording(product.opens_at)
     if state == ENDED:
-        return rules.CALLED_OFF if product.called_off else errors.SaleEnded.default_message
+        return errors.SaleEnded.wording(called_off=product.called_off)
     return ""
 
 
@@ -108,7 +105,7 @@ def add_problem(session: SessionBase, product: Product, quantity: int, *, held: 
         return problem
     have = quantity_of(session, product.pk)
     if product.stock == 0:
-        return "Sold out."
+        return errors.OutOfStock.default_message
     left = cap_left(product, held)
     if left is not None and have + quantity > left:
         return cap_problem(product, held=held, in_cart=have)
@@ -137,7 +134,7 @@ def review(session: SessionBase, products: dict[int, Product], *, held: dict[int
         left = None if product is None else cap_left(product, held.get(pid, 0))
         row = Line(product_id=pid, quantity=qty, product=product, cap_left=left)
         if product is None:
-            row.problem, row.fix_quantity = "This product no longer exists.", 0
+            row.problem, row.fix_quantity = errors.UnknownProduct.default_message, 0
         elif problem := unsold_problem(product):
             row.problem, row.fix_quantity = f"{product.name}: {problem}", 0
         elif product.stock == 0:
@@ -153,8 +150,8 @@ def review(session: SessionBase, products: dict[int, Product], *, held: dict[int
 
 def _short(product: Product) -> str:
     """A line short of stock, worded as the checkout's refusal words it."""
-    return rules.out_of_stock_message([{"product_id": product.pk, "available": product.stock}],
-                                      {product.pk: product.name})
+    return errors.OutOfStock.wording([{"product_id": product.pk, "available": product.stock}],
+                                     {product.pk: product.name})
 
 
 def reducible(rows: list[Line]) -> bool:
@@ -166,9 +163,9 @@ def subtotal(rows: list[Line]) -> Decimal:
     return sum((r.total for r in rows), Decimal("0"))
 
 
-def with_coupon(amount: Decimal, discount: Decimal | None) -> tuple[Decimal, Decimal]:
+def with_coupon(amount: Decimal, coupon_discount: Decimal | None) -> tuple[Decimal, Decimal]:
     """(discount, total) as checkout computes them: the discount never exceeds the subtotal."""
-    off = rules.discount(amount, discount)
+    off = money.discount(amount, coupon_discount)
     return off, amount - off
 
 

@@ -1,7 +1,10 @@
 """The one error hierarchy of the shop. Every failure a caller can see is a `ShopError`.
 
 Each class carries a stable `code` (part of the public API: clients switch on it), the HTTP
-status the views map it to, and a `details` dict safe to show to the client.
+status the views map it to, a `details` dict safe to show to the client, and the one wording of
+its refusal: `message` (its `default_message`, or what its constructor `of` words from the
+details), which the web pages, the API, the cart and the writer all show (`words` adds the
+products' names where a page knows them).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from django.db import DatabaseError
 from django.db.transaction import TransactionManagementError
 
 from shop import clock
+from shop.formats import shop_time
 
 # Every error class by its code, filled as the classes are defined (`ShopError.__init_subclass__`):
 # a combined buyer's reply names its error by code, and a new error is found without a list kept
@@ -38,6 +42,11 @@ class ShopError(Exception):
         self.message = message or self.default_message
         self.details = details or {}
         super().__init__(self.message)
+
+    def words(self, names: dict[int, str] | None = None) -> str:
+        """What a shopper reads: the message (a page that knows the products' `names`, by id,
+        may have them named)."""
+        return self.message
 
     def as_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "details": self.details}
@@ -76,7 +85,7 @@ class InvalidQuantity(InvalidInput):
 class UnknownProduct(ShopError):
     code = "unknown_product"
     status = 404
-    default_message = "No such product."
+    default_message = "This product no longer exists."
 
 
 class InactiveProduct(ShopError):
@@ -101,6 +110,18 @@ class NotOpenYet(ShopError):
         super().__init__(message, details=details)
         self.retry_after = _seconds_until(self.details.get("opens_at"))
 
+    @staticmethod
+    def wording(opens_at: datetime) -> str:
+        """What a shopper is told of a drop not open yet (the cart's flag and the checkout's refusal)."""
+        return f"Not on sale yet: opens {shop_time(opens_at)}."
+
+    @classmethod
+    def of(cls, product_ids: list[int], *, opens_at: datetime) -> NotOpenYet:
+        return cls(cls.wording(opens_at), details={"product_ids": product_ids, "opens_at": opens_at.isoformat()})
+
+    def words(self, names: dict[int, str] | None = None) -> str:
+        return _named(self, names)
+
 
 class SaleEnded(ShopError):
     """The drop is over: details = {"product_ids": the lines whose sale ended, "closes_at": when
@@ -109,6 +130,22 @@ class SaleEnded(ShopError):
     code = "sale_ended"
     status = 409
     default_message = "This sale has ended."
+    CALLED_OFF = "This drop was called off before it opened."
+
+    @classmethod
+    def wording(cls, *, closes_at: datetime | None = None, called_off: bool = False) -> str:
+        """A drop called off before it opened (an empty window) never was on sale: said so."""
+        if called_off:
+            return cls.CALLED_OFF
+        return f"This sale ended {shop_time(closes_at)}." if closes_at is not None else cls.default_message
+
+    @classmethod
+    def of(cls, product_ids: list[int], *, closes_at: datetime, called_off: bool = False) -> SaleEnded:
+        return cls(cls.wording(closes_at=closes_at, called_off=called_off),
+                   details={"product_ids": product_ids, "closes_at": closes_at.isoformat()})
+
+    def words(self, names: dict[int, str] | None = None) -> str:
+        return _named(self, names)
 
 
 class OutOfStock(ShopError):
@@ -116,7 +153,34 @@ class OutOfStock(ShopError):
 
     code = "out_of_stock"
     status = 409
-    default_message = "Not enough stock."
+    default_message = "Sold out."
+
+    @staticmethod
+    def wording(lines: list[dict], names: dict[int, str] | None = None) -> str:
+        """The one wording of a stock refusal, the product by its name as the cap's refusal says
+        it: "Sneaker: only 2 left; Cap: sold out." (`lines` as the details' {"product_id",
+        "available"}; a line whose name is not known is said without one)."""
+        names = names or {}
+        parts = []
+        for line in lines:
+            left = line["available"]
+            what = "sold out" if left == 0 else f"only {left} left"
+            name = names.get(line["product_id"])
+            parts.append(f"{name}: {what}" if name else what)
+        text = "; ".join(parts) or "sold out"
+        return f"{text[0].upper()}{text[1:]}."
+
+    @classmethod
+    def of(cls, lines: list[dict], names: dict[int, str] | None = None, **details: Any) -> OutOfStock:
+        return cls(cls.wording(lines, names), details={"lines": lines, **details})
+
+    def __init__(self, message: str | None = None, *, details: dict[str, Any] | None = None) -> None:
+        lines = (details or {}).get("lines")
+        super().__init__(message or (self.wording(lines) if lines else None), details=details)
+
+    def words(self, names: dict[int, str] | None = None) -> str:
+        """Named by the page when the refusal could not (the sold-out fast path has no names)."""
+        return self.wording(self.details.get("lines", []), names) if names else self.message
 
 
 class PurchaseLimitExceeded(ShopError):
@@ -125,6 +189,26 @@ class PurchaseLimitExceeded(ShopError):
     code = "purchase_limit"
     status = 409
     default_message = "This order would take you past the number of units one buyer may buy."
+
+    @staticmethod
+    def wording(*, limit: int, bought: int = 0, in_cart: int = 0, requested: int = 0) -> str:
+        """The one wording of the per-buyer cap, with what the buyer already has (in orders, in
+        the cart) and what is still allowed: "Limit 2 per customer; you already have 1 in your
+        orders, so you can add 1 more." (the cart's flag and the checkout's refusal)."""
+        have = [f"{bought} in your orders"] if bought else []
+        have += [f"{in_cart} in your cart"] if in_cart else []
+        left = max(limit - bought - in_cart, 0)
+        if have:
+            more = f", so you can add {left} more" if left else ""
+            return f"Limit {limit} per customer; you already have {' and '.join(have)}{more}."
+        asked = f"; you asked for {requested}" if requested else ""
+        return f"Limit {limit} per customer{asked}."
+
+    @classmethod
+    def of(cls, *, product_id: int, name: str, limit: int, bought: int, requested: int) -> PurchaseLimitExceeded:
+        """The checkout's refusal (the product by its name, from the row the writer holds)."""
+        return cls(f"{name}: {cls.wording(limit=limit, bought=bought, requested=requested)}",
+                   details={"product_id": product_id, "limit": limit, "bought": bought, "requested": requested})
 
 
 class CartFull(ShopError):
@@ -141,6 +225,11 @@ class UnpaidOrdersLimit(ShopError):
     code = "unpaid_limit"
     status = 409
     default_message = "You have too many unpaid orders: pay or cancel one first."
+
+    @classmethod
+    def of(cls, *, limit: int, unpaid: int) -> UnpaidOrdersLimit:
+        return cls(f"You have {unpaid} unpaid orders (at most {limit}): pay or cancel one first.",
+                   details={"limit": limit, "unpaid": unpaid})
 
 
 # --- stock adjustments (an operator's; shop.services.inventory.adjust_stock) -----------------
@@ -190,19 +279,19 @@ class AdjustmentAlreadyApplied(ShopError):
 class CouponUnknown(ShopError):
     code = "coupon_unknown"
     status = 404
-    default_message = "No such coupon."
+    default_message = "We don't know that coupon."
 
 
 class CouponExpired(ShopError):
     code = "coupon_expired"
     status = 409
-    default_message = "This coupon is not valid now."
+    default_message = "This coupon is not valid right now."
 
 
 class CouponSoldOut(ShopError):
     code = "coupon_sold_out"
     status = 409
-    default_message = "This coupon has been fully claimed."
+    default_message = "This coupon has run out."
 
 
 class CouponAlreadyClaimed(ShopError):
@@ -216,13 +305,13 @@ class CouponAlreadyUsed(ShopError):
 
     code = "coupon_already_used"
     status = 409
-    default_message = "You already used this coupon on an earlier order."
+    default_message = "You already used this coupon on an earlier order (a coupon is used once)."
 
 
 class CouponNotClaimed(ShopError):
     code = "coupon_not_claimed"
     status = 409
-    default_message = "Claim this coupon before using it (or it was already used)."
+    default_message = "Claim this coupon first (or it was already used)."
 
 
 # --- orders ----------------------------------------------------------------------------------
@@ -238,7 +327,7 @@ class OrderNotCancellable(ShopError):
 
     code = "order_not_cancellable"
     status = 409
-    default_message = "This order cannot be cancelled."
+    default_message = "This order cannot be cancelled (it is paid, cancelled or expired)."
 
 
 class OrderNotRefundable(ShopError):
@@ -254,13 +343,13 @@ class OrderNotPayable(ShopError):
 
     code = "order_not_payable"
     status = 409
-    default_message = "This order can no longer be paid (cancelled, or its payment window has passed)."
+    default_message = "This order can no longer be paid: it was cancelled or its payment time ran out."
 
 
 class IdempotencyConflict(ShopError):
     code = "idempotency_conflict"
     status = 422
-    default_message = "This idempotency key was already used for a different order."
+    default_message = "This checkout was already submitted with a different cart."
 
 
 # --- abuse ---------------------------------------------------------------------------------
@@ -289,6 +378,9 @@ class AccountTooNew(ShopError):
     status = 403
     default_message = "Your account is too new to buy in this drop."
 
+    def words(self, names: dict[int, str] | None = None) -> str:
+        return _named(self, names)
+
 
 class OrderNotWritable(ShopError):
     """This request's rows could not be written (e.g. its account was deleted while it queued).
@@ -298,7 +390,7 @@ class OrderNotWritable(ShopError):
 
     code = "order_not_writable"
     status = 409
-    default_message = "This order could not be written; nothing was charged or reserved."
+    default_message = "We could not place this order for your account. Nothing was charged."
 
 
 # --- overload (retryable) -------------------------------------------------------------------
@@ -330,6 +422,13 @@ class InLine(ShopError):
         super().__init__(message, details=details)
         self.retry_after = int(self.details.get("retry_after") or 1)
 
+    def words(self, names: dict[int, str] | None = None) -> str:
+        """The buyer's place, for a page (the API gives the details)."""
+        if self.details.get("state") == "pre_queue":
+            return "You are in the line for this drop: it opens soon, and your place is kept."
+        return (f"You are number {self.details.get('place')} in line, with {self.details.get('ahead')} ahead of "
+                f"you: about {max(1, round(self.details.get('estimated_wait') or 0))} s to go. Your place is kept.")
+
 
 class InvalidLineTicket(InvalidInput):
     """The Line-Ticket sent is not one this shop gave this account (forged, altered, or another
@@ -344,14 +443,14 @@ class LockTimeout(ShopError):
     code = "lock_timeout"
     status = 503
     retry_after = 1
-    default_message = "Busy right now, please retry."
+    default_message = "So many people are buying right now that your turn did not come in time. Please retry."
 
 
 class LockUnavailable(ShopError):
     code = "lock_unavailable"
     status = 503
     retry_after = 5
-    default_message = "The lock service is unavailable; nothing was written. Please retry."
+    default_message = "We can't take orders this second. Nothing was charged; please retry."
 
 
 class DatabaseUnavailable(ShopError):
@@ -366,7 +465,8 @@ class DatabaseUnavailable(ShopError):
     code = "database_unavailable"
     status = 503
     retry_after = 2
-    default_message = "The database connection was lost. Retry with the same Idempotency-Key."
+    default_message = ("We lost our connection to the database while placing your order. Place order again: "
+                       "if the order went through you'll get it, never twice.")
 
 
 class ProviderUnavailable(ShopError):
@@ -386,7 +486,7 @@ class Conflict(ShopError):
     code = "conflict"
     status = 503
     retry_after = 1
-    default_message = "Too much contention right now; nothing was written. Please retry."
+    default_message = "Busy right now, please retry."
 
 
 
@@ -405,6 +505,13 @@ def _seconds_until(when: object) -> int | None:
     except (DatabaseError, TransactionManagementError):  # no reading yet, and no database: no hint
         return None
     return max(1, math.ceil((moment - now).total_seconds()))
+
+
+def _named(exc: ShopError, names: dict[int, str] | None) -> str:
+    """A refusal whose message says when (a drop's window, an account's age), after the names of
+    the products it refuses: "Sneaker: Not on sale yet: opens ..."."""
+    products = ", ".join((names or {}).get(pid, "This product") for pid in exc.details.get("product_ids", []))
+    return f"{products or 'This product'}: {exc.message}"
 
 
 def as_seen_by(exc: ShopError, *, staff: bool) -> ShopError:

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from shop.models import Order
-from shop.rules import line_shares
+from shop.money import line_shares
 
 ORDER_COLUMNS = ("order", "created_at", "status", "buyer", "subtotal", "discount", "total", "coupon",
                  "pay_by", "paid_at", "refunded_at", "cancelled_at", "items")
@@ -52,7 +52,7 @@ LINE_COLUMNS = ("order", "created_at", "status", "buyer", "coupon", "paid_at", "
 def line_rows(order: Order, *, product_id: int | None = None) -> Iterator[list[str]]:
     """One row per line of `order` (only `product_id`'s, if given): the product, quantity and list
     `amount`, and `paid`, the line's share of what the order paid (its coupon spread over its
-    lines by `shop.rules.line_shares`, as the Sales view's net revenue), empty when the order
+    lines by `shop.money.line_shares`, as the Sales view's net revenue), empty when the order
     was not paid. The books of one product, or one drop, add up from these."""
     lines = sorted(order.lines.all(), key=lambda line: line.product_id)
     amounts = [round(line.quantity * line.unit_price * 100) for line in lines]

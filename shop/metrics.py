@@ -6,7 +6,7 @@ Each outcome is counted once, where it is decided:
   as placed, replayed (an idempotent retry got its order back) or refused with a shop error
   code (shop/errors.py; `internal_error` for an unexpected exception);
 - `soldout_rejected` where the sold-out marker refuses an order without the lock (checkout.py);
-- `fence_refused` where a stale fence is caught (transactions.with_retries, writer.write).
+- `fence_refused` where a stale fence is caught (`retries.noticed`).
 
 Multi-process mode (gunicorn, see gunicorn.conf.py): with PROMETHEUS_MULTIPROC_DIR set before
 the app is imported, prometheus_client keeps each worker's values in files of that directory and

@@ -6,7 +6,7 @@ the CHECK constraints below are the last line of defence, not the mechanism.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.validators import RegexValidator
@@ -14,7 +14,11 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from shop import clock, lock_names
+from shop import clock, errors, lock_names
+from shop.conf import shop_settings
+
+# Where a product stands in its drop window (`Product.drop_state`).
+UPCOMING, OPEN, ENDED = "upcoming", "open", "ended"
 
 
 class ProductQuerySet(models.QuerySet):
@@ -23,9 +27,29 @@ class ProductQuerySet(models.QuerySet):
         is shown with its countdown, an ended one as ended). `Product.on_sale` says if one sells now."""
         return self.filter(active=True)
 
+    @staticmethod
+    def drop_state_is(state: str, now: datetime) -> Q:
+        """`drop_state(opens_at, closes_at, now) == state` as a condition (`drop_state` is the rule)."""
+        upcoming = Q(opens_at__gt=now)
+        return {UPCOMING: upcoming, OPEN: ~upcoming & ~Q(closes_at__lte=now),
+                ENDED: ~upcoming & Q(closes_at__lte=now)}[state]
 
-# Where a product stands in its drop window (`Product.drop_state`).
-UPCOMING, OPEN, ENDED = "upcoming", "open", "ended"
+    def in_drop_state(self, state: str, *, now: datetime | None = None) -> ProductQuerySet:
+        """The products whose window is in `state` (UPCOMING, OPEN or ENDED) at `now` (default:
+        the database's clock, which decides the window)."""
+        return self.filter(self.drop_state_is(state, clock.now() if now is None else now))
+
+    def on_sale(self, *, now: datetime | None = None) -> ProductQuerySet:
+        """The products that sell at `now`: `Product.on_sale` as a filter."""
+        return self.filter(active=True).in_drop_state(OPEN, now=now)
+
+    def not_over(self, *, now: datetime | None = None) -> ProductQuerySet:
+        """The products whose sale has not ended at `now` (upcoming, open, or without a window)."""
+        return self.exclude(self.drop_state_is(ENDED, clock.now() if now is None else now))
+
+    def windowed(self) -> ProductQuerySet:
+        """The products with a drop window (an opening time, a closing time or both)."""
+        return self.exclude(opens_at__isnull=True, closes_at__isnull=True)
 
 
 def drop_state(opens_at: datetime | None, closes_at: datetime | None, now: datetime) -> str:
@@ -178,6 +202,18 @@ class Coupon(models.Model):
     def lock_name(self) -> str:
         return lock_names.coupon_lock(self.pk)
 
+    @staticmethod
+    def refusal(coupon: Coupon | None, code: str, now: datetime | None = None) -> errors.ShopError | None:
+        """Why `coupon` (looked up by the `code` a buyer gave) cannot be used at `now` (default:
+        now), or None if it can."""
+        if coupon is None:
+            return errors.CouponUnknown(details={"coupon_code": code})
+        now = timezone.now() if now is None else now
+        if not coupon.active or (coupon.valid_from and now < coupon.valid_from) or (
+                coupon.valid_until and now >= coupon.valid_until):
+            return errors.CouponExpired(details={"coupon_code": code})
+        return None
+
 
 class Order(models.Model):
     """An order reserves its stock from checkout until it is cancelled, expires or is refunded.
@@ -252,6 +288,19 @@ class Order(models.Model):
 
     def __str__(self) -> str:
         return f"Order #{self.pk}"
+
+    @staticmethod
+    def pay_by_from(placed_at: datetime | None = None) -> datetime:
+        """The payment deadline of an order placed at `placed_at` (default: now; SHOP["PAYMENT_WINDOW"] seconds)."""
+        return (placed_at or timezone.now()) + timedelta(seconds=float(shop_settings.PAYMENT_WINDOW))
+
+    @property
+    def operator_action(self) -> str | None:
+        """What an operator may do to this order: "cancel" an unpaid one (its stock and coupon go
+        back), "refund" a paid one (the payment goes back too), or nothing. The admin's buttons
+        and `manage.py shop` ask the same question."""
+        return {self.Status.PENDING_PAYMENT: "cancel", self.Status.PLACED: "cancel",
+                self.Status.PAID: "refund"}.get(self.status)
 
     @property
     def payable(self) -> bool:
@@ -405,11 +454,33 @@ class CheckoutRequest(models.Model):
         return f"request {self.request_id} -> {self.order_id or 'given up'}"
 
 
+class OrderLineQuerySet(models.QuerySet):
+    def reserving(self) -> OrderLineQuerySet:
+        """Lines of orders that hold their stock (`RESERVING_STATUSES`): what I2 counts as taken
+        and a per-buyer cap counts as bought (unpaid orders too)."""
+        return self.filter(order__status__in=RESERVING_STATUSES)
+
+    def awaiting_payment(self) -> OrderLineQuerySet:
+        """Lines of orders awaiting payment: the units reserved, back in the stock if not paid."""
+        return self.filter(order__status=Order.Status.PENDING_PAYMENT)
+
+    def units(self) -> int:
+        """The units of these lines."""
+        return self.aggregate(n=models.Sum("quantity"))["n"] or 0
+
+    def units_by(self, field: str) -> dict[int, int]:
+        """The units of these lines per `field` ("product_id", "order__user_id"); none left out."""
+        rows = self.order_by().values(field).annotate(n=models.Sum("quantity")).values_list(field, "n")
+        return {key: n for key, n in rows if n}
+
+
 class OrderLine(models.Model):
     order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="lines")
     product = models.ForeignKey(Product, on_delete=models.PROTECT, related_name="order_lines")
     quantity = models.PositiveIntegerField()
     unit_price = models.DecimalField(max_digits=10, decimal_places=2)
+
+    objects = OrderLineQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
@@ -459,7 +530,7 @@ class StockLedger(models.Model):
         EXPIRE = "expire", "Expired unpaid"
         REFUND = "refund", "Refund"
         RESTOCK = "restock", "Restock (received)"
-        # The operator's adjustments (`shop.rules.ADJUSTMENT_REASONS` says which way each goes).
+        # The operator's adjustments (`shop.services.inventory.ADJUSTMENT_REASONS` says which way each goes).
         CORRECTION = "correction", "Correction (count)"
         DAMAGED = "damaged", "Damaged"
         LOST = "lost", "Lost or stolen"

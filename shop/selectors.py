@@ -33,12 +33,22 @@ from django_redis import get_redis_connection
 
 from shop import clock, errors, redis_keys
 from shop.conf import shop_settings
-from shop.models import RESERVING_STATUSES, ApiToken, Coupon, CouponClaim, Order, OrderLine, Product
+from shop.models import (
+    ENDED,
+    RESERVING_STATUSES,
+    ApiToken,
+    Coupon,
+    CouponClaim,
+    Order,
+    OrderLine,
+    Product,
+    ProductQuerySet,
+)
 
 
 def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
     """The catalog: listed products, those whose sale has ended last (by the database's clock)."""
-    ended = Case(When(closes_at__lte=clock.now(), then=Value(1)), default=Value(0))
+    ended = Case(When(ProductQuerySet.drop_state_is(ENDED, clock.now()), then=Value(1)), default=Value(0))
     qs = Product.objects.alias(ended=ended).order_by("ended", "id")
     return qs if include_inactive else qs.listed()
 
@@ -122,9 +132,7 @@ def units_held(*, user, product_ids: Iterable[int]) -> dict[int, int]:
     ids = list(product_ids)
     if not ids or not getattr(user, "is_authenticated", False):
         return {}
-    rows = (OrderLine.objects.filter(product_id__in=ids, order__user=user, order__status__in=RESERVING_STATUSES)
-            .order_by().values("product_id").annotate(n=Sum("quantity")).values_list("product_id", "n"))
-    return {pid: n for pid, n in rows if n}
+    return OrderLine.objects.reserving().filter(product_id__in=ids, order__user=user).units_by("product_id")
 
 
 def products_by_id(ids: list[int], *, include_inactive: bool = False) -> dict[int, Product]:
@@ -162,7 +170,7 @@ def _cents(expression) -> ExpressionWrapper:
 
 def _net_revenue(statuses: tuple[str, ...] = SOLD_STATUSES):
     """Per product: what buyers paid for its lines in orders of `statuses` (sold ones by default),
-    the order's discount spread over its lines as `shop.rules.line_shares` does (in proportion to
+    the order's discount spread over its lines as `shop.money.line_shares` does (in proportion to
     their list amounts, whole cents, rounding the running total in product-id order, so an order's
     lines add up to its total).
 
@@ -198,8 +206,7 @@ def _net_revenue(statuses: tuple[str, ...] = SOLD_STATUSES):
 def reserved_units(*, product_id: int) -> int:
     """Units of `product_id` that orders awaiting payment hold: out of the stock (an order takes its
     units at checkout), back in it if they are not paid (`units_reserved` of `product_sales`)."""
-    return (OrderLine.objects.filter(product_id=product_id, order__status=Order.Status.PENDING_PAYMENT)
-            .aggregate(n=Sum("quantity"))["n"] or 0)
+    return OrderLine.objects.awaiting_payment().filter(product_id=product_id).units()
 
 
 def reservations(*, product_ids: Iterable[int]) -> dict[int, dict]:
@@ -213,8 +220,8 @@ def reservations(*, product_ids: Iterable[int]) -> dict[int, dict]:
 
 def lined_products(*, now) -> QuerySet[Product]:
     """Products whose drop has a line now (shop/line/): active, with opens_at, not closed yet."""
-    return (Product.objects.filter(active=True, opens_at__isnull=False)
-            .filter(Q(closes_at__isnull=True) | (Q(closes_at__gt=now) & Q(closes_at__gt=F("opens_at"))))
+    return (Product.objects.filter(active=True, opens_at__isnull=False).not_over(now=now)
+            .filter(Q(closes_at__isnull=True) | Q(closes_at__gt=F("opens_at")))  # not called off
             .only("id", "opens_at", "closes_at", "line_prequeue_seconds", "line_order", "line_paused"))
 
 
@@ -229,7 +236,7 @@ def drop_rules(*, now) -> list[tuple[int, timedelta | None, datetime | None]]:
     """(id, min_account_age, opens_at) of the products with a minimum account age or a drop window,
     whose sale is not over: what the checkout's account-age check keeps per process (shop/account_age.py)."""
     return list(Product.objects.filter(Q(min_account_age__isnull=False) | Q(opens_at__isnull=False))
-                .exclude(closes_at__lte=now).values_list("pk", "min_account_age", "opens_at"))
+                .not_over(now=now).values_list("pk", "min_account_age", "opens_at"))
 
 
 # An API token made this soon after its account's sign-up is "quick": scripts do that, people rarely.

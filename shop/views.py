@@ -20,7 +20,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 from redis.exceptions import RedisError
 
-from shop import account_age, api, cart, clock, deadlines, errors, ratelimits, rules, selectors, validation
+from shop import account_age, api, cart, clock, deadlines, errors, ratelimits, selectors, validation
 from shop.conf import shop_settings
 from shop.forms import (
     AddToCartForm,
@@ -33,45 +33,17 @@ from shop.forms import (
 )
 from shop.line import arrivals, board, lined, tickets
 from shop.models import UPCOMING, ApiToken, Product
+from shop.money import unused_discount
 from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
 from shop.templatetags.shop_tags import money
 from shop.tokens import revoke
 
 
 def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, staff: bool = False) -> str:
-    """What a shopper should read for each error code (a hidden product reads as a missing one,
-    except to staff: `errors.as_seen_by`)."""
-    exc = errors.as_seen_by(exc, staff=staff)
-    names = names or {}
-    if isinstance(exc, errors.OutOfStock):  # the writer's message names them; the fast path's cannot
-        return rules.out_of_stock_message(exc.details.get("lines", []), names)
-    if isinstance(exc, errors.InLine):
-        if exc.details.get("state") == "pre_queue":
-            return "You are in the line for this drop: it opens soon, and your place is kept."
-        return (f"You are number {exc.details.get('place')} in line, with {exc.details.get('ahead')} ahead of you: "
-                f"about {max(1, round(exc.details.get('estimated_wait') or 0))} s to go. Your place is kept.")
-    if isinstance(exc, errors.NotOpenYet | errors.SaleEnded | errors.AccountTooNew):  # the message says when
-        products = ", ".join(names.get(pid, "This product") for pid in exc.details.get("product_ids", []))
-        return f"{products or 'This product'}: {exc.message}"
-    return {
-        "lock_timeout": "So many people are buying right now that your turn did not come in time.",
-        "busy": "The shop is very busy right now.",
-        "lock_unavailable": "We can't take orders this second. Nothing was charged; please retry.",
-        "database_unavailable": "We lost our connection to the database while placing your order. Press "
-                                "Place order again: if the order went through you'll see it, never twice.",
-        "conflict": "Busy right now, please retry.",
-        "coupon_already_claimed": "You already have this coupon.",
-        "coupon_already_used": "You already used this coupon on an earlier order (a coupon is used once).",
-        "coupon_sold_out": "This coupon has run out.",
-        "coupon_expired": "This coupon is not valid right now.",
-        "coupon_unknown": "We don't know that coupon.",
-        "coupon_not_claimed": "Claim this coupon first (or it was already used).",
-        "unknown_product": "This product no longer exists.",
-        "idempotency_conflict": "This checkout was already submitted with a different cart.",
-        "order_not_payable": "This order can no longer be paid: it was cancelled or its payment time ran out.",
-        "order_not_cancellable": "This order can no longer be cancelled (it is paid, cancelled or expired).",
-        "order_not_writable": "We could not place this order for your account. Nothing was charged.",
-    }.get(exc.code, exc.message)
+    """What a shopper reads for an error: its one wording (`ShopError.words`), the products named
+    where the page knows them; a hidden product reads as a missing one, except to staff
+    (`errors.as_seen_by`)."""
+    return errors.as_seen_by(exc, staff=staff).words(names)
 
 
 # A page without JavaScript reloads itself at the next drop edge it shows if that is this close
@@ -200,12 +172,12 @@ def cart_view(request: HttpRequest) -> HttpResponse:
 
 def _coupon_choices(user, subtotal: Decimal) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
     """The choices (each label says what the coupon does to this cart) and the same as data. A
-    coupon worth more than the cart says so: the rest of it is lost (`rules.unused_discount`)."""
+    coupon worth more than the cart says so: the rest of it is lost (`shop.money.unused_discount`)."""
     choices, effects = [], {}
     for claim in selectors.usable_claims_for_user(user=user):
         code, worth = claim.coupon.code, claim.coupon.discount
         off, total = cart.with_coupon(subtotal, worth)
-        unused = rules.unused_discount(subtotal, worth)
+        unused = unused_discount(subtotal, worth)
         note = (f"This coupon is worth {money(worth)}; only {money(off)} of it applies to this order and the "
                 f"other {money(unused)} is lost (a coupon is used once)." if unused else "")
         effects[code] = {"discount": money(off), "total": money(total), "unused": note}
@@ -430,7 +402,7 @@ def order_detail(request: HttpRequest, order_id: int) -> HttpResponse:
         order = selectors.order_for_user(user=request.user, order_id=order_id)
     except errors.OrderNotFound:
         raise Http404("No such order") from None
-    unused = rules.unused_discount(order.subtotal, order.coupon.discount) if order.coupon else Decimal("0.00")
+    unused = unused_discount(order.subtotal, order.coupon.discount) if order.coupon else Decimal("0.00")
     return render(request, "shop/order.html", {"order": order, "coupon_unused": unused})
 
 

@@ -1,25 +1,10 @@
-"""Combining: the buyers of one product queue on its lock; whoever holds it commits the queue.
-
-    place_order (checkout.py) -> queue(request):
-      submit the request on the product's lock (locks/combining.py)
-        Served -> the combiner's reply: our result (protocol.from_json)
-        our Turn -> batch = [ours] + the requests queued behind us (up to COMBINE_BATCH),
-          written by the one checkout writer (shop/checkout/writer.py) in one transaction;
-          reply to every request taken, release: the lock goes by hand-off to the next in line,
-          who serves the next batch
-      a buyer whose wait runs out (or who cannot tell what happened) *settles* its request id:
-        INSERT CheckoutRequest(request_id, order=NULL) succeeds -> nothing was committed and
-        nothing can be any more (a late combiner fails on the unique key): lock_timeout;
-        it collides -> the order was committed: the buyer gets it.
-
-Every outcome is determinable: a combiner that crashes mid-batch commits nothing (its waiters
-queue again when its lease ends and the next combiner serves them); one paused past its lease is
-refused by the fence, its lease check, or the request ids' unique key.
-"""
+"""Combining: the buyers of one product queue on its lock; whoever holds it commits the queue in
+one batch, and a buyer whose wait runs out settles its request id, so every outcome is
+determinable. How, step by step, and why: docs/design.md, "The path of one checkout"
+(combining, lanes, replies and release)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -35,8 +20,9 @@ from shop.conf import shop_settings
 from shop.lock_names import lane_lock, product_lock
 from shop.models import CheckoutRequest
 from shop.plumbing import stale_transactions
-from shop.plumbing.locking import lock_error, release_all_safely, release_safely, shop_lock
-from shop.plumbing.transactions import RETRYABLE_MYSQL, backoff, drop_connection, durable_transaction, lost_connection
+from shop.plumbing.locking import lock_error, release_all_safely, shop_lock
+from shop.plumbing.retries import DEADLOCKS
+from shop.plumbing.transactions import drop_connection, durable_transaction, lost_connection
 
 log = logging.getLogger("shop")
 
@@ -87,8 +73,8 @@ def _settled(mine: Request) -> Placed | None:
     again. A lost connection, or a combiner's transaction that still holds our id after the
     retries, leaves the outcome unknown: `database_unavailable` says so (a retry with the
     request's Idempotency-Key settles it), never "not written" for an order it may commit."""
-    retries = int(shop_settings.RETRIES)
-    for n in range(retries + 1):
+    tries = DEADLOCKS.budget()
+    while True:
         try:
             try:
                 with durable_transaction():
@@ -103,12 +89,10 @@ def _settled(mine: Request) -> Placed | None:
             lost = lost_connection(exc)
             if lost:
                 drop_connection()
-            elif not exc.args or exc.args[0] not in RETRYABLE_MYSQL:
+            elif not DEADLOCKS.retryable(exc):
                 raise
-            if lost or n == retries:
+            if lost or not tries.spend():
                 raise errors.DatabaseUnavailable(details={"outcome": "unknown"}) from exc
-            backoff(n)
-    raise AssertionError("unreachable")
 
 
 def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
@@ -187,8 +171,11 @@ def _end_turn(turn: combining.Turn, replies: dict[str, str], *, also: list[locks
             # They wait on; when our hold ends without their reply they queue again, and the next
             # combiner finds their request ids committed (or not) and answers them.
             log.warning("combining: replies to %d buyers failed (Redis); they will be answered again", len(replies))
-        release_safely(turn.hold)
-        with contextlib.suppress(locks.LockNotOwned):
-            turn.release()  # the hold is already released: this counts the batch (lock stats, metrics)
+        try:
+            if not turn.finish():  # released once, the batch counted (lock stats, metrics)
+                log.warning("lock %s expired before release (fence %s); the fence kept the write safe",
+                            turn.hold.name, turn.hold.fence)
+        except locks.LockUnavailable:
+            log.warning("lock %s: Redis unreachable at release; it expires with its lease", turn.hold.name)
     finally:
         stale_transactions.forget([turn.hold, *also])

@@ -10,34 +10,16 @@ and the count is exact, even if the Redis lock was lost meanwhile.
 
 from __future__ import annotations
 
-from django.db.models import Count, Sum
+from django.db.models import Count
 
-from shop import errors
 from shop.conf import shop_settings
-from shop.models import RESERVING_STATUSES, Order, OrderLine
+from shop.models import Order, OrderLine
 
 
 def bought(*, product_id: int, user_ids: set[int] | list[int]) -> dict[int, int]:
     """Units of the product each of these buyers holds in orders that reserve stock (unpaid too)."""
-    rows = (OrderLine.objects.filter(product_id=product_id, order__user_id__in=user_ids,
-                                     order__status__in=RESERVING_STATUSES)
-            .values_list("order__user_id").annotate(n=Sum("quantity")).values_list("order__user_id", "n"))
-    return {user_id: n or 0 for user_id, n in rows}
-
-
-def exceeded(*, product_id: int, name: str, limit: int, bought: int,
-             requested: int) -> errors.PurchaseLimitExceeded:
-    """The refusal in the shopper's words (the product by its name, the row the writer holds)."""
-    left = max(limit - bought, 0)
-    if bought == 0:
-        where = f"you asked for {requested}"
-    elif left == 0:
-        where = f"you already have {bought}"
-    else:
-        where = f"you already have {bought}, so you can add {left} more"
-    return errors.PurchaseLimitExceeded(
-        f"{name}: limit {limit} per customer; {where}.",
-        details={"product_id": product_id, "limit": limit, "bought": bought, "requested": requested})
+    return (OrderLine.objects.reserving().filter(product_id=product_id, order__user_id__in=user_ids)
+            .units_by("order__user_id"))
 
 
 # --- unpaid orders: one account must not hoard a drop by reserving it for the payment window --
@@ -51,9 +33,3 @@ def unpaid(*, user_ids: set[int] | list[int]) -> dict[int, int]:
     rows = (Order.objects.filter(user_id__in=user_ids, status=Order.Status.PENDING_PAYMENT)
             .values_list("user_id").annotate(n=Count("id")).values_list("user_id", "n"))
     return dict(rows)
-
-
-def too_many_unpaid(*, limit: int, unpaid: int) -> errors.UnpaidOrdersLimit:
-    return errors.UnpaidOrdersLimit(
-        f"You have {unpaid} unpaid orders (at most {limit}): pay or cancel one first.",
-        details={"limit": limit, "unpaid": unpaid})

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shop import account_age, errors, line, metrics, order_requests, redis_keys, rules, tokens, validation
+from shop import account_age, errors, line, metrics, order_requests, redis_keys, tokens, validation
 from shop.line import arrivals, tickets
 from shop.plumbing import soldout
 
@@ -103,7 +103,7 @@ def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
         if record is None or found[record] is False:
             metrics.soldout_rejected()
             short = [{"product_id": product_id, "requested": quantity, "available": 0}]
-            verdicts[n] = _error(errors.OutOfStock(rules.out_of_stock_message(short), details={"lines": short}), 0)
+            verdicts[n] = _error(errors.OutOfStock.of(short), 0)
     return verdicts
 
 

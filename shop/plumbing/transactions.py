@@ -12,27 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-import locks
 from shop import errors
-from shop.conf import shop_settings
-from shop.plumbing import fence_refusals, stale_transactions
-from shop.plumbing.locking import StaleFence
+from shop.plumbing import retries, stale_transactions
 
 log = logging.getLogger("shop")
 
 T = TypeVar("T")
-
-# MySQL: 1213 deadlock, 1205 lock wait timeout. Both roll the transaction back: retry it.
-ER_LOCK_WAIT_TIMEOUT = 1205
-RETRYABLE_MYSQL = {1213, ER_LOCK_WAIT_TIMEOUT}
 
 # CR_SERVER_GONE_ERROR, CR_SERVER_LOST, CR_SERVER_LOST_EXTENDED; CR_CONNECTION_ERROR and
 # CR_CONN_HOST_ERROR when the reconnect of a later statement fails too.
@@ -87,28 +78,7 @@ def connection_errors() -> Iterator[None]:
         raise errors.DatabaseUnavailable(details={"outcome": "not_written"}) from exc
 
 
-def backoff(attempt: int) -> None:
-    """The one pause before trying again (the n-th retry, from 0): full jitter, growing."""
-    time.sleep(random.uniform(0, 0.005 * (2**attempt)))
-
-
 def with_retries(attempt: Callable[[], T], *, what: str) -> T:
-    """Run `attempt` again on deadlock, lock-wait timeout, stale fence or lost lock; bounded."""
-    retries = int(shop_settings.RETRIES)
-    for n in range(retries + 1):
-        try:
-            return attempt()
-        except OperationalError as exc:
-            if exc.args[0] not in RETRYABLE_MYSQL:
-                raise
-            if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
-                stale_transactions.lock_wait_timed_out()  # a holder paused past its lease may keep the row
-            reason = f"mysql {exc.args[0]}"
-        except (StaleFence, locks.LockLost) as exc:
-            if isinstance(exc, StaleFence):
-                fence_refusals.refused(exc.lock, operation=what)
-            reason = type(exc).__name__
-        log.info("%s: retry %d after %s", what, n + 1, reason)
-        if n < retries:
-            backoff(n)
-    raise errors.Conflict(details={"retries": retries})
+    """Run `attempt` again on deadlock, lock-wait timeout, stale fence or lost lock; bounded
+    (`retries.TRANSIENT`), then `conflict`."""
+    return retries.TRANSIENT(attempt, what=what)

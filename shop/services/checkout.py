@@ -1,16 +1,7 @@
-"""place_order: the path of one checkout (docs/design.md, "The path of one checkout").
-
-    validate -> sold-out markers + idempotency record (read by the queueing script, or one MGET
-    first) -> replay if the key has a record -> refuse if sold out ->
-      one product, SHOP["COMBINING"], a backend with combining: queue on its lock; whoever holds
-        it commits the queue (shop/checkout/combining.py)
-      otherwise (a cart, COMBINING off, locks off, a backend without combining): the sorted
-        product locks, and a batch of one
-    either way the one writer (shop/checkout/writer.py) commits, in one durable transaction.
-
-The Redis lock keeps buyers of one product in an orderly queue outside MySQL; the guarded UPDATE
-(`stock >= n AND fence < :fence`) is what guarantees no oversell, even when a lock was lost.
-"""
+"""place_order: the path of one checkout, from the buyer's request to its receipt. The steps, in
+order, are docs/design.md, "The path of one checkout"; the Redis lock keeps the buyers of one
+product in an orderly queue outside MySQL, the writer's guarded UPDATE is what makes oversell
+impossible (shop/checkout/writer.py)."""
 
 from __future__ import annotations
 
@@ -24,15 +15,16 @@ from redis.exceptions import RedisError
 
 import locks
 from locks.combining import Guarded
-from shop import account_age, admission, clock, deadlines, errors, line, metrics, redis_keys, rules, selectors
-from shop.checkout import combining, protocol, writer
+from shop import account_age, admission, clock, deadlines, errors, line, metrics, redis_keys, selectors
+from shop.checkout import allocation, combining, protocol, writer
 from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
 from shop.lock_names import product_lock
 from shop.models import UPCOMING, drop_state
 from shop.plumbing import soldout
 from shop.plumbing.locking import held, refuse_outer_transaction
-from shop.plumbing.transactions import backoff, connection_errors
+from shop.plumbing.retries import LOST_LOCK
+from shop.plumbing.transactions import connection_errors
 from shop.receipts import Receipt
 from shop.validation import validate_code, validate_idempotency_key, validate_lines
 
@@ -188,7 +180,7 @@ def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[
                 # its lines cannot be sold, in its order of reasons.
                 row, now = {"active": True, "opens_at": config.opens_at, "closes_at": config.closes_at}, clock.now()
                 if len(lines) == 1 and drop_state(config.opens_at, config.closes_at, now) == UPCOMING:
-                    raise rules.not_on_sale([pid], {pid: row}, now)
+                    raise allocation.not_on_sale([pid], {pid: row}, now)
             elif position.state in (line.WAITING, line.PRE_QUEUED):
                 raise errors.InLine(details=position.details())
             elif (replayed := fast_path()) is not None:  # sold out, cut or busy: but a replay first
@@ -213,11 +205,10 @@ def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: boo
     """Queue on the product's lock (combined) or take the order's locks, until the request's
     line deadline; the writer's result (or a replay the queueing script's guards found)."""
     product_ids = [pid for pid, _ in mine.lines]
-    retries = int(shop_settings.RETRIES)
-    result: Result = protocol.AGAIN
-    for n in range(retries + 1):
-        # The one retry loop: a stale fence or a lost lock (the writer answers AGAIN) queues or
-        # locks again; deadlocks and lock-wait timeouts are retried inside the writer.
+    tries = LOST_LOCK.budget()
+    while True:
+        # A stale fence or a lost lock (the writer answers AGAIN) queues or locks again, by the
+        # one retry policy; deadlocks and lock-wait timeouts are retried inside the writer.
         result = (combining.queue(mine, wait=mine.deadline - time.monotonic(), guards=guards) if combined
                   else protocol.ALONE)
         if isinstance(result, Guarded):  # a marker or a record: not queued
@@ -229,14 +220,11 @@ def _in_line(mine: Request, *, combined: bool, guards: list[str], use_locks: boo
         if isinstance(result, Alone):  # not combined, or handed back by a lane's holder: lock it ourselves
             result = _alone(mine, combined=combined, use_locks=use_locks)
         if not isinstance(result, Again):
-            break
-        log.info("place_order: again (%d) after a lost lock", n + 1)
-        if not combined and n < retries:
-            backoff(n)
-    if isinstance(result, Again):
-        result = (combining.queue(mine, wait=0) if combined
-                  else Refused.of(errors.Conflict(details={"retries": retries})))
-    return result
+            return result
+        log.info("place_order: again (%d) after a lost lock", tries.used + 1)
+        if not tries.spend(pause=not combined):  # a queue paces itself: no pause
+            return (combining.queue(mine, wait=0) if combined
+                    else Refused.of(errors.Conflict(details={"retries": tries.retries})))
 
 
 def _alone(mine: Request, *, combined: bool, use_locks: bool) -> Result:
@@ -264,7 +252,7 @@ def _fast_path(fast: soldout.FastPath, *, user, key: str | None, digest: str,
     if fast.marked:
         metrics.soldout_rejected()
         short = [{"product_id": pid, "requested": qty, "available": 0} for pid, qty in lines if pid in fast.marked]
-        raise errors.OutOfStock(rules.out_of_stock_message(short), details={"lines": short})
+        raise errors.OutOfStock.of(short)
     return None
 
 

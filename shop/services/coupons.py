@@ -15,14 +15,13 @@ from shop.lock_names import coupon_lock
 from shop.models import Coupon, CouponClaim
 from shop.plumbing.locking import StaleFence, check_before_commit, held, refuse_outer_transaction
 from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
-from shop.rules import coupon_error
 from shop.validation import validate_code
 
 
 def valid_coupon(code: str) -> Coupon:
     """The coupon for `code` if it exists, is active and is within its validity window."""
     coupon = Coupon.objects.filter(code=code).first()
-    if (error := coupon_error(coupon, code)) is not None:
+    if (error := Coupon.refusal(coupon, code)) is not None:
         raise error
     return coupon
 
@@ -76,6 +75,6 @@ def claim_for_checkout(*, user, code: str) -> CouponClaim:
         return claim_coupon(user=user, code=code)
     if mine.used_at is not None:
         raise errors.CouponAlreadyUsed(details={"coupon_code": code})
-    if (error := coupon_error(mine.coupon, code)) is not None:  # ended since it was claimed
+    if (error := Coupon.refusal(mine.coupon, code)) is not None:  # ended since it was claimed
         raise error
     return mine

@@ -25,9 +25,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from shop import account_age, clock, errors, line
+from shop.formats import shop_time
 from shop.models import ENDED, DropLog, Product, drop_state
 from shop.plumbing.transactions import connection_errors, durable_transaction
-from shop.rules import shop_time
 
 Window = tuple[datetime | None, datetime | None]
 log = logging.getLogger("shop")

@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from shop import errors, rules
+from shop import errors
 from shop.conf import shop_settings
 from shop.lock_names import product_lock
 from shop.models import Product, StockLedger
@@ -27,6 +27,48 @@ from shop.plumbing.locking import StaleFence, check_before_commit, held, refuse_
 from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
 from shop.selectors import reserved_units
 from shop.validation import validate_quantity
+
+# The reasons an operator gives for moving stock (Shopify's and Saleor's kinds, a few), and which
+# way each may move it: +1 only adds (units received), -1 only removes, 0 either way (a count that
+# found more or fewer units than the stock says).
+ADJUSTMENT_REASONS: dict[str, int] = {
+    StockLedger.Reason.RESTOCK: +1,
+    StockLedger.Reason.CORRECTION: 0,
+    StockLedger.Reason.DAMAGED: -1,
+    StockLedger.Reason.LOST: -1,
+    StockLedger.Reason.PROMOTION: -1,
+}
+MAX_NOTE_LENGTH = StockLedger._meta.get_field("note").max_length
+
+
+def adjustment_reasons(delta: int | None = None) -> list[str]:
+    """The reasons that may move stock by `delta` (by its sign; None: every reason), in the order offered."""
+    return [str(reason) for reason, way in ADJUSTMENT_REASONS.items()
+            if delta is None or way == 0 or (way > 0) == (delta > 0)]
+
+
+def check_adjustment(*, delta: object, reason: object, note: object) -> tuple[int, str, str]:
+    """An operator's adjustment, checked before any lock or query: a whole number of units, not 0,
+    at most SHOP["MAX_RESTOCK"] either way; a reason that goes that way; a note of at most
+    MAX_NOTE_LENGTH characters. Returns (delta, reason, note stripped)."""
+    maximum = int(shop_settings.MAX_RESTOCK)
+    if not isinstance(delta, int) or isinstance(delta, bool) or abs(delta) > maximum:
+        raise errors.AdjustmentOutOfRange(
+            f"An adjustment is a whole number of units from -{maximum} to {maximum} (not 0).",
+            details={"delta": str(delta), "maximum": maximum})
+    if delta == 0:
+        raise errors.ZeroAdjustment(details={"delta": 0})
+    allowed = adjustment_reasons(delta)
+    if reason not in allowed:
+        known = reason in ADJUSTMENT_REASONS
+        why = (f"{StockLedger.Reason(reason).label!r} cannot {'add' if delta > 0 else 'remove'} units"
+               if known else f"Unknown reason {str(reason)[:40]!r}")
+        raise errors.InvalidAdjustmentReason(f"{why}: give one of {', '.join(allowed)}.",
+                                             details={"reason": str(reason)[:40], "allowed": allowed})
+    if not isinstance(note, str) or len(note.strip()) > MAX_NOTE_LENGTH:
+        raise errors.InvalidInput(f"A note is at most {MAX_NOTE_LENGTH} characters.",
+                                  details={"note": f"at most {MAX_NOTE_LENGTH} characters"})
+    return delta, str(reason), note.strip()
 
 
 def open_stock(*, product: Product, actor: str) -> None:
@@ -151,7 +193,7 @@ def _refuse_applied(*, product_id: int, confirmation: str | None) -> None:
 def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", actor: str,
                  confirmation: str | None = None) -> Adjustment:
     """Add (`delta` > 0) or remove (< 0) units of `product`'s stock, for `reason` (one of
-    `shop.rules.ADJUSTMENT_REASONS` that goes that way: "damaged" only removes, "restock" only
+    `ADJUSTMENT_REASONS` that goes that way: "damaged" only removes, "restock" only
     adds, "correction" either), with an optional note; the ledger row names `actor`.
 
     Never below what unpaid orders reserved. `stock` is what is left to sell: an order takes its
@@ -176,7 +218,7 @@ def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", a
     inside the transaction, and the ledger's UNIQUE key is the last word if two race.
     """
     refuse_outer_transaction("adjust_stock")
-    delta, reason, note = rules.check_adjustment(delta=delta, reason=reason, note=note)
+    delta, reason, note = check_adjustment(delta=delta, reason=reason, note=note)
     if not Product.objects.filter(pk=product.pk).exists():
         raise errors.UnknownProduct(details={"product_ids": [product.pk]})
     name = product_lock(product.pk)

@@ -293,3 +293,40 @@ def test_a_turn_whose_redis_is_gone_raises_lock_unavailable(name, redis_server, 
     redis_server.stop()
     with pytest.raises(LockUnavailable):
         turn.take(limit=10) if call == "take" else turn.reply({"t0": "x"})
+
+
+def _batches(name: str) -> tuple[int, int]:
+    """(batches, batched requests) counted for `name`'s family, flushed."""
+    from locks import stats
+    from locks.keys import stats_key
+
+    stats.flush()
+    raw = _client().hgetall(stats_key(name))
+    fields = {k.decode(): int(v) for k, v in raw.items()}
+    return fields.get("batches", 0), fields.get("batched_requests", 0)
+
+
+def test_finish_ends_a_turn_once_and_counts_its_batch_once(name):
+    """The checkout's end of a turn: one release, one batch; finishing again is no error and
+    changes nothing."""
+    turn = submit(Lock(name, ttl=5.0), "mine")
+    assert isinstance(turn, Turn)
+    proc, queue = start_submitter(name, "r0")
+    batch = turn.take(limit=10)
+    turn.reply({r.token: "ok" for r in batch})
+    assert turn.finish() is True
+    assert turn.finish() is False  # already ended
+    assert queue.get(timeout=10)[1:3] == ("served", "ok")
+    proc.join(5)
+    with Lock(name, ttl=1.0, wait=0.5):  # released: free at once
+        pass
+    assert _batches(name) == (1, 2)  # ours and the one it took
+
+
+def test_finish_of_a_turn_whose_lease_ended_says_lost_and_still_counts_its_batch(name):
+    turn = submit(Lock(name, ttl=0.2), "mine")
+    assert isinstance(turn, Turn)
+    time.sleep(0.4)  # the lease ends: the lock is no longer ours
+    assert turn.finish() is False
+    assert turn.hold.released
+    assert _batches(name) == (1, 1)

@@ -294,7 +294,7 @@ def test_an_order_past_the_purchase_cap_is_409_purchase_limit(client, token, mak
     refused = post(client, "/api/orders/", {"lines": [{"product_id": p.pk, "quantity": 1}]}, token)
     assert refused.status_code == 409 and error_code(refused) == "purchase_limit"
     assert refused.json()["error"]["details"] == {"product_id": p.pk, "limit": 2, "bought": 2, "requested": 1}
-    assert refused.json()["error"]["message"] == "Sneaker X: limit 2 per customer; you already have 2."
+    assert refused.json()["error"]["message"] == "Sneaker X: Limit 2 per customer; you already have 2 in your orders."
     assert Order.objects.count() == 1
 
 

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from shop import cart, rules, selectors
+from shop import cart, money, selectors
 from shop.models import CouponClaim, Order, Product
 from shop.services import cancel_order, claim_coupon, place_order
 from tests.helpers import order_of
@@ -56,7 +56,7 @@ def test_the_product_page_says_the_limit_and_refuses_past_it(shopper, user, make
     assert "Limit 2 per customer." in refused and not shopper.session.get("cart")
     shopper.post(f"/products/{p.pk}/", {"quantity": 1})
     again = shopper.post(f"/products/{p.pk}/", {"quantity": 2}).content.decode()
-    assert "Limit 2 per customer; you already have 1 in your cart." in again
+    assert "Limit 2 per customer; you already have 1 in your cart, so you can add 1 more." in again
     assert shopper.session["cart"] == {str(p.pk): 1}
     # Bought up to the cap: the page says so and offers no Add to cart.
     place_order(user=user, lines=[(p.pk, 2)])
@@ -76,7 +76,8 @@ def test_a_cart_line_shows_the_limit_and_offers_the_fix_past_it(shopper, user, m
     order = order_of(place_order(user=user, lines=[(p.pk, 1)]))
     page = shopper.get("/cart/")
     [line] = [r for r in page.context["rows"] if r.problem]
-    assert line.problem == "Sneaker X: Limit 2 per customer; you already have 1 in your orders."
+    assert line.problem == ("Sneaker X: Limit 2 per customer; you already have 1 in your orders, "
+                            "so you can add 1 more.")
     assert line.fix_quantity == 1 and "Reduce to 1" in page.content.decode()
     checkout = shopper.get("/checkout/")
     assert checkout.context["problems"] and 'id="place-order"' not in checkout.content.decode()
@@ -111,7 +112,7 @@ def test_the_cart_review_takes_the_tighter_of_stock_and_cap(make_product, client
     assert (short.problem, short.fix_quantity) == ("Sneaker X: only 2 left.", 2)
     [capped_line] = cart.review(session, {p.pk: p}, held={p.pk: 4})
     assert (capped_line.problem, capped_line.fix_quantity) == (
-        "Sneaker X: Limit 5 per customer; you already have 4 in your orders.", 1)
+        "Sneaker X: Limit 5 per customer; you already have 4 in your orders, so you can add 1 more.", 1)
     cart.set_quantity(session, p.pk, 2)
     assert cart.review(session, {p.pk: p}, held={p.pk: 3})[0].problem == ""
 
@@ -133,7 +134,8 @@ def test_a_refusal_at_checkout_names_the_product_and_hides_place_order(shopper, 
     response = shopper.post("/checkout/", {"idempotency_key": key})
     html = response.content.decode()
     assert response.status_code == 409 and Order.objects.count() == 1
-    assert "Sneaker X: limit 1 per customer; you already have 1." in html and f"Product {p.pk}" not in html
+    assert "Sneaker X: Limit 1 per customer; you already have 1 in your orders." in html
+    assert f"Product {p.pk}" not in html
     assert 'id="place-order"' not in html and 'class="secondary remove-line"' in html
 
 
@@ -235,9 +237,9 @@ def test_the_code_box_needs_a_login_and_a_post(client, shopper):
 
 # --- a coupon worth more than the order ----------------------------------------------------------
 def test_unused_discount_is_what_the_rule_leaves():
-    assert rules.unused_discount(Decimal("5.00"), Decimal("20.00")) == Decimal("15.00")
-    assert rules.unused_discount(Decimal("50.00"), Decimal("20.00")) == Decimal("0.00")
-    assert rules.unused_discount(Decimal("5.00"), None) == Decimal("0.00")
+    assert money.unused_discount(Decimal("5.00"), Decimal("20.00")) == Decimal("15.00")
+    assert money.unused_discount(Decimal("50.00"), Decimal("20.00")) == Decimal("0.00")
+    assert money.unused_discount(Decimal("5.00"), None) == Decimal("0.00")
 
 
 def test_a_coupon_larger_than_the_order_says_so_at_checkout_and_on_the_order(shopper, user, make_product,

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from shop import rules
+from shop import money
 from shop.models import Order, OrderLine, Product
 from shop.selectors import RATE_WINDOW, product_sales, sales_totals, units_per_minute
 from shop.services import cancel_order, claim_coupon, expire_unpaid, pay_order, place_order, refund_order
@@ -35,7 +35,7 @@ def _cents(amount: Decimal) -> int:
     (0, [0], [0]),
 ])
 def test_line_shares_spread_the_discount_in_proportion_to_the_cent(total, amounts, shares):
-    assert rules.line_shares(total_cents=total, amounts_cents=amounts) == shares
+    assert money.line_shares(total_cents=total, amounts_cents=amounts) == shares
     assert sum(shares) == total
 
 
@@ -44,7 +44,7 @@ def test_line_shares_are_within_a_cent_of_the_exact_share_and_add_up():
     for _ in range(2000):
         amounts = [rng.choice([0, 1, 99, 12_500, rng.randint(1, 10**7)]) for _ in range(rng.randint(1, 6))]
         total = rng.randint(0, sum(amounts))
-        shares = rules.line_shares(total_cents=total, amounts_cents=amounts)
+        shares = money.line_shares(total_cents=total, amounts_cents=amounts)
         assert sum(shares) == total
         if sum(amounts):
             assert all(abs(s - a * total / sum(amounts)) < 1 for s, a in zip(shares, amounts, strict=True))
@@ -73,7 +73,7 @@ def test_net_revenue_in_sql_is_the_rule_applied_to_every_sold_order(make_product
         OrderLine.objects.bulk_create([OrderLine(order=order, product=p, quantity=q, unit_price=p.price)
                                        for p, q in lines])
         if status in (Order.Status.PAID, Order.Status.PLACED):
-            shares = rules.line_shares(total_cents=_cents(total), amounts_cents=[_cents(p.price * q) for p, q in lines])
+            shares = money.line_shares(total_cents=_cents(total), amounts_cents=[_cents(p.price * q) for p, q in lines])
             for (p, _), share in zip(lines, shares, strict=True):
                 expected[p.pk] += share
             paid_total += _cents(total)

@@ -15,8 +15,8 @@ ROOT = Path(shop.__file__).parent
 # Floor of each module (dotted names below `shop`); a package's modules default to the package's.
 FLOORS = {
     0: ["conf", "clock", "errors", "models", "redis_keys", "lock_names", "hooks", "reporting", "passwords",
-        "converters", "templatetags", "order_requests"],
-    1: ["settings", "rules", "validation", "receipts", "deadlines", "overload", "metrics", "admission",
+        "converters", "templatetags", "order_requests", "money", "formats"],
+    1: ["settings", "validation", "receipts", "deadlines", "overload", "metrics", "admission",
         "ratelimits", "tokens", "exports", "invariants", "selectors", "cart", "account_age"],
     2: ["plumbing", "line"],
     3: ["checkout"],

@@ -60,8 +60,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from locks.services import cli_actor_name
-from shop import account_age, errors, line, rules
+from shop import account_age, errors, line
 from shop.conf import shop_settings
+from shop.formats import shop_time
 from shop.models import Order, Product, StockLedger
 from shop.selectors import (
     MONEY_FIGURES,
@@ -79,6 +80,7 @@ from shop.services import (
     cancel_order,
     clear_drop,
     end_drop,
+    inventory,
     refund_order,
     restock,
     schedule_drop,
@@ -120,8 +122,8 @@ def _window(product: Product) -> str:
     """A product's drop window in words: "opens 2026-12-01 10:00 UTC, closes ... (upcoming)"."""
     if product.opens_at is None and product.closes_at is None:
         return "no window (on sale whenever active)"
-    opens = f"opens {rules.shop_time(product.opens_at)}" if product.opens_at else "open"
-    closes = f"closes {rules.shop_time(product.closes_at)}" if product.closes_at else "no end"
+    opens = f"opens {shop_time(product.opens_at)}" if product.opens_at else "open"
+    closes = f"closes {shop_time(product.closes_at)}" if product.closes_at else "no end"
     return f"{opens}, {closes} ({product.drop_state})"
 
 
@@ -162,8 +164,8 @@ class Command(BaseCommand):
         p.add_argument("delta", type=int, help="units to add (5) or remove (-5); never below 0")
         p.add_argument("--reason", required=True,
                        help="why: " + ", ".join(f"{r} ({'adds' if way > 0 else 'removes' if way < 0 else 'either'})"
-                                                for r, way in rules.ADJUSTMENT_REASONS.items()))
-        p.add_argument("--note", default="", help=f"a few words for the ledger (at most {rules.MAX_NOTE_LENGTH})")
+                                                for r, way in inventory.ADJUSTMENT_REASONS.items()))
+        p.add_argument("--note", default="", help=f"a few words for the ledger (at most {inventory.MAX_NOTE_LENGTH})")
         for name, what in (("cancel", "cancel an unpaid order: its stock and coupon return (the admin's Cancel…)"),
                            ("refund", "refund a paid order: the payment goes back, its stock and coupon return "
                                       "(the admin's Refund…)")):
@@ -267,7 +269,7 @@ class Command(BaseCommand):
             return
         state = "paused" if product.line_paused else "open" if found.opened else "pre-queue"
         self.stdout.write(
-            f"{product.name} ({product.sku}), drop {rules.shop_time(product.opens_at)}: line {state}\n"
+            f"{product.name} ({product.sku}), drop {shop_time(product.opens_at)}: line {state}\n"
             f"  places {found.places}, waiting {found.waiting}, let through {found.in_turn} of "
             f"{shown['window']}, pre-queue {found.prequeue} ({product.line_order}, "
             f"{product.line_prequeue_seconds} s before)\n"
@@ -336,7 +338,7 @@ class Command(BaseCommand):
 
     def _drops(self, opts: dict[str, Any]) -> None:
         """Every product with a window, by opening time (those open from the start first)."""
-        products = list(Product.objects.exclude(opens_at__isnull=True, closes_at__isnull=True)
+        products = list(Product.objects.windowed()
                         .order_by("opens_at", "closes_at", "id"))
         if opts["json"]:
             self.stdout.write(json.dumps({"products": [_drop_dict(p) for p in products]}, indent=2))
@@ -356,7 +358,7 @@ class Command(BaseCommand):
                  .filter(pk=opts["order"]).first())
         if order is None:
             raise errors.OrderNotFound(f"No order #{opts['order']}.", details={"order_id": opts["order"]})
-        allowed = rules.operator_action(order.status) == action
+        allowed = order.operator_action == action
         if not opts["yes"] and allowed:  # a refusal needs no question: the service says why
             if opts["json"]:
                 raise CommandError(f"{action} with --json needs --yes (no question can be asked)")
@@ -402,7 +404,7 @@ class Command(BaseCommand):
         self.stdout.write(self.style.MIGRATE_HEADING(f"Sign-ups and API tokens, last {minutes} minutes"))
         self.stdout.write(f"{'minute':<17} {'accounts':>8} {'tokens':>8} {'quick':>8}")
         for r in rows:
-            self.stdout.write(f"{rules.shop_time(r['minute'])[:16]:<17} {r['accounts']:>8} {r['tokens']:>8} "
+            self.stdout.write(f"{shop_time(r['minute'])[:16]:<17} {r['accounts']:>8} {r['tokens']:>8} "
                               f"{r['quick_tokens']:>8}")
         self.stdout.write(f"{'total':<17} {totals['accounts']:>8} {totals['tokens']:>8} {totals['quick_tokens']:>8}")
 

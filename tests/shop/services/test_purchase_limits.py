@@ -47,11 +47,12 @@ def test_the_refusal_names_the_product_and_what_the_buyer_may_still_buy(combinin
     """The shopper's words, on the web and in the API's message: the product by its name (never
     its database id), the cap, and what is left; the details stay machine-readable."""
     p = capped(make_product, stock=20, cap=2, name="Sneaker X")
-    for lines, words in (([(p.pk, 3)], "Sneaker X: limit 2 per customer; you asked for 3."),
+    for lines, words in (([(p.pk, 3)], "Sneaker X: Limit 2 per customer; you asked for 3."),
                          ([(p.pk, 1)], None),
-                         ([(p.pk, 2)], "Sneaker X: limit 2 per customer; you already have 1, so you can add 1 more."),
+                         ([(p.pk, 2)], "Sneaker X: Limit 2 per customer; you already have 1 in your orders, "
+                                        "so you can add 1 more."),
                          ([(p.pk, 1)], None),
-                         ([(p.pk, 1)], "Sneaker X: limit 2 per customer; you already have 2.")):
+                         ([(p.pk, 1)], "Sneaker X: Limit 2 per customer; you already have 2 in your orders.")):
         if words is None:
             place_order(user=user, lines=lines)
             continue
