@@ -160,7 +160,7 @@ def _caches_on(redis: RedisProcess | None) -> Iterator[None]:
     if redis is None:
         yield
         return
-    from shop.settings import redis_cache
+    from config.settings import redis_cache
 
     with override_settings(CACHES={**settings.CACHES, "default": redis_cache(redis.url),
                                    "locks": redis_cache(redis.url)}):

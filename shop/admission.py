@@ -6,7 +6,7 @@ ones. So a process admits at most MAX_WAITING buyers into the lines at once; the
 `busy` (503, Retry-After) at once, before it costs a queue slot, a lock or a database
 connection. The sold-out and replay checks come before admission (shop/services/checkout.py), so
 "sold out" is always answered. While the lines are full, the shop's gunicorn worker refuses new
-orders before they reach the app (shop/gunicorn_worker.py), except those for products this
+orders before they reach the app (config/gunicorn_worker.py), except those for products this
 process knows are sold out (`soldout.known_sold_out`): those go on, to be answered "sold out".
 
 MAX_WAITING: SHOP["MAX_WAITING"] if set; under the shop's gunicorn worker, its threads minus a
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from shop import errors, metrics
 from shop.conf import shop_settings
 
-_threads: int | None = None  # the gunicorn worker's threads, when it runs us (shop/gunicorn_worker.py)
+_threads: int | None = None  # the gunicorn worker's threads, when it runs us (config/gunicorn_worker.py)
 _guard = threading.Lock()
 _waiting = 0
 _by_product: Counter[int] = Counter()  # buyers waiting here, per product of their orders

@@ -38,7 +38,7 @@ DEFAULTS: dict[str, Any] = {
     # Every app server must use the same N: set it where servers differ in size.
     # Env: SHOP_COMBINE_LANES.
     "COMBINE_LANES": "auto",
-    # Overload (shop/gunicorn_worker.py, shop/admission.py, shop/deadlines.py). A request waits for
+    # Overload (config/gunicorn_worker.py, shop/admission.py, shop/deadlines.py). A request waits for
     # a thread of its worker at most QUEUE_INTERVAL s while the queue drains now and then, and
     # QUEUE_TARGET s once a standing queue formed (CoDel); more than QUEUE_MAX requests waiting
     # (None: the worker's thread count) and a new one is answered 503 `busy` at once, without the
@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "QUEUE_INTERVAL": 0.1,
     "QUEUE_MAX": None,
     "MAX_WAITING": None,
-    # Slow clients (shop/gunicorn_worker.py): the worker reads a request before it gives it a
+    # Slow clients (config/gunicorn_worker.py): the worker reads a request before it gives it a
     # thread. It must be whole within HEAD_TIMEOUT s of its connection (or, kept alive, of its
     # first byte), or the connection is closed; a head over HEAD_MAX bytes is answered 431; a body
     # up to BODY_BUFFER bytes is read too (a larger one, or chunked, by the thread). Once a worker

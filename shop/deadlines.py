@@ -2,7 +2,7 @@
 
 The server's budget is LOCK_WAIT + ANSWER_MARGIN: the wait in the product's line, then a second
 to settle and answer. It counts from the request's arrival, when the worker queued it for a
-thread (`environ["shop.arrived"]`, stamped by shop/gunicorn_worker.py), so the time it waited for
+thread (`environ["shop.arrived"]`, stamped by config/gunicorn_worker.py), so the time it waited for
 a thread is part of it. A client may ask for less with RFC 7240's `Prefer: wait=N` (seconds),
 never for more. Work for a request past its deadline is not started, and no order is committed
 for it (the combiner and the batch writer check: shop/checkout/writer.py).

@@ -8,7 +8,7 @@ Each outcome is counted once, where it is decided:
 - `soldout_rejected` where the sold-out marker refuses an order without the lock (checkout.py);
 - `fence_refused` where a stale fence is caught (transactions.with_retries, writer.write).
 
-Multi-process mode (gunicorn, see gunicorn.conf.py): with PROMETHEUS_MULTIPROC_DIR set before
+Multi-process mode (gunicorn, see config/gunicorn.conf.py): with PROMETHEUS_MULTIPROC_DIR set before
 the app is imported, prometheus_client keeps each worker's values in files of that directory and
 the view sums them with `MultiProcessCollector`; without it (runserver, tests, loadtest) the
 default in-process registry is served.

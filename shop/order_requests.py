@@ -1,7 +1,7 @@
 """Which requests are orders: the one rule, and what a request's raw bytes say about it.
 
 The shop's gunicorn worker refuses orders before the app while its process's lines are full
-(shop/gunicorn_worker.py); it reads the client's bytes in its main loop, where an exception would
+(config/gunicorn_worker.py); it reads the client's bytes in its main loop, where an exception would
 end the process and every request it serves. So everything here is pure, bounded and never
 raises:
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
-# The paths of the two ways to order (shop/urls.py routes them: tests/shop/test_order_requests.py
+# The paths of the two ways to order (config/urls.py routes them: tests/shop/test_order_requests.py
 # checks that the app routes no other spelling to its order views).
 API_ORDERS = "/api/orders/"
 CHECKOUT = "/checkout/"

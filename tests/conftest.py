@@ -179,8 +179,8 @@ def _no_stale_shop_keys(django_db_setup, django_db_blocker):
 @pytest.fixture
 def private_redis(settings) -> Iterator[RedisServer]:
     """Both Redis aliases (markers and locks) on a private redis-server, configured exactly as
-    shop/settings/redis_locks.py configures them from REDIS_URL: a test may stop, freeze or wipe it."""
-    from shop.settings import redis_cache
+    config/settings/redis_locks.py configures them from REDIS_URL: a test may stop, freeze or wipe it."""
+    from config.settings import redis_cache
 
     server = RedisServer()
     server.start()

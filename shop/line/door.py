@@ -2,7 +2,7 @@
 
 In a drop's first seconds the crowd arrives faster than the app servers can run requests, and a
 place taken only when a request reaches a view goes to whoever the worker happened to let in
-first, not to whoever came first. So the shop's worker (shop/gunicorn_worker.py) hands such an
+first, not to whoever came first. So the shop's worker (config/gunicorn_worker.py) hands such an
 order to a thread that does only this: read the token, check the order as the API would, and
 take the buyer's place as of the moment the worker read the request (`line.join`, one script
 call). A buyer who must wait gets the API's own 202 from here, at a fraction of a request's

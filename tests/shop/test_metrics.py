@@ -264,7 +264,7 @@ def _record_stale_counter(directory: Path) -> Path:
 
 
 def test_gunicorn_with_two_workers_serves_the_sum_of_both(tmp_path, make_product, settings):
-    """gunicorn -c gunicorn.conf.py, 2 workers: orders over HTTP land on both; one scrape (served
+    """gunicorn -c config/gunicorn.conf.py, 2 workers: orders over HTTP land on both; one scrape (served
     by either) counts every order; a worker SIGKILLed keeps its orders in the sum; the files an
     earlier run left are gone at start."""
     import concurrent.futures
@@ -290,8 +290,8 @@ def test_gunicorn_with_two_workers_serves_the_sum_of_both(tmp_path, make_product
            "DATABASE_URL": f"mysql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
            "LOCKS_KEY_PREFIX": settings.LOCKS["KEY_PREFIX"]}
     env.pop("FLASHSALE_METRICS_OWN_DIR", None)
-    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "shop.wsgi", "-c", "gunicorn.conf.py", "-w", "2",
-                               "--threads", "16", "-b", f"127.0.0.1:{port}", "--log-level", "warning"],
+    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi", "-c", "config/gunicorn.conf.py",
+                               "-w", "2", "--threads", "16", "-b", f"127.0.0.1:{port}", "--log-level", "warning"],
                               cwd=ROOT, env=env)
     base = f"http://127.0.0.1:{port}"
     scrape_headers = {"Authorization": f"Bearer {TOKEN}"}

@@ -16,8 +16,8 @@ from gunicorn.util import split_request_uri, unquote_to_wsgi_str
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from config.gunicorn_worker import _PARTIAL, _TOO_LARGE, _WHOLE, ShopWorker, _body_length, _Conn, busy_response
 from shop import api, order_requests, validation, views
-from shop.gunicorn_worker import _PARTIAL, _TOO_LARGE, _WHOLE, ShopWorker, _body_length, _Conn, busy_response
 from shop.order_requests import (
     READ_MAX,
     body,
@@ -61,7 +61,7 @@ class _Sock:
 
 
 def reading(data: bytes, pieces: int = 3) -> str:
-    """The main loop's read of a request that comes in `pieces` (shop/gunicorn_worker.py): its
+    """The main loop's read of a request that comes in `pieces` (config/gunicorn_worker.py): its
     verdict once all of `data` has come; every verdict on the way is one of the three too."""
     conn = _Conn.__new__(_Conn)
     conn.sock, conn.request, conn.whole_at, conn.scanned = _Sock(), bytearray(), 0, 0

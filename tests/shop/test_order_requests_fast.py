@@ -13,7 +13,8 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from shop import gunicorn_worker, order_requests
+from config import gunicorn_worker
+from shop import order_requests
 from shop.order_requests import (
     API_ORDERS,
     BODY_MAX,

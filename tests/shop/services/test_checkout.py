@@ -367,7 +367,7 @@ def test_a_record_whose_order_is_gone_queues_after_all(user, make_product, mget_
 
 def test_markers_in_another_redis_are_read_by_one_mget_first(user, make_product, combining, mget_calls,
                                                             redis_server, settings):
-    from shop.settings import redis_cache
+    from config.settings import redis_cache
 
     settings.CACHES = {**settings.CACHES, "default": redis_cache(redis_server.url)}  # markers elsewhere
     assert not soldout.shares_lock_redis()

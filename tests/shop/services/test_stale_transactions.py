@@ -14,11 +14,11 @@ from django.contrib.auth import get_user_model
 from django.core import checks
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 
+from config.settings import redis_cache
 from shop import hooks
 from shop.lock_names import product_lock
 from shop.models import Product
 from shop.plumbing import stale_transactions
-from shop.settings import redis_cache
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK
 from tests.shop.services.test_combining import _run_behind_combiner

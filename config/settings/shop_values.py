@@ -1,8 +1,8 @@
 """The shop's own settings: SHOP (defaults and meaning in shop/conf.py; the environment overrides
 a few) and the currency shown before prices."""
 
-from shop.settings.environment import UNSET as _UNSET
-from shop.settings.environment import value
+from config.settings.environment import UNSET as _UNSET
+from config.settings.environment import value
 
 # Shown before every price on the web pages (the `money` template filter), in mail and the admin.
 SHOP_CURRENCY = value("SHOP_CURRENCY")

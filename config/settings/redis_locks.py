@@ -1,8 +1,8 @@
 """Redis (CACHES, through django-redis: pools, Sentinel and Cluster the Django way) and the lock
 service (LOCKS, read by locks/conf.py; the backends are locks/backends/)."""
 
+from config.settings.environment import value
 from locks import redis_urls
-from shop.settings.environment import value
 
 # REDIS_URL and LOCKS_REDIS_URL: redis://, rediss://, unix://, redis+sentinel://h:p,h:p/master/0
 # or redis+cluster://h:p,h:p/0 (locks/redis_urls.py turns each into a CACHES entry).

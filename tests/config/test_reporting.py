@@ -7,7 +7,7 @@ import sys
 from django.test import RequestFactory
 from django.views.debug import ExceptionReporter, get_default_exception_reporter_filter
 
-from shop.reporting import SafeUrlExceptionReporterFilter, mask_url_credentials
+from config.reporting import SafeUrlExceptionReporterFilter, mask_url_credentials
 
 PASSWORD = "-".join(("s3cr3t", "Pa55"))  # never literally in the source the report quotes
 
@@ -50,7 +50,7 @@ def test_a_password_with_an_unescaped_at_sign_is_masked_whole():
 def test_the_request_log_leaves_out_the_503s_the_shop_answers_on_purpose():
     import logging
 
-    from shop.reporting import NotRefusals
+    from config.reporting import NotRefusals
 
     def record(status: int) -> logging.LogRecord:
         r = logging.LogRecord("django.request", logging.ERROR, __file__, 1, "x", (), None)

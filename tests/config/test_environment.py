@@ -1,4 +1,4 @@
-"""The one table of environment variables (shop/settings/environment.py), the settings that read
+"""The one table of environment variables (config/settings/environment.py), the settings that read
 it, and the README's configuration table, which must name the same variables with the same
 defaults."""
 
@@ -8,9 +8,9 @@ import re
 
 import pytest
 
+from config.settings.environment import TABLE, value
 from locks.backends import BACKENDS
-from shop.settings.environment import TABLE, value
-from tests.shop.test_settings import ROOT, start
+from tests.config.test_settings import ROOT, start
 
 SETTINGS_DIR = ROOT / "shop" / "settings"
 
@@ -34,7 +34,7 @@ def test_the_readme_table_names_exactly_the_variables_of_the_table():
     in_readme = {name for names, _, _ in readme_rows() for name in names}
     assert len(in_readme) > 50  # the table was found
     assert not set(TABLE) - in_readme, f"add to the README's configuration table: {sorted(set(TABLE) - in_readme)}"
-    assert not in_readme - set(TABLE), (f"the README names variables that shop/settings/environment.py lacks: "
+    assert not in_readme - set(TABLE), (f"the README names variables that config/settings/environment.py lacks: "
                                         f"{sorted(in_readme - set(TABLE))}")
 
 
@@ -58,7 +58,7 @@ def test_the_readme_lists_every_lock_backend_of_the_registry():
 
 
 def test_the_settings_read_every_variable_of_theirs():
-    read = start("' '.join(sorted(__import__('shop.settings.environment', fromlist=['READ']).READ))",
+    read = start("' '.join(sorted(__import__('config.settings.environment', fromlist=['READ']).READ))",
                  DEBUG="true", EMAIL_URL="")  # EMAIL_URL unset: the EMAIL_HOST... variables are read
     assert read.returncode == 0, read.stderr
     theirs = {name for name, var in TABLE.items() if not var.read_by}
@@ -83,7 +83,7 @@ def test_the_settings_modules_read_the_environment_only_through_the_table():
 def test_value_knows_only_the_table_and_only_what_the_settings_read():
     with pytest.raises(KeyError):
         value("NO_SUCH_VARIABLE")
-    with pytest.raises(LookupError, match=r"read by gunicorn\.conf\.py"):
+    with pytest.raises(LookupError, match=r"read by config/gunicorn\.conf\.py"):
         value("WEB_WORKER_CONNECTIONS")
 
 

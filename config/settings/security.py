@@ -1,6 +1,6 @@
 """HTTPS, cookies and sessions (all off by default for the laptop; docs/production.env.example)."""
 
-from shop.settings.environment import value
+from config.settings.environment import value
 
 SECURE_SSL_REDIRECT = value("SECURE_SSL_REDIRECT")
 SECURE_HSTS_SECONDS = value("SECURE_HSTS_SECONDS")

@@ -48,7 +48,7 @@ class NotRefusals(logging.Filter):
 
 def say_where_debug_came_from() -> None:
     """A server started from a checkout where ./dev.sh wrote .env.dev runs with DEBUG on: say it,
-    loudly, at start (shop/wsgi.py and shop/asgi.py call this)."""
+    loudly, at start (config/wsgi.py and config/asgi.py call this)."""
     import sys
 
     from django.conf import settings

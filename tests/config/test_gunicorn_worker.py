@@ -1,4 +1,4 @@
-"""The worker's own answers (shop/gunicorn_worker.py): what a refused request gets back."""
+"""The worker's own answers (config/gunicorn_worker.py): what a refused request gets back."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import re
 import pytest
 from django.test import override_settings
 
+from config.gunicorn_worker import busy_response, use_site_headers
 from shop import order_requests
-from shop.gunicorn_worker import busy_response, use_site_headers
 
 
 def _split(answer: bytes) -> tuple[str, dict[str, str], bytes]:

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from tests.shop.test_settings import ROOT, start
+from tests.config.test_settings import ROOT, start
 
 REDLOCK = ",".join(f"redis://127.0.0.1:{p}/0" for p in range(6382, 6387))
 

@@ -22,7 +22,7 @@ from shop import line, overload, redis_keys
 from shop.lock_names import product_lock
 from shop.models import ApiToken, Product
 from tests import helpers
-from tests.shop.test_gunicorn_worker_triage import _order_body, _post, exchange
+from tests.config.test_gunicorn_worker_triage import _order_body, _post, exchange
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.alone]  # the queue delay is timed
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shop.gunicorn_worker import busy_response, use_site_headers
+from config.gunicorn_worker import busy_response, use_site_headers
 from tests.browser import launch
 
 pytestmark = pytest.mark.browser

@@ -1,8 +1,8 @@
 """gunicorn settings of the shop: its worker (overload), Prometheus multi-process mode (docs/metrics.md).
 
-    gunicorn -c gunicorn.conf.py shop.wsgi --workers 4 --threads 16 --bind 0.0.0.0:8000
+    gunicorn -c config/gunicorn.conf.py config.wsgi --workers 4 --threads 16 --bind 0.0.0.0:8000
 
-The worker is gthread with its queue bounded (shop/gunicorn_worker.py): past capacity a request
+The worker is gthread with its queue bounded (config/gunicorn_worker.py): past capacity a request
 is answered 503 `busy` with Retry-After at once instead of waiting unbounded for a thread, and a
 request gets a thread only once it has come whole (slow clients: docs/operations.md). It
 accepts eagerly (worker_connections), so the kernel's backlog stays short: a crowd is answered,
@@ -37,7 +37,7 @@ elif os.environ.get("FLASHSALE_METRICS_OWN_DIR") == "1":
     _OWN_DIR = True
 
 
-worker_class = "shop.gunicorn_worker.ShopWorker"
+worker_class = "config.gunicorn_worker.ShopWorker"
 # Threads per worker (--threads wins): buyers waiting in a product's line hold one each, and the
 # shop admits a quarter fewer waiting buyers than threads, so the cheap answers always find one.
 threads = int(os.environ.get("WEB_THREADS", "16"))

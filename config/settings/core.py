@@ -1,6 +1,6 @@
 """Django itself: debug and key, hosts, apps, middleware, templates, auth, language, static files."""
 
-from shop.settings.environment import BASE_DIR, value
+from config.settings.environment import BASE_DIR, value
 
 # Off unless asked for: a forgotten variable must never expose tracebacks and settings.
 # `./dev.sh` turns it on for the laptop (its environment and `.env.dev`).
@@ -34,9 +34,9 @@ MIDDLEWARE = [
     "shop.middleware.DatabaseUnavailableMiddleware",
 ]
 
-ROOT_URLCONF = "shop.urls"
-WSGI_APPLICATION = "shop.wsgi.application"
-ASGI_APPLICATION = "shop.asgi.application"
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
 
 TEMPLATES = [
     {
@@ -71,7 +71,7 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 # One date style in the admin ("28 Nov 2026 20:15"), not Django's en-us "Nov. 28, 2026, 8:15 p.m.".
-FORMAT_MODULE_PATH = ["shop.formats"]
+FORMAT_MODULE_PATH = ["config.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"

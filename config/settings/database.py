@@ -1,6 +1,6 @@
 """MySQL / MariaDB: DATABASES from DATABASE_URL (checked in environment.py: MySQL only, a database named)."""
 
-from shop.settings.environment import env, value
+from config.settings.environment import env, value
 
 DATABASE_URL = value("DATABASE_URL")
 _db = env.db_url_config(DATABASE_URL)

@@ -4,7 +4,7 @@ Rates per limit are SHOP["RATE_LIMITS"] (shop/conf.py; the RATE_LIMITS variable 
 them, in shop_values.py); RATELIMIT_ENABLE=false switches them all off (benchmark servers).
 """
 
-from shop.settings.environment import value
+from config.settings.environment import value
 
 RATELIMIT_ENABLE = value("RATELIMIT_ENABLE")
 RATELIMIT_USE_CACHE = "default"

@@ -1,9 +1,9 @@
-"""Settings, read from the environment with working local defaults (DJANGO_SETTINGS_MODULE=shop.settings).
+"""Settings, read from the environment with working local defaults (DJANGO_SETTINGS_MODULE=config.settings).
 
 One module per concern, each reading its environment variables through the one table of them,
 `environment.py` (name, meaning, default, how it is read and checked: a mistake fails at start
 with a message that names the variable). The README's configuration table lists the same names
-(tests/shop/test_environment.py):
+(tests/config/test_environment.py):
 
     environment  the table of variables, `value(NAME)`, the `.env` / `.env.dev` files
     core         DEBUG, SECRET_KEY, hosts, apps, middleware, templates, auth, language, static files
@@ -21,13 +21,13 @@ names the first); `mail` reads DEBUG from `core`.
 """
 # isort: skip_file
 
-from shop.settings.environment import DEBUG_FROM_FILE, DEFAULT_DEV_ENV_FILE  # noqa: F401  (shop/reporting.py)
-from shop.settings.core import *  # noqa: F403
-from shop.settings.database import *  # noqa: F403
-from shop.settings.redis_locks import *  # noqa: F403
-from shop.settings.shop_values import *  # noqa: F403
-from shop.settings.ratelimits import *  # noqa: F403
-from shop.settings.metrics import *  # noqa: F403
-from shop.settings.mail import *  # noqa: F403
-from shop.settings.security import *  # noqa: F403
-from shop.settings.logs import *  # noqa: F403
+from config.settings.environment import DEBUG_FROM_FILE, DEFAULT_DEV_ENV_FILE  # noqa: F401  (config/reporting.py)
+from config.settings.core import *  # noqa: F403
+from config.settings.database import *  # noqa: F403
+from config.settings.redis_locks import *  # noqa: F403
+from config.settings.shop_values import *  # noqa: F403
+from config.settings.ratelimits import *  # noqa: F403
+from config.settings.metrics import *  # noqa: F403
+from config.settings.mail import *  # noqa: F403
+from config.settings.security import *  # noqa: F403
+from config.settings.logs import *  # noqa: F403

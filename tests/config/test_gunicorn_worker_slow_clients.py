@@ -1,6 +1,6 @@
-"""Slow clients hold no thread of the shop's worker (shop/gunicorn_worker.py), on a real server.
+"""Slow clients hold no thread of the shop's worker (config/gunicorn_worker.py), on a real server.
 
-A small real gunicorn (the shipped gunicorn.conf.py and settings: the shop's worker, 1 worker x 4
+A small real gunicorn (the shipped config/gunicorn.conf.py and settings: the shop's worker, 1 worker x 4
 threads), and one with tighter bounds set through the environment (`tight_server`).
 The attackers connect from 127.0.0.1; the normal client from 127.0.0.2 (on Linux the whole of
 127/8 is this machine), so it is another client address, as it is on the internet.
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
+from config.gunicorn_worker import SLOT_GRACE
 from loadtest import appservers
-from shop.gunicorn_worker import SLOT_GRACE
 
 # django_db: pytest-django sets up the test database only for a run that holds a test marked so
 # (the servers use it), as a run of this module alone does not otherwise.

@@ -21,7 +21,7 @@ def start(print_: str = "settings.DATABASES['default']['NAME'], settings.CACHES[
     clean = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARIABLES}
     return subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); from django.conf import settings; print({print_})"],
-        cwd=ROOT, env={**clean, "DJANGO_SETTINGS_MODULE": "shop.settings", **env},
+        cwd=ROOT, env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", **env},
         capture_output=True, text=True, timeout=60,
     )
 
@@ -128,7 +128,7 @@ def test_check_deploy_is_clean_with_the_production_example_env():
              if k not in SETTINGS_VARIABLES | {"DJANGO_ALLOW_ASYNC_UNSAFE"} and not k.startswith("SECURE_")}
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT, env={**clean, "DJANGO_SETTINGS_MODULE": "shop.settings", **env},
+        cwd=ROOT, env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", **env},
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -185,7 +185,7 @@ def test_the_image_never_loads_demo_data_unless_asked(tmp_path):
     calls = _run_image_start(tmp_path)
     assert calls[0] == "python manage.py migrate --no-input"
     assert not any("seed_demo" in call for call in calls), calls  # no admin/admin in any image
-    assert calls[-1].startswith("gunicorn shop.wsgi")
+    assert calls[-1].startswith("gunicorn config.wsgi")
     (tmp_path / "calls.log").unlink()
     assert "python manage.py seed_demo" in _run_image_start(tmp_path, SEED_DEMO="1")
 
@@ -228,13 +228,13 @@ def test_a_bad_zookeeper_auth_is_refused_without_printing_it():
 
 
 def _load_wsgi(tmp_path: Path, env_file_text: str | None, **env: str) -> subprocess.CompletedProcess:
-    """Import shop.wsgi (what gunicorn does) with DEV_ENV_FILE pointing at a file of this text."""
+    """Import config.wsgi (what gunicorn does) with DEV_ENV_FILE pointing at a file of this text."""
     dev_env = tmp_path / "dev.env"
     if env_file_text is not None:
         dev_env.write_text(env_file_text)
     clean = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARIABLES}
-    return subprocess.run([sys.executable, "-c", "import shop.wsgi"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, env={**clean, "DJANGO_SETTINGS_MODULE": "shop.settings",
+    return subprocess.run([sys.executable, "-c", "import config.wsgi"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings",
                                            "DEV_ENV_FILE": str(dev_env), **env})
 
 

@@ -49,7 +49,7 @@ the app (logged), never ends the worker. The worker's answers carry the security
 Django's middleware gives the site's (read from the settings when the app loads) and a
 Content-Security-Policy of their own.
 
-    gunicorn shop.wsgi -c gunicorn.conf.py        (worker_class = "shop.gunicorn_worker.ShopWorker")
+    gunicorn config.wsgi -c config/gunicorn.conf.py        (worker_class = "config.gunicorn_worker.ShopWorker")
 """
 
 from __future__ import annotations

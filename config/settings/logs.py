@@ -1,14 +1,14 @@
 """Logging and error reports."""
 
-from shop.settings.environment import value
+from config.settings.environment import value
 
 # Tracebacks and error reports mask passwords inside URLs (DATABASE_URL, REDIS_URL...).
-DEFAULT_EXCEPTION_REPORTER_FILTER = "shop.reporting.SafeUrlExceptionReporterFilter"
+DEFAULT_EXCEPTION_REPORTER_FILTER = "config.reporting.SafeUrlExceptionReporterFilter"
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"not_refusals": {"()": "shop.reporting.NotRefusals"}},
+    "filters": {"not_refusals": {"()": "config.reporting.NotRefusals"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": value("LOG_LEVEL")},
     # Django logs every 4xx as a warning; in a flash sale most answers are 409 out_of_stock by

@@ -6,7 +6,7 @@ VARIABLES below: its name, what it means, its default (`shown` as the README's c
 table shows it), how it is read and what is refused. The settings modules beside this one read a
 variable only through `value(NAME)`, so a mistake fails at start with a message that names the
 variable, not deep inside a request. A few variables are read outside the settings (gunicorn,
-dev.sh, the image): their entries say where (`read_by`). tests/shop/test_environment.py holds the
+dev.sh, the image): their entries say where (`read_by`). tests/config/test_environment.py holds the
 README's table to this one, name for name and default for default.
 """
 
@@ -402,13 +402,14 @@ VARIABLES: list[Variable] = [
     # read outside the settings
     Variable("WEB_WORKERS", "gunicorn workers (the image, compose)", default="4",
              read_by=("Dockerfile", "docker-compose.yml")),
-    Variable("WEB_THREADS", "gunicorn threads per worker", default="16", read_by=("gunicorn.conf.py", "Dockerfile")),
+    Variable("WEB_THREADS", "gunicorn threads per worker", default="16",
+             read_by=("config/gunicorn.conf.py", "Dockerfile")),
     Variable("WEB_WORKER_CONNECTIONS", "connections one gunicorn worker holds", default="1000",
-             read_by=("gunicorn.conf.py",)),
+             read_by=("config/gunicorn.conf.py",)),
     Variable("PROMETHEUS_MULTIPROC_DIR", "gunicorn: where the workers write their metric files (emptied at start)",
-             shown="a private one per server", read_by=("gunicorn.conf.py", "shop/metrics.py")),
+             shown="a private one per server", read_by=("config/gunicorn.conf.py", "shop/metrics.py")),
     Variable("GUNICORN_CONTROL_SOCKET", "gunicorn's control socket (gunicornc)",
-             shown="`gunicorn.ctl` in that directory", read_by=("gunicorn.conf.py",)),
+             shown="`gunicorn.ctl` in that directory", read_by=("config/gunicorn.conf.py",)),
     Variable("SEED_DEMO", "1: `manage.py seed_demo` may create the demo data (superuser admin/admin)",
              shown="unset", read_by=("shop/management/commands/seed_demo.py", "Dockerfile")),
 ]
@@ -476,7 +477,7 @@ def value(name: str, *, default: Any = _NO_DEFAULT) -> Any:
 # laptop; a server has no such file, so nothing changes there. DEV_ENV_FILE names another file
 # ("" for none: the test suite, which must not depend on a developer's file).
 # Where DEBUG came from, when a file set it: a server started from a developer's checkout says so
-# at start (shop/wsgi.py, shop/asgi.py), loudly.
+# at start (config/wsgi.py, config/asgi.py), loudly.
 DEBUG_FROM_FILE = ""
 for _env_file in (BASE_DIR / ".env", value("DEV_ENV_FILE")):
     if _env_file and os.path.isfile(_env_file):

@@ -6,8 +6,8 @@ EMAIL_USE_TLS/EMAIL_USE_SSL configure SMTP; with neither, development (DEBUG) pr
 console and production sends to SMTP on localhost:25.
 """
 
-from shop.settings.core import DEBUG
-from shop.settings.environment import env, value
+from config.settings.core import DEBUG
+from config.settings.environment import env, value
 
 EMAIL_URL = value("EMAIL_URL")
 if EMAIL_URL:
