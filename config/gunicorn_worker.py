@@ -24,7 +24,7 @@ This worker keeps gthread's threads and accepts as eagerly, and:
 - answers what it cannot serve in time at once, 503 `busy` with Retry-After, without the app:
   in the main loop, once the request is whole, when more requests already wait for a thread
   than SHOP["QUEUE_MAX"] (default: the number of threads), or when this process's lines are
-  full (as many buyers wait as it admits: shop/admission.py) and the request is an order,
+  full (as many buyers wait as it admits: shop/edge/admission.py) and the request is an order,
   unless it orders only products known to be sold out (those go on: the app answers "sold out"
   at once); in the thread that picks a request up, when it waited longer than the queue allows:
   CoDel's rule (Facebook's "controlled delay"): SHOP["QUEUE_INTERVAL"] (100 ms) while the queue
@@ -36,13 +36,13 @@ This worker keeps gthread's threads and accepts as eagerly, and:
 
 Every other request is stamped with the time it became whole and was queued
 (`environ["shop.arrived"]`, time.monotonic() of this process): its deadline counts from there
-(shop/deadlines.py), so a client slow to send costs its own deadline nothing. A thread of the
+(shop/edge/deadlines.py), so a client slow to send costs its own deadline nothing. A thread of the
 worker reads the index of sold-out products four times a second and adds the overload counts to
-Redis once a second (shop/overload.py: the lock dashboard's panel). With TLS in gunicorn itself
+Redis once a second (shop/edge/overload.py: the lock dashboard's panel). With TLS in gunicorn itself
 (certfile), HTTP/2 or the PROXY protocol the main loop does not read requests: they go to a
 thread as in gthread.
 
-What is an order, and which products it names, is shop/order_requests.py's rule, the app's too:
+What is an order, and which products it names, is shop/edge/order_requests.py's rule, the app's too:
 it reads at most READ_MAX (16 KiB) of a request, never raises, and what it cannot read of an
 order is refused while the lines are full; should it raise all the same, the request goes on to
 the app (logged), never ends the worker. The worker's answers carry the security headers
@@ -74,7 +74,7 @@ from functools import partial
 from gunicorn import http, util
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
-from shop import order_requests
+from shop.edge import order_requests
 
 RETRY_AFTER = 1  # seconds: a thread frees within milliseconds; a second spreads the retries
 RECV_SIZE = 65536  # bytes the main loop takes from a connection at a time
@@ -382,8 +382,9 @@ class ShopWorker(ThreadWorker):
         super().load_wsgi()
         from django.conf import settings
 
-        from shop import admission, deadlines, metrics, overload
+        from shop import metrics
         from shop.conf import shop_settings
+        from shop.edge import admission, deadlines, overload
         from shop.plumbing import soldout
 
         self.queue_max = int(shop_settings.QUEUE_MAX or self.cfg.threads)
@@ -418,7 +419,7 @@ class ShopWorker(ThreadWorker):
     def _keep_known_sold_out(self, soldout) -> None:
         """Which products are sold out and the fronts of the drops' lines, read every quarter of a
         second, and the overload counts flushed every second (never in the main loop)."""
-        from shop import overload
+        from shop.edge import overload
 
         flushed = time.monotonic()
         while self.alive:
@@ -868,7 +869,7 @@ class ShopWorker(ThreadWorker):
         return self._order_to_refuse(bytes(getattr(conn, "request", b"")))
 
     def _order_to_refuse(self, request: bytes) -> bool:
-        """The triage's rule (shop/order_requests.py: bounded, it never raises). Should it raise
+        """The triage's rule (shop/edge/order_requests.py: bounded, it never raises). Should it raise
         all the same, the request goes on to the app, which answers it: an exception here would
         end the worker and every request it serves."""
         try:
@@ -879,7 +880,7 @@ class ShopWorker(ThreadWorker):
             return False
 
     def _crowded_here(self, product_ids: tuple[int, ...]) -> bool:
-        """An order of products whose buyers fill this process (shop/admission.py), and not only
+        """An order of products whose buyers fill this process (shop/edge/admission.py), and not only
         of products with a line (their waiting costs no thread: the line answers it)."""
         return not self._lined.issuperset(product_ids) and self._product_crowded(product_ids)
 

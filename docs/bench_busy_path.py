@@ -69,7 +69,7 @@ def setup(tree: Path):
     from gunicorn.glogging import Logger
 
     from config import gunicorn_worker
-    from shop import admission
+    from shop.edge import admission
     from shop.plumbing import soldout
 
     assert Path(gunicorn_worker.__file__).is_relative_to(tree), gunicorn_worker.__file__

@@ -18,7 +18,8 @@ from django.http import HttpRequest, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from shop import clock, deadlines, errors, ratelimits, selectors, validation
+from shop import clock, errors, selectors, validation
+from shop.edge import deadlines, ratelimits
 from shop.line import arrivals, lined, tickets
 from shop.models import CouponClaim, Order, Product
 from shop.receipts import Receipt

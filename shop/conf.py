@@ -38,7 +38,7 @@ DEFAULTS: dict[str, Any] = {
     # Every app server must use the same N: set it where servers differ in size.
     # Env: SHOP_COMBINE_LANES.
     "COMBINE_LANES": "auto",
-    # Overload (config/gunicorn_worker.py, shop/admission.py, shop/deadlines.py). A request waits for
+    # Overload (config/gunicorn_worker.py, shop/edge/admission.py, shop/edge/deadlines.py). A request waits for
     # a thread of its worker at most QUEUE_INTERVAL s while the queue drains now and then, and
     # QUEUE_TARGET s once a standing queue formed (CoDel); more than QUEUE_MAX requests waiting
     # (None: the worker's thread count) and a new one is answered 503 `busy` at once, without the
@@ -128,7 +128,7 @@ DEFAULTS: dict[str, Any] = {
     # DROP_OPENING_WINDOW seconds of its opening is counted in flashsale_drop_young_buyers_total.
     "YOUNG_ACCOUNT_AGE": 24 * 3600,
     "DROP_OPENING_WINDOW": 60,
-    # Rate limits (shop/ratelimits.py), "count/period" (s, m, h, d) per key; None lifts a limit.
+    # Rate limits (shop/edge/ratelimits.py), "count/period" (s, m, h, d) per key; None lifts a limit.
     # settings.SHOP["RATE_LIMITS"] (or the RATE_LIMITS environment variable) overrides them one by
     # one; RATELIMIT_ENABLE=false switches them all off. Checkout is generous on purpose: a buyer
     # places a few orders a minute, and `loadtest --url` (100 users by default) must not be

@@ -41,7 +41,8 @@ from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from locks import inspect as lock_inspect
-from shop import errors, overload
+from shop import errors
+from shop.edge import overload
 
 log = logging.getLogger("shop")
 

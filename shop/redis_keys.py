@@ -61,7 +61,7 @@ def token_user(key_hash: str) -> str:
 
 
 def overload_counts(bucket: int) -> str:
-    """The cluster's busy and deadline counts of one 10-second bucket (shop/overload.py)."""
+    """The cluster's busy and deadline counts of one 10-second bucket (shop/edge/overload.py)."""
     return f"{namespace()}:overload:{bucket}"
 
 

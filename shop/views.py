@@ -20,8 +20,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 from redis.exceptions import RedisError
 
-from shop import account_age, api, cart, clock, deadlines, errors, ratelimits, rules, selectors, validation
+from shop import account_age, api, cart, clock, errors, rules, selectors, validation
 from shop.conf import shop_settings
+from shop.edge import deadlines, ratelimits
 from shop.forms import (
     AddToCartForm,
     CheckoutForm,

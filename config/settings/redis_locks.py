@@ -46,6 +46,6 @@ LOCKS = {
     "KEY_PREFIX": value("LOCKS_KEY_PREFIX"),
     "DEFAULT_TTL": value("LOCKS_DEFAULT_TTL"),
     "DEFAULT_WAIT": value("LOCKS_DEFAULT_WAIT"),
-    # The lock dashboard also shows what a crowd is told (busy answers, deadlines): shop/overload.py.
-    "DASHBOARD_PANELS": ["shop.overload.panel"],
+    # The lock dashboard also shows what a crowd is told (busy answers, deadlines): shop/edge/overload.py.
+    "DASHBOARD_PANELS": ["shop.edge.overload.panel"],
 }

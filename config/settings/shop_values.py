@@ -19,6 +19,6 @@ for _key in ("COMBINE_LANES", "STALE_TRANSACTIONS", "MAX_UNPAID_ORDERS", "MAX_WA
              "QUEUE_INTERVAL", "HEAD_TIMEOUT", "HEAD_SLOTS_PER_CLIENT", "LINE_WINDOW", "LINE_TURN"):
     if (_override := value(f"SHOP_{_key}")) is not _UNSET:
         SHOP[_key] = _override
-# RATE_LIMITS="checkout=600/m,login=off" overrides some of SHOP["RATE_LIMITS"] (shop/ratelimits.py).
+# RATE_LIMITS="checkout=600/m,login=off" overrides some of SHOP["RATE_LIMITS"] (shop/edge/ratelimits.py).
 if _rate_limits := value("RATE_LIMITS"):
     SHOP["RATE_LIMITS"] = _rate_limits

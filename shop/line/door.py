@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shop import account_age, errors, line, metrics, order_requests, redis_keys, rules, tokens, validation
+from shop import account_age, errors, line, metrics, redis_keys, rules, tokens, validation
+from shop.edge import order_requests
 from shop.line import arrivals, tickets
 from shop.plumbing import soldout
 

@@ -24,10 +24,11 @@ from redis.exceptions import RedisError
 
 import locks
 from locks.combining import Guarded
-from shop import account_age, admission, clock, deadlines, errors, line, metrics, redis_keys, rules, selectors
+from shop import account_age, clock, errors, line, metrics, redis_keys, rules, selectors
 from shop.checkout import combining, protocol, writer
 from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
+from shop.edge import admission, deadlines
 from shop.lock_names import product_lock
 from shop.models import UPCOMING, drop_state
 from shop.plumbing import soldout
@@ -69,7 +70,7 @@ def place_order(
 ) -> Receipt:
     """Place an order, all or nothing.
 
-    `deadline`: time.monotonic() when the answer is due (shop/deadlines.py; default: the
+    `deadline`: time.monotonic() when the answer is due (shop/edge/deadlines.py; default: the
     server's budget from now). Raises a `shop.errors.ShopError` for every refusal, with nothing
     written: `busy` when the order cannot be started in time (this process lets no more buyers
     wait, or the deadline has passed), `lock_timeout` when it waited in line until its deadline,

@@ -12,7 +12,7 @@ import pytest
 from django.test import override_settings
 
 from config.gunicorn_worker import busy_response, use_site_headers
-from shop import order_requests
+from shop.edge import order_requests
 
 
 def _split(answer: bytes) -> tuple[str, dict[str, str], bytes]:

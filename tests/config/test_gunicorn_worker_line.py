@@ -18,7 +18,8 @@ from django_redis import get_redis_connection
 
 from loadtest import appservers
 from locks import Lock
-from shop import line, overload, redis_keys
+from shop import line, redis_keys
+from shop.edge import overload
 from shop.lock_names import product_lock
 from shop.models import ApiToken, Product
 from tests import helpers

@@ -3,7 +3,7 @@ buyers may wait in the lines): hostile requests sent while its lines are full ne
 worker, and the buyers waiting in line still get their answers.
 
 The product's lock is held by the test, so the two buyers wait in line exactly as behind a busy
-product, and the worker triages every order that comes meanwhile (shop/order_requests.py).
+product, and the worker triages every order that comes meanwhile (shop/edge/order_requests.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from locks import Lock
-from shop import order_requests
+from shop.edge import order_requests
 from shop.lock_names import product_lock
 from shop.models import ApiToken, Order
 from tests.helpers import make_users

@@ -15,13 +15,13 @@ ROOT = Path(shop.__file__).parent
 # Floor of each module (dotted names below `shop`); a package's modules default to the package's.
 FLOORS = {
     0: ["conf", "clock", "errors", "models", "redis_keys", "lock_names", "hooks", "passwords",
-        "converters", "templatetags", "order_requests"],
-    1: ["rules", "validation", "receipts", "deadlines", "overload", "metrics", "admission",
-        "ratelimits", "tokens", "exports", "invariants", "selectors", "cart", "account_age"],
+        "converters", "templatetags"],
+    1: ["rules", "validation", "receipts", "edge", "metrics", "tokens", "exports", "invariants", "selectors", "cart",
+        "account_age"],
     2: ["plumbing", "line"],
     3: ["checkout"],
     4: ["services"],
-    5: ["jobs", "forms", "api", "views", "admin", "middleware", "apps", "checks", "management",
+    5: ["jobs", "forms", "api", "views", "admin", "edge.middleware", "apps", "checks", "management",
         "context_processors", ""],
 }
 DOORS = {"views", "api", "admin", "forms", "management", "jobs"}

@@ -1,4 +1,4 @@
-"""The one rule for order requests (shop/order_requests.py), which the worker's triage applies to
+"""The one rule for order requests (shop/edge/order_requests.py), which the worker's triage applies to
 raw client bytes in its main loop: it never raises, whatever the bytes, and reads no further than
 its bounds. Property tests (Hypothesis) feed it arbitrary bytes and hostile requests by the
 thousand; examples pin each spelling of a path."""
@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from config.gunicorn_worker import _PARTIAL, _TOO_LARGE, _WHOLE, ShopWorker, _body_length, _Conn, busy_response
-from shop import api, order_requests, validation, views
-from shop.order_requests import (
+from shop import api, validation, views
+from shop.edge import order_requests
+from shop.edge.order_requests import (
     READ_MAX,
     body,
     checkout_form,

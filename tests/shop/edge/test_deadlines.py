@@ -7,7 +7,7 @@ import time
 import pytest
 from django.test import RequestFactory
 
-from shop import deadlines
+from shop.edge import deadlines
 
 
 @pytest.mark.parametrize(("header", "wanted"), [

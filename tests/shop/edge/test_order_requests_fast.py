@@ -14,8 +14,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from config import gunicorn_worker
-from shop import order_requests
-from shop.order_requests import (
+from shop.edge import order_requests
+from shop.edge.order_requests import (
     API_ORDERS,
     BODY_MAX,
     HEAD_MAX,
@@ -37,7 +37,7 @@ from shop.order_requests import (
     target_path,
     to_refuse_while_full,
 )
-from tests.shop.test_order_requests import around_the_cap, cases, hostile_requests, order, request
+from tests.shop.edge.test_order_requests import around_the_cap, cases, hostile_requests, order, request
 
 
 # --- the oracle: the readings as they were (main at 6f6f46f) --------------------------------------

@@ -198,7 +198,7 @@ def test_limits_can_be_lifted_one_by_one_or_all_at_once(limits, settings, client
 
 def test_default_checkout_limit_leaves_room_for_the_load_test():
     """`loadtest --url` defaults: 2,000 requests over 100 users, i.e. 20 orders a user."""
-    from shop.ratelimits import rate_for
+    from shop.edge.ratelimits import rate_for
 
     count, _, period = rate_for("checkout").partition("/")
     assert int(count) >= 100 and period == "m"
@@ -253,7 +253,7 @@ def test_web_pay_and_cancel_are_limited(limits, client, user, make_product):
 
 def test_default_pay_and_cancel_limits_leave_room_for_the_load_test():
     """`loadtest --url --pay 1` pays every order it places: pay may not be tighter than checkout."""
-    from shop.ratelimits import rate_for
+    from shop.edge.ratelimits import rate_for
 
     def per_minute(name: str) -> int:
         count, _, period = rate_for(name).partition("/")
@@ -285,7 +285,7 @@ def test_password_reset_is_limited_per_address_from_any_ip(limits, client):
 def test_the_per_address_key_holds_no_address():
     from django.test import RequestFactory
 
-    from shop.ratelimits import LIMITS
+    from shop.edge.ratelimits import LIMITS
 
     key = LIMITS["password_reset_address"].key
     factory = RequestFactory()

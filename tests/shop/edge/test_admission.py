@@ -1,10 +1,10 @@
-"""The process's gate (shop/admission.py): per product once full, bounded by the threads but one."""
+"""The process's gate (shop/edge/admission.py): per product once full, bounded by the threads but one."""
 
 from __future__ import annotations
 
 import pytest
 
-from shop import admission
+from shop.edge import admission
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from shop import errors, order_requests
+from shop import errors
+from shop.edge import order_requests
 from shop.plumbing.transactions import drop_connection, lost_connection
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
-# The paths of the two ways to order (config/urls.py routes them: tests/shop/test_order_requests.py
+# The paths of the two ways to order (config/urls.py routes them: tests/shop/edge/test_order_requests.py
 # checks that the app routes no other spelling to its order views).
 API_ORDERS = "/api/orders/"
 CHECKOUT = "/checkout/"
