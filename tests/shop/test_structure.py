@@ -16,7 +16,7 @@ ROOT = Path(shop.__file__).parent
 FLOORS = {
     0: ["conf", "clock", "errors", "models", "redis_keys", "lock_names", "hooks", "passwords",
         "converters", "templatetags"],
-    1: ["rules", "validation", "receipts", "edge", "metrics", "tokens", "exports", "invariants", "selectors", "cart",
+    1: ["rules", "validation", "receipts", "edge", "metrics", "tokens", "invariants", "selectors", "cart",
         "account_age"],
     2: ["plumbing", "line"],
     3: ["checkout"],

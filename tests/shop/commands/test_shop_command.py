@@ -24,7 +24,7 @@ from shop.selectors import product_sales
 from shop.services import pay_order, place_order
 from tests.config.test_settings import ROOT
 from tests.helpers import order_of
-from tests.shop.test_admin import _sales_fixture
+from tests.shop.admin.test_admin import _sales_fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -524,7 +524,7 @@ def test_the_sales_page_has_a_totals_row_over_every_selected_product_and_refresh
                                                                                  monkeypatch):
     import re
 
-    from shop.admin import ProductSalesAdmin
+    from shop.admin.sales import ProductSalesAdmin
 
     _sales_fixture(make_product, make_coupon, user, other_user)
     monkeypatch.setattr(ProductSalesAdmin, "list_per_page", 2)  # 3 products: 2 on this page

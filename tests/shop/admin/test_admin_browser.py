@@ -115,7 +115,7 @@ def _sold_cell(page, product) -> str:
 def test_the_sales_view_refreshes_itself_and_can_be_paused(browser, live_server, make_product, user, monkeypatch):
     """While a sale runs the figures come in without a reload, with the time they were read; Pause
     stops that, "Refresh now" reads them at once."""
-    monkeypatch.setattr("shop.admin.SALES_REFRESH", 1)
+    monkeypatch.setattr("shop.admin.sales.SALES_REFRESH", 1)
     product = make_product(stock=50)
     with _operator_page(browser, live_server.url, "/admin/shop/productsales/", width=1280, height=800) as page:
         assert _sold_cell(page, product) == "0" and page.inner_text(".sales-state") == "refreshed every 1 s"

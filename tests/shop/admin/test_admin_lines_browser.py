@@ -14,7 +14,7 @@ from shop import errors, line
 from shop.models import Product
 from shop.services import place_order
 from tests import helpers
-from tests.shop.test_admin_browser import _operator_page, _overflow
+from tests.shop.admin.test_admin_browser import _operator_page, _overflow
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
