@@ -10,7 +10,7 @@ not left in SYN retransmits (docs/operations.md, "A crowd bigger than the server
 
 Each worker is a process with its own counters; a scrape lands on one of them. So every worker
 writes its values to files in PROMETHEUS_MULTIPROC_DIR and /metrics sums the files of all of
-them (shop/metrics.py). The directory must be set before a worker imports the app (here, in the
+them (shop/ops/metrics.py). The directory must be set before a worker imports the app (here, in the
 master, which the workers inherit), belong to this server only, and start empty: a file left by
 an earlier run would be added to this run's counters.
 

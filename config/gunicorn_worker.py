@@ -232,7 +232,7 @@ def json_answer(status: bytes, data: dict, extra: bytes = b"") -> bytes:
 
 
 def line_response(details: dict) -> bytes:
-    """The worker's 202 to a waiting ticket: the app's answer (shop/api.py `line_response`)."""
+    """The worker's 202 to a waiting ticket: the app's answer (shop/api/views.py `line_response`)."""
     return json_answer(b"202 Accepted", {"line": details}, b"Retry-After: " + str(details["retry_after"]).encode()
                        + b"\r\nLine-Ticket: " + details["ticket"].encode() + b"\r\n")
 
@@ -369,7 +369,7 @@ class ShopWorker(ThreadWorker):
                                 and self.cfg.proxy_protocol in ("off", False, None))
         self.head_timeout, self.head_slots, self.head_max, self.body_buffer = 5.0, 16, 32768, 65536
         # The drops' lines, as the chores thread last read them (whole dicts, swapped), and the
-        # shop's clock (shop/clock.py) as an offset to time.monotonic(): the main loop reads both.
+        # shop's clock (shop/plumbing/clock.py) as an offset to time.monotonic(): the main loop reads both.
         self._lined: frozenset[int] = frozenset()
         self._fronts: dict = {}
         self._fronts_at = self._lines_failed_at = -math.inf
@@ -382,9 +382,9 @@ class ShopWorker(ThreadWorker):
         super().load_wsgi()
         from django.conf import settings
 
-        from shop import metrics
         from shop.conf import shop_settings
         from shop.edge import admission, deadlines, overload
+        from shop.ops import metrics
         from shop.plumbing import soldout
 
         self.queue_max = int(shop_settings.QUEUE_MAX or self.cfg.threads)
@@ -434,8 +434,9 @@ class ShopWorker(ThreadWorker):
         """The drops' lines and their fronts (one pipelined read of Redis), and the shop's clock."""
         from django.db import close_old_connections
 
-        from shop import clock, line
+        from shop import line
         from shop.conf import shop_settings
+        from shop.plumbing import clock
 
         try:
             self._clock_offset = clock.now().timestamp() - time.monotonic()
@@ -698,8 +699,8 @@ class ShopWorker(ThreadWorker):
         loop (`method_queue`: the main loop owns the connections' bookkeeping)."""
         from django.db import close_old_connections
 
-        from shop import clock
         from shop.line import door
+        from shop.plumbing import clock
 
         while True:  # also while the worker stops: what waits at the door is still answered
             batch = [self._door_inbox.get()]  # then what else came meanwhile: one token read for all

@@ -2,9 +2,10 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path, re_path, register_converter
 
-from shop import api, views
-from shop.converters import CouponCodeConverter
-from shop.metrics import metrics_view
+from shop.api import views as api
+from shop.ops.metrics import metrics_view
+from shop.web import views
+from shop.web.converters import CouponCodeConverter
 
 register_converter(CouponCodeConverter, "couponcode")
 

@@ -46,7 +46,7 @@ import threading, time, urllib.request, django, json
 django.setup()
 from locks import Lock
 from django.contrib.auth import get_user_model
-from shop.lock_names import product_lock
+from shop.plumbing.lock_names import product_lock
 from shop.models import ApiToken, Product
 user, _ = get_user_model().objects.get_or_create(username="edge-bench-waiter")
 token = ApiToken.issue(user_id=user.pk, name="edge bench")

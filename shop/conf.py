@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     # products in one transaction, so a catalog of moderately busy products gets batches as large
     # as a hot product's. The product locks still cover every write; a product whose lock is busy
     # (a cart holds it) is handed back to its buyers, who take it themselves. "auto" (the
-    # default): one per CPU of this machine (shop/lock_names.py, `lanes`); 0: a queue per product.
+    # default): one per CPU of this machine (shop/plumbing/lock_names.py, `lanes`); 0: a queue per product.
     # Every app server must use the same N: set it where servers differ in size.
     # Env: SHOP_COMBINE_LANES.
     "COMBINE_LANES": "auto",
@@ -100,7 +100,7 @@ DEFAULTS: dict[str, Any] = {
     "LOW_STOCK": 10,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.
     "RETRIES": 5,
-    # The cache alias of the shop's own Redis (shop/redis_keys.py: sold-out markers, idempotency
+    # The cache alias of the shop's own Redis (shop/plumbing/redis_keys.py: sold-out markers, idempotency
     # records, cached tokens, overload counts), apart from the lock service's (LOCKS["CACHE_ALIAS"]).
     "REDIS_ALIAS": "default",
     # Sold-out markers live there with this TTL (seconds). Services keep them exact; the TTL
@@ -123,7 +123,7 @@ DEFAULTS: dict[str, Any] = {
     # recorded with the older fence: MySQL 8; same database user for every app server), "auto"
     # (timeout on MariaDB, kill elsewhere), or "off" (wait for the paused holder).
     "STALE_TRANSACTIONS": "auto",
-    # Bots (shop/account_age.py, docs/operations.md "Bots"): an account younger than
+    # Bots (shop/edge/account_age.py, docs/operations.md "Bots"): an account younger than
     # YOUNG_ACCOUNT_AGE seconds whose first order request for a drop comes within
     # DROP_OPENING_WINDOW seconds of its opening is counted in flashsale_drop_young_buyers_total.
     "YOUNG_ACCOUNT_AGE": 24 * 3600,

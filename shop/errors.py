@@ -13,7 +13,7 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.transaction import TransactionManagementError
 
-from shop import clock
+from shop.plumbing import clock
 
 # Every error class by its code, filled as the classes are defined (`ShopError.__init_subclass__`):
 # a combined buyer's reply names its error by code, and a new error is found without a list kept
@@ -61,7 +61,7 @@ class InvalidDropWindow(InvalidInput):
 
 
 class InvalidAccountAge(InvalidInput):
-    """An operator's minimum account age that cannot be read or is out of range (shop/account_age.py):
+    """An operator's minimum account age that cannot be read or is out of range (shop/edge/account_age.py):
     details = {"min_account_age": what was given}. Nothing was written."""
 
     code = "invalid_account_age"
@@ -283,7 +283,7 @@ class AccountTooNew(ShopError):
     """The drop lets only accounts of a minimum age buy (Product.min_account_age) and this one is
     younger: details = {"product_ids": the lines with that rule, "min_account_age": the age asked
     (seconds, the largest of them), "eligible_at": when this account may buy (ISO 8601)}. Refused
-    before any lock or write (shop/account_age.py)."""
+    before any lock or write (shop/edge/account_age.py)."""
 
     code = "account_too_new"
     status = 403
@@ -393,7 +393,7 @@ class Conflict(ShopError):
 
 def _seconds_until(when: object) -> int | None:
     """Whole seconds (at least 1) until an ISO 8601 time, for Retry-After, by the clock that
-    decides drop windows (shop/clock.py); None if unreadable."""
+    decides drop windows (shop/plumbing/clock.py); None if unreadable."""
     try:
         moment = datetime.fromisoformat(str(when))
     except ValueError:

@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from shop import clock, lock_names
+from shop.plumbing import clock, lock_names
 
 
 class ProductQuerySet(models.QuerySet):
@@ -87,7 +87,7 @@ class Product(models.Model):
     # When this drop's line was first made in Redis (shop/line/): a line found missing after it
     # is one Redis lost, and is rebuilt from the buyers' tickets.
     line_started_at = models.DateTimeField(null=True, blank=True, editable=False)
-    # Against bots on fresh accounts: only accounts at least this old may buy (shop/account_age.py).
+    # Against bots on fresh accounts: only accounts at least this old may buy (shop/edge/account_age.py).
     min_account_age = models.DurationField(
         null=True, blank=True, verbose_name="min account age",
         help_text="Only accounts at least this old may buy this product, e.g. 7d, 24h, 90m. Empty: any account.")
@@ -124,7 +124,7 @@ class Product(models.Model):
 
     @property
     def drop_state(self) -> str:
-        """UPCOMING, OPEN or ENDED now, by the database's clock (shop/clock.py), as the writer decides."""
+        """UPCOMING, OPEN or ENDED now, by the database's clock (shop/plumbing/clock.py), as the writer decides."""
         return drop_state(self.opens_at, self.closes_at, clock.now())
 
     @property
@@ -262,7 +262,7 @@ class Order(models.Model):
 
 class ProductSales(Product):
     """No table of its own: the admin's Sales view (units sold, paid revenue, reserved units per
-    product; `shop.selectors.product_sales`), with its own view permission: revenue is not for
+    product; `shop.reads.selectors.product_sales`), with its own view permission: revenue is not for
     everyone who may look at the catalog."""
 
     class Meta:

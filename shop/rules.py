@@ -156,7 +156,7 @@ def line_shares(*, total_cents: int, amounts_cents: list[int]) -> list[int]:
     round(A_i x T / S) - round(A_(i-1) x T / S), where A_i is the sum of the amounts of lines 1..i,
     S the sum of them all (the order's subtotal) and round() rounds half up. So each line is
     within a cent of its exact share, and the lines add up to exactly what the order paid.
-    `shop.selectors.product_sales` computes the same in SQL (the Sales view's net revenue).
+    `shop.reads.selectors.product_sales` computes the same in SQL (the Sales view's net revenue).
     """
     subtotal = sum(amounts_cents)
     if subtotal == 0:

@@ -48,8 +48,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "shop.context_processors.cart_count",
-                "shop.context_processors.api_tokens_link",
+                "shop.web.context_processors.cart_count",
+                "shop.web.context_processors.api_tokens_link",
             ],
         },
     },
@@ -60,7 +60,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
-    {"NAME": "shop.passwords.NotBlankPasswordValidator"},
+    {"NAME": "shop.web.passwords.NotBlankPasswordValidator"},
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "catalog"

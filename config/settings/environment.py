@@ -407,7 +407,7 @@ VARIABLES: list[Variable] = [
     Variable("WEB_WORKER_CONNECTIONS", "connections one gunicorn worker holds", default="1000",
              read_by=("config/gunicorn.conf.py",)),
     Variable("PROMETHEUS_MULTIPROC_DIR", "gunicorn: where the workers write their metric files (emptied at start)",
-             shown="a private one per server", read_by=("config/gunicorn.conf.py", "shop/metrics.py")),
+             shown="a private one per server", read_by=("config/gunicorn.conf.py", "shop/ops/metrics.py")),
     Variable("GUNICORN_CONTROL_SOCKET", "gunicorn's control socket (gunicornc)",
              shown="`gunicorn.ctl` in that directory", read_by=("config/gunicorn.conf.py",)),
     Variable("SEED_DEMO", "1: `manage.py seed_demo` may create the demo data (superuser admin/admin)",

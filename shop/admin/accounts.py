@@ -15,16 +15,16 @@ from shop.admin.filters import (
     FirstTokenFilter,
     JoinedFilter,
 )
+from shop.api.tokens import revoke
 from shop.models import (
     ApiToken,
 )
-from shop.selectors import (
+from shop.reads.selectors import (
     QUICK_TOKEN,
     signups_per_minute,
 )
-from shop.tokens import revoke
 
-# Staff changing their own password read that it revoked their API tokens (shop.tokens).
+# Staff changing their own password read that it revoked their API tokens (shop.api.tokens).
 admin.site.password_change_done_template = "admin/shop/password_change_done.html"
 
 
@@ -60,7 +60,7 @@ class AccountAdmin(UserAdmin):
     """Django's user admin, plus what an operator watching for bots asks: when each account joined,
     when it made its first API token and how soon after sign-up (scripts do it at once), filters
     for both, and over the list the last hour's sign-ups and tokens per minute
-    (`shop.selectors.signups_per_minute`)."""
+    (`shop.reads.selectors.signups_per_minute`)."""
 
     list_display = ("username", "joined", "first_token", "token_after")
     list_filter = (JoinedFilter, FirstTokenFilter, "is_staff", "is_superuser", "is_active")

@@ -1,6 +1,6 @@
 """CSV exports for operators (the admin's "Export CSV" and "Export lines CSV" on the orders list).
 
-Rows are produced one at a time from `shop.selectors.orders_in_chunks` and written through
+Rows are produced one at a time from `shop.reads.selectors.orders_in_chunks` and written through
 `csv.writer` into a streaming response, so an export of any size holds one chunk in memory.
 Every cell that a spreadsheet would run as a formula (a buyer may sign up as "=HYPERLINK(...)")
 is prefixed with a quote, as OWASP's CSV-injection advice says.

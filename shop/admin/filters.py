@@ -8,13 +8,13 @@ from django.contrib import admin
 from django.db.models import F
 from django.utils import timezone
 
-from shop import clock
 from shop.conf import shop_settings
 from shop.models import (
     Order,
     Product,
 )
-from shop.selectors import (
+from shop.plumbing import clock
+from shop.reads.selectors import (
     QUICK_TOKEN,
     STOCK_LEVELS,
     by_stock_level,

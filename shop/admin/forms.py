@@ -9,10 +9,12 @@ from django.contrib.admin import widgets
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from shop import account_age, clock, errors, rules
+from shop import errors, rules
+from shop.edge import account_age
 from shop.models import (
     StockLedger,
 )
+from shop.plumbing import clock
 from shop.services.drops import window_problem
 from shop.services.lines import MAX_PREQUEUE
 
@@ -52,7 +54,7 @@ def _to_the_second(value):
 
 class AccountAgeField(forms.Field):
     """A minimum account age as operators write it ("7d", "24h", "90m"; empty: none), read by
-    `shop.account_age.parse_age` as the command line reads it."""
+    `shop.edge.account_age.parse_age` as the command line reads it."""
 
     def prepare_value(self, value):
         return account_age.compact(value) if isinstance(value, timedelta) else value

@@ -28,7 +28,7 @@ from shop.models import (
     Order,
     OrderLine,
 )
-from shop.selectors import (
+from shop.reads.selectors import (
     orders_in_chunks,
 )
 from shop.services import cancel_order, refund_order

@@ -30,7 +30,7 @@ from shop.models import (
     Product,
     StockLedger,
 )
-from shop.selectors import (
+from shop.reads.selectors import (
     reservations,
     reserved_units,
 )

@@ -13,7 +13,6 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_http_methods
 
 from locks.admin_base import ReadOnlyAdmin
-from shop import clock
 from shop.admin.columns import count_of, short_time
 from shop.admin.filters import (
     DropFilter,
@@ -26,7 +25,8 @@ from shop.models import (
     ProductLine,
     ProductSales,
 )
-from shop.selectors import (
+from shop.plumbing import clock
+from shop.reads.selectors import (
     RATE_WINDOW,
     product_sales,
     sales_totals,
@@ -40,7 +40,7 @@ SALES_REFRESH = 5
 
 
 def _sales_column(field: str, description: str, render=None):
-    """A Sales column showing the annotation `field` of `shop.selectors.product_sales`, sortable."""
+    """A Sales column showing the annotation `field` of `shop.reads.selectors.product_sales`, sortable."""
 
     @admin.display(description=description, ordering=field)
     def column(obj: Product):
@@ -65,7 +65,7 @@ class ProductSalesAdmin(ReadOnlyAdmin):
     over every product the filters select; the figures refresh every SALES_REFRESH seconds (a
     small script: "updated at", Pause, Refresh now). Filter sold out / low stock / drop state.
     Read-only, its own view permission (`view_productsales`); the reading is
-    `shop.selectors.product_sales` and `sales_totals`."""
+    `shop.reads.selectors.product_sales` and `sales_totals`."""
 
     # No price column (the product list has it): twelve columns did not fit 1280 px beside the menus.
     list_display = ("name", "sku", "drop", "stock", "units_sold", _sales_column("gross", "Gross", money),

@@ -38,14 +38,15 @@ from django.db.models import Q
 from django.utils import timezone
 
 import locks
-from shop import clock, errors, hooks, metrics, rules
+from shop import errors, rules
 from shop import line as lines_of_drops
 from shop.checkout import purchase_limits
 from shop.checkout.protocol import AGAIN, Placed, Refused, Request, Result
 from shop.conf import shop_settings
-from shop.lock_names import product_lock
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.plumbing import fence_refusals, idempotency, soldout, stale_transactions
+from shop.ops import metrics
+from shop.plumbing import clock, fence_refusals, hooks, idempotency, soldout, stale_transactions
+from shop.plumbing.lock_names import product_lock
 from shop.plumbing.locking import StaleFence, check_before_commit
 from shop.plumbing.transactions import (
     ER_LOCK_WAIT_TIMEOUT,
@@ -55,7 +56,7 @@ from shop.plumbing.transactions import (
     durable_transaction,
     lost_connection,
 )
-from shop.receipts import ReceiptLine as Line
+from shop.reads.receipts import ReceiptLine as Line
 from shop.rules import coupon_error, pay_by_from
 
 log = logging.getLogger("shop")
@@ -169,7 +170,7 @@ def _commit(pending: list[Request], *, holds: Holds, isolate: bool) -> tuple[dic
     with durable_transaction():
         hooks.call("before_update", named)
         # The one time of this attempt, the database's, read with the rows once they are locked:
-        # the drop windows are compared with it and the orders stamped with it (shop/clock.py).
+        # the drop windows are compared with it and the orders stamped with it (shop/plumbing/clock.py).
         rows, at = _lock_rows(sorted(holds))
         if isolate:  # the rare second pass: answer settled ids and known keys before allocating
             live = _drop_settled(live, results)

@@ -24,8 +24,9 @@ import threading
 from collections import Counter
 from collections.abc import Iterable
 
-from shop import errors, metrics
+from shop import errors
 from shop.conf import shop_settings
+from shop.ops import metrics
 
 _threads: int | None = None  # the gunicorn worker's threads, when it runs us (config/gunicorn_worker.py)
 _guard = threading.Lock()

@@ -33,7 +33,7 @@ class DatabaseUnavailableMiddleware:
         else:
             return None
         if order_requests.is_api_path(request.path_info):  # the worker's busy answers decide alike
-            from shop.api import shop_error_response
+            from shop.api.views import shop_error_response
 
             return shop_error_response(error)
         response = render(request, "shop/unavailable.html", {"error": error}, status=503)

@@ -1,6 +1,6 @@
 """What the crowd is told, counted for the whole cluster: the lock dashboard's "Overload" panel.
 
-Prometheus has the same counts per process (shop/metrics.py); the admin dashboard needs them for
+Prometheus has the same counts per process (shop/ops/metrics.py); the admin dashboard needs them for
 every server at once and without a Prometheus. A count is a local increment (the worker's main
 loop counts the requests it answers `busy`: no I/O there); the shop's gunicorn worker adds them
 to Redis once a second (`flush`), in 10-second buckets kept for an hour, which `panel` sums.
@@ -15,8 +15,8 @@ from collections import Counter
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
-from shop import redis_keys
 from shop.conf import shop_settings
+from shop.plumbing import redis_keys
 
 BUCKET = 10  # seconds
 KEEP = 3600

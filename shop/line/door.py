@@ -16,10 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shop import account_age, errors, line, metrics, redis_keys, rules, tokens, validation
-from shop.edge import order_requests
+from shop import errors, line, rules, validation
+from shop.api import tokens
+from shop.edge import account_age, order_requests
 from shop.line import arrivals, tickets
-from shop.plumbing import soldout
+from shop.ops import metrics
+from shop.plumbing import redis_keys, soldout
 
 APP, TURN = "app", "turn"
 # How long the worker may give the same answer again to the same token's retries (scripts send
@@ -134,7 +136,7 @@ def _verdict(position: line.Position, *, product_id: int, quantity: int, credent
 
 
 def _error(refused: errors.ShopError, keep: float) -> Answer:
-    """The API's error envelope (shop/api.py `error_response`)."""
+    """The API's error envelope (shop/api/views.py `error_response`)."""
     status = {409: b"409 Conflict", 503: b"503 Service Unavailable"}[refused.status]
     return Answer(status, {"error": {"code": refused.code, "message": refused.message, "details": refused.details}},
                   keep, retry_after=refused.retry_after)

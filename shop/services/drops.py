@@ -24,8 +24,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from shop import account_age, clock, errors, line
+from shop import errors, line
+from shop.edge import account_age
 from shop.models import ENDED, DropLog, Product, drop_state
+from shop.plumbing import clock
 from shop.plumbing.transactions import connection_errors, durable_transaction
 from shop.rules import shop_time
 
@@ -100,7 +102,7 @@ def require_account_age(*, products: Sequence[Product], min_account_age: timedel
                         actor: str) -> list[Product]:
     """Let only accounts at least `min_account_age` old buy `products` (None or 0: any account),
     against bots on fresh accounts; the checkout refuses younger ones before any lock
-    (shop/account_age.py). Refused (nothing written) if the age is out of range or a product
+    (shop/edge/account_age.py). Refused (nothing written) if the age is out of range or a product
     does not exist."""
     age = account_age.checked(min_account_age)
     ids = sorted({p.pk for p in products})

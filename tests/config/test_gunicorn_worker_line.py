@@ -18,10 +18,11 @@ from django_redis import get_redis_connection
 
 from loadtest import appservers
 from locks import Lock
-from shop import line, redis_keys
+from shop import line
 from shop.edge import overload
-from shop.lock_names import product_lock
 from shop.models import ApiToken, Product
+from shop.plumbing import redis_keys
+from shop.plumbing.lock_names import product_lock
 from tests import helpers
 from tests.config.test_gunicorn_worker_triage import _order_body, _post, exchange
 

@@ -20,8 +20,8 @@ import pytest
 
 from locks import Lock
 from shop.edge import order_requests
-from shop.lock_names import product_lock
 from shop.models import ApiToken, Order
+from shop.plumbing.lock_names import product_lock
 from tests.helpers import make_users
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -258,7 +258,7 @@ def test_the_crowd_limits_come_from_the_environment():
 
 
 def test_a_misspelt_or_renamed_shop_key_is_a_system_check_error(settings):
-    from shop.checks import check_shop_keys
+    from shop.ops.checks import check_shop_keys
 
     settings.SHOP = {"LOCK_TTL": 2.0}
     assert check_shop_keys() == []

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # What the shop offers beside it (docs/design.md, "The house"): the verbs and the reads, the
 # models and errors, its values (the deadlines: a dotted name is that module of its package), its
 # lock names and Redis keys, the invariant check, and the checkout's test hook.
-SHOP_PUBLIC = {"services", "selectors", "models", "errors", "conf", "edge.deadlines", "lock_names",
-               "redis_keys", "invariants", "hooks"}
+SHOP_PUBLIC = {"services", "reads.selectors", "models", "errors", "conf", "edge.deadlines", "plumbing.lock_names",
+               "plumbing.redis_keys", "ops.invariants", "plumbing.hooks"}
 
 
 @pytest.mark.parametrize("package", ["shop", "locks"])

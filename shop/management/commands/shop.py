@@ -37,7 +37,7 @@
                                               account's sign-up (the admin's user list)
 
 Each calls what the admin calls (shop.services restock / adjust_stock / cancel_order / refund_order,
-under the same locks; schedule_drop / end_drop / clear_drop; shop.selectors.product_sales and
+under the same locks; schedule_drop / end_drop / clear_drop; shop.reads.selectors.product_sales and
 sales_totals) and leaves the same audit: its actor on the stock ledger rows, the refund and the
 drop log, "cli:<user>@<host>" here (`--actor NAME`: "cli:NAME") where the admin writes
 "admin:<username>". A refusal of the service (a paid order cancelled, a quantity out of range, a
@@ -60,10 +60,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from locks.services import cli_actor_name
-from shop import account_age, errors, line, rules
+from shop import errors, line, rules
 from shop.conf import shop_settings
+from shop.edge import account_age
 from shop.models import Order, Product, StockLedger
-from shop.selectors import (
+from shop.reads.selectors import (
     MONEY_FIGURES,
     QUICK_TOKEN,
     RATE_WINDOW,

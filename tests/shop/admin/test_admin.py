@@ -208,7 +208,7 @@ def test_a_view_only_staff_user_cannot_revoke_tokens(user, other_user):
     response = viewer.post("/admin/shop/apitoken/", {"action": "revoke_tokens", "_selected_action": ids})
     assert response.status_code in (200, 302)
     assert not ApiToken.objects.filter(revoked_at__isnull=False).exists()
-    from shop.tokens import user_for_token
+    from shop.api.tokens import user_for_token
 
     assert all(user_for_token(raw) for raw in tokens)  # still valid
     editor = Client()
@@ -481,7 +481,7 @@ def test_the_sales_selector_counts_sold_paid_revenue_and_reserved_units(make_pro
                                                                          other_user, settings):
     from decimal import Decimal
 
-    from shop.selectors import product_sales
+    from shop.reads.selectors import product_sales
 
     a, b, c = _sales_fixture(make_product, make_coupon, user, other_user)
     rows = {p.pk: p for p in product_sales()}
@@ -620,7 +620,7 @@ def test_orders_export_as_csv_with_the_list_filters_for_those_allowed(make_produ
 
 
 def test_the_export_reads_orders_in_bounded_chunks(make_product, user, django_assert_max_num_queries):
-    from shop.selectors import orders_in_chunks
+    from shop.reads.selectors import orders_in_chunks
 
     p = make_product(stock=50)
     placed = [place_order(user=user, lines=[(p.pk, 1)]).order_id for _ in range(7)]
@@ -638,7 +638,7 @@ def test_a_drops_orders_can_be_found_by_product_and_exported_line_by_line_for_th
     import csv
     import io
 
-    from shop.selectors import product_sales
+    from shop.reads.selectors import product_sales
 
     a, b, _c = _sales_fixture(make_product, make_coupon, user, other_user)
     with_b = set(Order.objects.filter(lines__product=b).values_list("pk", flat=True))

@@ -14,7 +14,7 @@ from django.test import Client
 from django.utils import timezone
 
 from shop.models import ApiToken
-from shop.selectors import signups_per_minute
+from shop.reads.selectors import signups_per_minute
 
 pytestmark = pytest.mark.django_db(transaction=True)
 User = get_user_model()

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from config.gunicorn_worker import _PARTIAL, _TOO_LARGE, _WHOLE, ShopWorker, _body_length, _Conn, busy_response
-from shop import api, validation, views
+from shop import validation
+from shop.api import views as api
 from shop.edge import order_requests
 from shop.edge.order_requests import (
     READ_MAX,
@@ -30,6 +31,7 @@ from shop.edge.order_requests import (
     target_path,
     to_refuse_while_full,
 )
+from shop.web import views
 
 
 def cases(n: int) -> settings:

@@ -18,9 +18,9 @@ import pytest
 
 from loadtest import openloop
 from locks import Lock
-from shop.lock_names import product_lock
 from shop.models import ApiToken, Order
 from shop.plumbing import soldout
+from shop.plumbing.lock_names import product_lock
 from shop.services import place_order
 from tests.helpers import make_users
 

@@ -12,12 +12,12 @@ import pytest
 from django.db import transaction
 
 from locks import inspect, stats
-from shop import errors, hooks, redis_keys
-from shop.api import order_json, receipt_json
+from shop import errors
+from shop.api.views import order_json, receipt_json
 from shop.checkout import protocol, writer
-from shop.lock_names import product_lock
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
-from shop.plumbing import soldout
+from shop.plumbing import hooks, redis_keys, soldout
+from shop.plumbing.lock_names import product_lock
 from shop.services import cancel_order, claim_coupon, place_order, restock
 from tests.helpers import order_of
 

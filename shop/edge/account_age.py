@@ -28,9 +28,12 @@ from django.db.models.signals import post_save
 from django.utils import timezone
 from django_redis import get_redis_connection
 
-from shop import errors, metrics, redis_keys, selectors
+from shop import errors
 from shop.conf import shop_settings
 from shop.models import Product
+from shop.ops import metrics
+from shop.plumbing import redis_keys
+from shop.reads import selectors
 from shop.rules import shop_time
 
 log = logging.getLogger("shop")

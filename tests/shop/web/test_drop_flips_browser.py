@@ -14,11 +14,11 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from shop import selectors
 from shop.models import Product
+from shop.reads import selectors
 from shop.services import end_drop
 from tests.browser import ARTIFACTS, own_contexts
-from tests.shop.test_phone_layout import CHECK_LAYOUT, UNBREAKABLE
+from tests.shop.web.test_phone_layout import CHECK_LAYOUT, UNBREAKABLE
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

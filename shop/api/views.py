@@ -18,13 +18,15 @@ from django.http import HttpRequest, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from shop import clock, errors, selectors, validation
+from shop import errors, validation
+from shop.api.tokens import BadToken, bearer_token, user_for_token
 from shop.edge import deadlines, ratelimits
 from shop.line import arrivals, lined, tickets
 from shop.models import CouponClaim, Order, Product
-from shop.receipts import Receipt
+from shop.plumbing import clock
+from shop.reads import selectors
+from shop.reads.receipts import Receipt
 from shop.services import cancel_order, claim_coupon, pay_order, place_order
-from shop.tokens import BadToken, bearer_token, user_for_token
 from shop.validation import validate_idempotency_key
 
 MAX_BODY_BYTES = 16 * 1024
@@ -133,7 +135,7 @@ def product_json(p: Product) -> dict[str, Any]:
 
 
 def receipt_json(receipt: Receipt) -> dict[str, Any]:
-    """An order as the API shows it (shop.receipts: the one shape, placed or read back)."""
+    """An order as the API shows it (shop.reads.receipts: the one shape, placed or read back)."""
     return {
         "id": receipt.order_id,
         "status": receipt.status,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from django.contrib.messages import get_messages
 
-from shop import cart, errors
+from shop import errors
 from shop.conf import DEFAULTS
+from shop.web import cart
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

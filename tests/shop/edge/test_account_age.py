@@ -1,4 +1,4 @@
-"""A drop's minimum account age (shop/account_age.py): refused in the service before any lock or
+"""A drop's minimum account age (shop/edge/account_age.py): refused in the service before any lock or
 write, answered 403 `account_too_new` by the API and in words by the web checkout, shown on the
 product page, set in the admin's product form. Real MariaDB and Redis."""
 
@@ -13,7 +13,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
 from django.utils import timezone
 
-from shop import account_age, errors
+from shop import errors
+from shop.edge import account_age
 from shop.models import ApiToken, Order, Product, StockLedger
 from shop.services import checkout as checkout_service
 from shop.services import drops, place_order
@@ -188,7 +189,7 @@ def test_a_refresh_never_shows_a_thread_no_rules(make_product, monkeypatch):
     import sys
     import threading
 
-    from shop import selectors
+    from shop.reads import selectors
 
     p = require(make_product(), WEEK)
     rows = selectors.drop_rules(now=timezone.now())

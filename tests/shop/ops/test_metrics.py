@@ -1,4 +1,4 @@
-"""/metrics (shop/metrics.py): who may scrape it, and what real checkouts make it show.
+"""/metrics (shop/ops/metrics.py): who may scrape it, and what real checkouts make it show.
 
 Real MariaDB and Redis. Counters live for the whole test session (the default registry), so
 the tests compare a scrape before with a scrape after.
@@ -18,15 +18,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from locks import Lock
 from locks import metrics as lock_metrics
-from shop import errors, hooks
-from shop.lock_names import checkout_queue, product_lock
+from shop import errors
 from shop.models import Product
+from shop.plumbing import hooks
+from shop.plumbing.lock_names import checkout_queue, product_lock
 from shop.services import place_order
 from tests.helpers import make_users
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "scrape-token-0123456789"
 DASHBOARD = ROOT / "docs" / "grafana" / "flashsale.json"
 
@@ -396,7 +397,7 @@ def test_young_accounts_at_a_drops_opening_are_counted_once_each(scrape, make_pr
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from shop import account_age
+    from shop.edge import account_age
     from shop.services.drops import require_account_age
     from tests.shop.services.test_drops import window
 

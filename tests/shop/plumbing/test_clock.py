@@ -1,4 +1,4 @@
-"""The shop's one clock (shop/clock.py): the database's, read without a round trip from an offset
+"""The shop's one clock (shop/plumbing/clock.py): the database's, read without a round trip from an offset
 to this process's monotonic clock. It agrees with the database whatever the app server's wall
 clock says, a reading slowed down does not spoil a better one, and a database that cannot be
 reached keeps the last reading. Real MariaDB; the app's clock is faked, the database's is not."""
@@ -12,7 +12,7 @@ import pytest
 from django.db import OperationalError, connection
 
 from loadtest.servers.base import free_port
-from shop import clock
+from shop.plumbing import clock
 from tests.shop.services.test_drops import db_now, skew_app_clock
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the database-gone tests close the connection

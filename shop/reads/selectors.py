@@ -31,9 +31,10 @@ from django.db.models.functions import Cast, Coalesce, Greatest, Least, Mod
 from django.utils import timezone
 from django_redis import get_redis_connection
 
-from shop import clock, errors, redis_keys
+from shop import errors
 from shop.conf import shop_settings
 from shop.models import RESERVING_STATUSES, ApiToken, Coupon, CouponClaim, Order, OrderLine, Product
+from shop.plumbing import clock, redis_keys
 
 
 def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
@@ -227,7 +228,7 @@ def stock_and_reserved(*, product_id: int) -> tuple[int, int]:
 
 def drop_rules(*, now) -> list[tuple[int, timedelta | None, datetime | None]]:
     """(id, min_account_age, opens_at) of the products with a minimum account age or a drop window,
-    whose sale is not over: what the checkout's account-age check keeps per process (shop/account_age.py)."""
+    whose sale is not over: what the checkout's account-age check keeps per process (shop/edge/account_age.py)."""
     return list(Product.objects.filter(Q(min_account_age__isnull=False) | Q(opens_at__isnull=False))
                 .exclude(closes_at__lte=now).values_list("pk", "min_account_age", "opens_at"))
 

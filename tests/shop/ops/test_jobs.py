@@ -1,4 +1,4 @@
-"""The shop's scheduled jobs (shop/jobs.py) as `manage.py run_jobs` runs them: real database and Redis."""
+"""The shop's scheduled jobs (shop/ops/jobs.py) as `manage.py run_jobs` runs them: real database and Redis."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Sales view's reading (`shop.selectors.product_sales`, `sales_totals`), checked against the
+"""The Sales view's reading (`shop.reads.selectors.product_sales`, `sales_totals`), checked against the
 orders: net revenue is what buyers paid (a coupon's discount spread over the order's lines, to
 the cent), units per minute counts the last 5 minutes, and the totals add up exactly."""
 
@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from shop import rules
 from shop.models import Order, OrderLine, Product
-from shop.selectors import RATE_WINDOW, product_sales, sales_totals, units_per_minute
+from shop.reads.selectors import RATE_WINDOW, product_sales, sales_totals, units_per_minute
 from shop.services import cancel_order, claim_coupon, expire_unpaid, pay_order, place_order, refund_order
 from tests.helpers import order_of
 

@@ -80,7 +80,7 @@ def test_not_signed_in_is_401_and_a_bad_token_too(client, make_product):
 
 
 def test_revoked_token_is_401(client, user, token, make_product):
-    from shop.tokens import revoke
+    from shop.api.tokens import revoke
 
     revoke(token=ApiToken.objects.get(user=user))
     p = make_product(stock=5)

@@ -106,7 +106,7 @@ def test_a_password_saved_inside_a_transaction_drops_the_cached_user_again_at_co
     written by hand where such a request would): the COMMIT drops it again."""
     from django.db import transaction
 
-    from shop import tokens
+    from shop.api import tokens
 
     with transaction.atomic():
         user.set_password(NEW_PASSWORD)

@@ -56,7 +56,7 @@ def holder(lock: str) -> str:
 
 
 def token_user(key_hash: str) -> str:
-    """An API token's user, cached (shop/tokens.py)."""
+    """An API token's user, cached (shop/api/tokens.py)."""
     return f"{namespace()}:token:{key_hash}"
 
 
@@ -73,5 +73,5 @@ def line(product_id: int, drop: int) -> str:
 
 
 def young_buyer(product_id: int, opens_at: int, user_id: int) -> str:
-    """Set at a young account's first order request in a drop's opening window (shop/account_age.py)."""
+    """Set at a young account's first order request in a drop's opening window (shop/edge/account_age.py)."""
     return f"{namespace()}:young:{product_id}:{opens_at}:{user_id}"

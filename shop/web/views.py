@@ -20,10 +20,19 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 from redis.exceptions import RedisError
 
-from shop import account_age, api, cart, clock, errors, rules, selectors, validation
+from shop import errors, rules, validation
+from shop.api import views as api
+from shop.api.tokens import revoke
 from shop.conf import shop_settings
-from shop.edge import deadlines, ratelimits
-from shop.forms import (
+from shop.edge import account_age, deadlines, ratelimits
+from shop.line import arrivals, board, lined, tickets
+from shop.models import UPCOMING, ApiToken, Product
+from shop.plumbing import clock
+from shop.reads import selectors
+from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
+from shop.templatetags.shop_tags import money
+from shop.web import cart
+from shop.web.forms import (
     AddToCartForm,
     CheckoutForm,
     CouponCodeForm,
@@ -32,11 +41,6 @@ from shop.forms import (
     SignUpForm,
     TokenForm,
 )
-from shop.line import arrivals, board, lined, tickets
-from shop.models import UPCOMING, ApiToken, Product
-from shop.services import cancel_order, claim_coupon, claim_for_checkout, pay_order, place_order
-from shop.templatetags.shop_tags import money
-from shop.tokens import revoke
 
 
 def plain_words(exc: errors.ShopError, names: dict[int, str] | None = None, *, staff: bool = False) -> str:

@@ -81,7 +81,7 @@ def test_resubmitting_the_same_key_with_the_cart_refilled_still_orders_once(shop
 def test_out_of_stock_in_plain_words(shopper, make_product, monkeypatch):
     """Stock that shrinks between the page and the locks: the service's refusal, in plain words,
     with its status (409, as the API answers it and as a drop's edge is refused)."""
-    from shop import cart
+    from shop.web import cart
 
     p = make_product(stock=5)
     shopper.post(f"/products/{p.pk}/", {"quantity": 5})

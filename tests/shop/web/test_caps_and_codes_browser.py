@@ -12,7 +12,7 @@ import pytest
 from shop.models import CouponClaim, Order, Product
 from shop.services import place_order
 from tests.browser import ARTIFACTS, logged_in_page
-from tests.shop.test_phone_layout import CHECK_LAYOUT
+from tests.shop.web.test_phone_layout import CHECK_LAYOUT
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

@@ -10,9 +10,9 @@ from django.db import connection, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
-from shop import redis_keys
 from shop.conf import shop_settings
 from shop.models import ApiToken
+from shop.plumbing import redis_keys
 
 
 class BadToken(Exception):

@@ -1,4 +1,4 @@
-"""The web buyer's side of a drop's line (shop/views.py): the 202 waiting page, its ticket cookie,
+"""The web buyer's side of a drop's line (shop/web/views.py): the 202 waiting page, its ticket cookie,
 the cheap look at the place it polls (/line/<product>/state/) and the page without JavaScript
 (/line/<product>/). Real Redis and MariaDB."""
 
@@ -14,7 +14,7 @@ from shop import errors, line
 from shop.line import tickets
 from shop.models import Order, Product
 from shop.services import place_order
-from shop.views import LINE_COOKIE
+from shop.web.views import LINE_COOKIE
 from tests import helpers
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,6 +1,6 @@
 """Scheduled drops in Chromium: the product page counts down from the server's clock and, at the
 opening, loads again with Add to cart; the catalog's drop badges and the countdown page fit a
-320 and 375 px phone and a 1280 px screen (the layout check of tests/shop/test_phone_layout.py)."""
+320 and 375 px phone and a 1280 px screen (the layout check of tests/shop/web/test_phone_layout.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from shop.models import Product
 from tests.browser import ARTIFACTS, own_contexts
-from tests.shop.test_phone_layout import CHECK_LAYOUT, UNBREAKABLE
+from tests.shop.web.test_phone_layout import CHECK_LAYOUT, UNBREAKABLE
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

@@ -10,9 +10,11 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from shop import cart, rules, selectors
+from shop import rules
 from shop.models import CouponClaim, Order, Product
+from shop.reads import selectors
 from shop.services import cancel_order, claim_coupon, place_order
+from shop.web import cart
 from tests.helpers import order_of
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,7 +17,7 @@ from shop import line
 from shop.models import Order, Product
 from shop.services import inventory
 from tests.browser import ARTIFACTS, logged_in_page
-from tests.shop.test_phone_layout import CHECK_LAYOUT
+from tests.shop.web.test_phone_layout import CHECK_LAYOUT
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

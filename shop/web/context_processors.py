@@ -7,7 +7,8 @@ from functools import cache
 
 from django.http import HttpRequest
 
-from shop import cart, selectors
+from shop.reads import selectors
+from shop.web import cart
 
 
 def cart_count(request: HttpRequest) -> dict:
