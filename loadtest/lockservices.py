@@ -69,7 +69,7 @@ class LockService:
 
 
 def redis_cache(url: str) -> dict[str, Any]:
-    """The locks cache alias for `url`, configured as config/settings.py configures LOCKS_REDIS_URL."""
+    """The locks cache alias for `url`, configured as config/settings/redis_locks.py configures LOCKS_REDIS_URL."""
     from config.settings import redis_cache
 
     return redis_cache(url, "LOCKS_REDIS_URL")
