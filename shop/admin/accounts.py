@@ -11,18 +11,10 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from shop.admin.columns import count_of, short_time
-from shop.admin.filters import (
-    FirstTokenFilter,
-    JoinedFilter,
-)
+from shop.admin.filters import FirstTokenFilter, JoinedFilter
 from shop.api.tokens import revoke
-from shop.models import (
-    ApiToken,
-)
-from shop.reads.selectors import (
-    QUICK_TOKEN,
-    signups_per_minute,
-)
+from shop.models import ApiToken
+from shop.reads.selectors import QUICK_TOKEN, signups_per_minute
 
 # Staff changing their own password read that it revoked their API tokens (shop.api.tokens).
 admin.site.password_change_done_template = "admin/shop/password_change_done.html"

@@ -9,16 +9,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from shop.conf import shop_settings
-from shop.models import (
-    Order,
-    Product,
-)
+from shop.models import Order, Product
 from shop.plumbing import clock
-from shop.reads.selectors import (
-    QUICK_TOKEN,
-    STOCK_LEVELS,
-    by_stock_level,
-)
+from shop.reads.selectors import QUICK_TOKEN, STOCK_LEVELS, by_stock_level
 
 
 class DropFilter(admin.SimpleListFilter):

@@ -11,9 +11,7 @@ from django.utils import timezone
 
 from shop import errors, rules
 from shop.edge import account_age
-from shop.models import (
-    StockLedger,
-)
+from shop.models import StockLedger
 from shop.plumbing import clock
 from shop.services.drops import window_problem
 from shop.services.lines import MAX_PREQUEUE

@@ -20,17 +20,9 @@ from django.views.decorators.http import require_http_methods
 from shop import errors, rules
 from shop.admin.columns import money_column, short_time
 from shop.admin.exports import line_csv, order_csv
-from shop.admin.filters import (
-    OrderProductFilter,
-    OrderStatusFilter,
-)
-from shop.models import (
-    Order,
-    OrderLine,
-)
-from shop.reads.selectors import (
-    orders_in_chunks,
-)
+from shop.admin.filters import OrderProductFilter, OrderStatusFilter
+from shop.models import Order, OrderLine
+from shop.reads.selectors import orders_in_chunks
 from shop.services import cancel_order, refund_order
 from shop.templatetags.shop_tags import money
 

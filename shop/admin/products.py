@@ -20,20 +20,11 @@ from django.views.decorators.http import require_http_methods
 
 from shop import errors, rules
 from shop.admin.columns import count_of, lock_state, money_column, short_time
-from shop.admin.filters import (
-    DropFilter,
-)
+from shop.admin.filters import DropFilter
 from shop.admin.forms import WINDOW, AdjustStockForm, DropForm, ProductForm, RestockForm
 from shop.conf import shop_settings
-from shop.models import (
-    Coupon,
-    Product,
-    StockLedger,
-)
-from shop.reads.selectors import (
-    reservations,
-    reserved_units,
-)
+from shop.models import Coupon, Product, StockLedger
+from shop.reads.selectors import reservations, reserved_units
 from shop.services import clear_drop, end_drop, inventory, restock, schedule_drop
 from shop.services.lines import steer_line
 

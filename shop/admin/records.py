@@ -7,13 +7,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from locks.admin_base import ReadOnlyAdmin
-from shop.models import (
-    CouponClaim,
-    DropLog,
-    OutboxMail,
-    Refund,
-    StockLedger,
-)
+from shop.models import CouponClaim, DropLog, OutboxMail, Refund, StockLedger
 
 
 @admin.register(CouponClaim)

@@ -14,24 +14,12 @@ from django.views.decorators.http import require_http_methods
 
 from locks.admin_base import ReadOnlyAdmin
 from shop.admin.columns import count_of, short_time
-from shop.admin.filters import (
-    DropFilter,
-    StockLevelFilter,
-)
+from shop.admin.filters import DropFilter, StockLevelFilter
 from shop.conf import shop_settings
 from shop.line.board import board
-from shop.models import (
-    Product,
-    ProductLine,
-    ProductSales,
-)
+from shop.models import Product, ProductLine, ProductSales
 from shop.plumbing import clock
-from shop.reads.selectors import (
-    RATE_WINDOW,
-    product_sales,
-    sales_totals,
-    units_per_minute,
-)
+from shop.reads.selectors import RATE_WINDOW, product_sales, sales_totals, units_per_minute
 from shop.services.lines import steer_line
 from shop.templatetags.shop_tags import money
 
