@@ -13,7 +13,7 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 VENV=.venv
-export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-shop.settings}
+export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-config.settings}
 # A development machine: DEBUG on (settings default to off) and, with it, Django's dev-only key.
 # The test suite uses tests.settings (pyproject.toml), which brings its own throwaway key.
 export DEBUG=${DEBUG:-true}
@@ -96,7 +96,7 @@ ensure_dev_env_file() {
   key=$("$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(50))')
   (umask 077; cat > "$dev_env_file" <<EOF
 # Written by ./dev.sh for this development checkout (git- and docker-ignored); never on a server.
-# shop/settings/environment.py reads it when present, after .env; exported environment variables win.
+# config/settings/environment.py reads it when present, after .env; exported environment variables win.
 DEBUG=true
 SECRET_KEY=$key
 # This checkout's own data (derived from its path), so two checkouts on one machine never share it.
@@ -270,7 +270,7 @@ case "${1:-}" in
     shift
     setup test
     # The suite's own settings (tests/settings.py: a throwaway key, the fast hasher, the test
-    # defaults), not the shop.settings exported above for manage.py.
+    # defaults), not the config.settings exported above for manage.py.
     export DJANGO_SETTINGS_MODULE=tests.settings
     # Its own test database per checkout too (the suite does not read .env.dev).
     export TEST_DATABASE_NAME=${TEST_DATABASE_NAME:-test_$(checkout_database)}

@@ -1,5 +1,5 @@
 """The worker's busy path in process: the CPU its main loop spends on one order answered `busy`
-while the lines are full (shop/gunicorn_worker.py), from the request's bytes on a socket to the
+while the lines are full (config/gunicorn_worker.py), from the request's bytes on a socket to the
 answer sent and the socket closed. Not a test: it prints figures.
 
     .venv/bin/python docs/bench_busy_path.py                      # this tree
@@ -59,7 +59,7 @@ _queued = [0]
 
 def setup(tree: Path):
     """Django and a ShopWorker of `tree`, its lines full, as after load_wsgi (no thread started)."""
-    os.environ.update(DJANGO_SETTINGS_MODULE="shop.settings", SECRET_KEY="bench", DEBUG="false", DEV_ENV_FILE="",
+    os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", SECRET_KEY="bench", DEBUG="false", DEV_ENV_FILE="",
                       SHOP_MAX_WAITING="1", DATABASE_URL="mysql://root@127.0.0.1:3306/shop_bench")
     sys.path.insert(0, str(tree))
     os.chdir(tree)
@@ -69,7 +69,8 @@ def setup(tree: Path):
     from gunicorn.config import Config
     from gunicorn.glogging import Logger
 
-    from shop import admission, gunicorn_worker
+    from config import gunicorn_worker
+    from shop.edge import admission
     from shop.plumbing import soldout
 
     assert Path(gunicorn_worker.__file__).is_relative_to(tree), gunicorn_worker.__file__

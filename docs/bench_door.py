@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 import django
 
 django.setup()
@@ -30,9 +30,10 @@ from datetime import timedelta  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from shop import clock, line  # noqa: E402
+from shop import line  # noqa: E402
 from shop.line import door  # noqa: E402
 from shop.models import ApiToken, Product  # noqa: E402
+from shop.plumbing import clock  # noqa: E402
 
 
 def main() -> None:

@@ -3,11 +3,11 @@
 # the app's whole request path (a JSON 404) beside it.
 #   BEFORE=/path/to/checkout-before bash docs/bench_edge.sh
 #   RATE=2000 SECONDS_EACH=5 ROUNDS=3 BEFORE=... bash docs/bench_edge.sh
-# A gunicorn server from each tree, one worker of THREADS threads (gunicorn -c gunicorn.conf.py),
+# A gunicorn server from each tree, one worker of THREADS threads (gunicorn -c config/gunicorn.conf.py),
 # DEBUG off, SHOP_MAX_WAITING=1: a buyer kept waiting in a product's line (its lock held by this
 # script, the buyer sending its order again as soon as it is answered lock_timeout) fills the
 # worker's lines, so its main loop answers more orders of that product 503 `busy` before the app
-# (shop/gunicorn_worker.py). Then, ROUNDS times, alternating which goes first, such orders are
+# (config/gunicorn_worker.py). Then, ROUNDS times, alternating which goes first, such orders are
 # sent open loop (RATE a second for SECONDS_EACH s, a new connection each, latency from the
 # schedule) to each server in turn, and the worker's CPU (utime + stime, /proc) is read before
 # and after: CPU per answer, busy answers (the worker's own, `"where":"server"`) and p50/p99, side
@@ -20,7 +20,7 @@ AFTER=$(pwd)
 BEFORE=${BEFORE:?set BEFORE to the checkout before (with its own .venv or a link to one)}
 RATE=${RATE:-2000} SECONDS_EACH=${SECONDS_EACH:-5} ROUNDS=${ROUNDS:-3} THREADS=${THREADS:-16}
 export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false DEV_ENV_FILE=
-export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=shop.settings LOCKS_KEY_PREFIX=bench:
+export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=config.settings LOCKS_KEY_PREFIX=bench:
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
 py=.venv/bin/python
 out=$(mktemp -d)
@@ -29,8 +29,8 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$out"' EXIT
 for side in before after; do
   if [ $side = before ]; then tree=$BEFORE port=8081; else tree=$AFTER port=8082; fi
-  (cd "$tree" && SHOP_MAX_WAITING=1 exec .venv/bin/python -m gunicorn -c gunicorn.conf.py -w 1 \
-     --threads "$THREADS" -b 127.0.0.1:$port --log-level warning shop.wsgi) & pids+=($!)
+  (cd "$tree" && SHOP_MAX_WAITING=1 exec .venv/bin/python -m gunicorn -c config/gunicorn.conf.py -w 1 \
+     --threads "$THREADS" -b 127.0.0.1:$port --log-level warning config.wsgi) & pids+=($!)
 done
 for port in 8081 8082; do
   up=
@@ -46,7 +46,7 @@ import threading, time, urllib.request, django, json
 django.setup()
 from locks import Lock
 from django.contrib.auth import get_user_model
-from shop.lock_names import product_lock
+from shop.plumbing.lock_names import product_lock
 from shop.models import ApiToken, Product
 user, _ = get_user_model().objects.get_or_create(username="edge-bench-waiter")
 token = ApiToken.issue(user_id=user.pk, name="edge bench")

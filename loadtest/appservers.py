@@ -1,6 +1,6 @@
 """Several gunicorn app servers sharing one database and one coordination service.
 
-The servers run what production runs (`gunicorn -c gunicorn.conf.py -w W --threads T shop.wsgi`: the
+The servers run what production runs (`gunicorn -c config/gunicorn.conf.py -w W --threads T config.wsgi`: the
 shop's worker, which answers what it cannot serve in time `busy`; DEBUG off, rate
 limits off as in docs/bench_http_combining.sh), each on a free port, each started with the
 environment of *this* process's settings: the same database (in a test: the test database),
@@ -46,7 +46,7 @@ def server_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
     locks_conf = settings.LOCKS
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "shop.settings",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": database_url(),
         "REDIS_URL": settings.CACHES["default"]["LOCATION"],
         "LOCKS_REDIS_URL": settings.CACHES[locks_conf.get("CACHE_ALIAS", "locks")]["LOCATION"],
@@ -92,11 +92,11 @@ class AppServer(ServerProcess):
 
     def command(self) -> list[str]:
         # `python -m gunicorn`: the venv's gunicorn script may point into another checkout.
-        # The shipped configuration (gunicorn.conf.py: the shop's worker, metrics), as the image runs it.
-        return [sys.executable, "-m", "gunicorn", "-c", str(settings.BASE_DIR / "gunicorn.conf.py"),
+        # The shipped configuration (config/gunicorn.conf.py: the shop's worker, metrics), as the image runs it.
+        return [sys.executable, "-m", "gunicorn", "-c", str(settings.BASE_DIR / "config/gunicorn.conf.py"),
                 "-w", str(self.workers), "--threads", str(self.threads),
                 "-b", f"127.0.0.1:{self.port}", "--chdir", str(settings.BASE_DIR), "--log-level", "warning",
-                "--graceful-timeout", "10", "shop.wsgi"]
+                "--graceful-timeout", "10", "config.wsgi"]
 
     def ready(self) -> bool:
         with urllib.request.urlopen(f"{self.url}/api/products/", timeout=2) as response:

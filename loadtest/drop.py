@@ -569,7 +569,7 @@ def drop(url: str, *, units: int = 300, people: int = 3000, scripts: int = 500, 
     from django.contrib.auth import get_user_model
 
     from loadtest import workload
-    from shop import deadlines
+    from shop.edge import deadlines
     from shop.models import Product
 
     measured = capacity is None

@@ -301,8 +301,8 @@ def check_books(work: workloads.Workload, requests: list[Attempt], unanswered: l
     key and get the order if one was committed (a combiner may have committed it for the buyer
     before it died): those keys are settled the same way, from the database.
     """
-    from shop.invariants import check_invariants
     from shop.models import Order
+    from shop.ops.invariants import check_invariants
 
     time.sleep(float(shop_settings.LOCK_TTL) + 0.2)  # a killed holder's lease runs out: no lock left over
     book = workloads.books(work)[0]

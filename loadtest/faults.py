@@ -20,7 +20,7 @@ or stopped buyer could leave taken). A few seconds in, the parent injects one fa
 A scenario is a fault plugged into the harness (loadtest/inprocess_harness.py): its `fault`
 builds a `Fault` (`inject` and `heal` callables, loadtest/fault_harness.py) from the run's
 `Context`; the harness injects it, waits the fault's length and heals it. The buyers reach their
-fault points through the checkout's test hook (shop/hooks.py). The HTTP harness
+fault points through the checkout's test hook (shop/plumbing/hooks.py). The HTTP harness
 (loadtest/httpfaults.py) plugs its faults in the same way and shares the buyers' plumbing and the
 verdict.
 
@@ -155,7 +155,7 @@ def _queued_pids(product_id: int) -> list[int]:
 
     from locks.conf import locks_settings
     from locks.keys import LockKeys
-    from shop.lock_names import checkout_queue
+    from shop.plumbing.lock_names import checkout_queue
 
     name = checkout_queue(product_id)
     raw = get_redis_connection(locks_settings.CACHE_ALIAS).hgetall(LockKeys.for_name(name).waiters)

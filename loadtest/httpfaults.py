@@ -106,7 +106,7 @@ HOLDER_WAIT = 3.0  # seconds kill-app-server waits for one of the victim's worke
 def _lock_holder_pid(product_id: int) -> int | None:
     """The pid of the process holding the product's lock (owner "host:pid"), if any."""
     from locks.inspect import lock_info
-    from shop.lock_names import product_lock
+    from shop.plumbing.lock_names import product_lock
 
     with contextlib.suppress(Exception):
         held = lock_info(product_lock(product_id))
@@ -165,7 +165,7 @@ def restart_zookeeper(ctx: Context) -> Fault:
 def _failover(ctx: Context, kind: str) -> Fault:
     """SIGKILL the master that has the product's lock; healed when a replica is promoted."""
     from locks.keys import LockKeys
-    from shop.lock_names import product_lock
+    from shop.plumbing.lock_names import product_lock
 
     servers = ctx.service.servers
 
@@ -393,7 +393,7 @@ def _run(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.Ap
 def _drive(scenario: HttpScenario, config: HttpFaultConfig, servers: appservers.AppServers, service: LockService,
            work: workloads.Workload, *, keep: bool, say: Callable[[str], None]) -> HttpFaultOutcome:
     from loadtest.scenarios import _tokens
-    from shop import selectors
+    from shop.reads import selectors
 
     product_id = work.product_ids[0]
     tokens = list(_tokens(work.user_ids).values())

@@ -1,6 +1,6 @@
 """The in-process fault-injection harness: forked buyers of one hot product call
 `shop.services.place_order` in a loop and reach their fault points through the checkout's test
-hook (shop/hooks.py); the parent injects one fault (loadtest/faults.py holds the catalogue),
+hook (shop/plumbing/hooks.py); the parent injects one fault (loadtest/faults.py holds the catalogue),
 heals it, and gives the verdict (loadtest/fault_harness.py).
 """
 
@@ -102,7 +102,8 @@ def _buyer(index: int, product_id: int, user_ids: list[int], stop_at: float, arm
     """A forked buyer: place orders until stop_at, journaling each one (and fault events)."""
     from django.contrib.auth import get_user_model
 
-    from shop import errors, hooks
+    from shop import errors
+    from shop.plumbing import hooks
     from shop.services import place_order
 
     def take(mode: int) -> bool:
@@ -160,7 +161,7 @@ def _caches_on(redis: RedisProcess | None) -> Iterator[None]:
     if redis is None:
         yield
         return
-    from shop.settings import redis_cache
+    from config.settings import redis_cache
 
     with override_settings(CACHES={**settings.CACHES, "default": redis_cache(redis.url),
                                    "locks": redis_cache(redis.url)}):

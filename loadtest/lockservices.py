@@ -69,8 +69,8 @@ class LockService:
 
 
 def redis_cache(url: str) -> dict[str, Any]:
-    """The locks cache alias for `url`, configured as shop/settings.py configures LOCKS_REDIS_URL."""
-    from shop.settings import redis_cache
+    """The locks cache alias for `url`, configured as config/settings/redis_locks.py configures LOCKS_REDIS_URL."""
+    from config.settings import redis_cache
 
     return redis_cache(url, "LOCKS_REDIS_URL")
 

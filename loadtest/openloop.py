@@ -469,7 +469,7 @@ def crowd(url: str, *, profile: str, capacity: float | None = None, rate: float 
     phases open-loop, read the books, clean up. `profile`: "spike" (SPIKE x C on one product),
     "flash" (FLASH x C, each on a product of FLASH_STOCK units) or "rate" (`rate` for `seconds`)."""
     from loadtest import workload
-    from shop import deadlines
+    from shop.edge import deadlines
     from shop.models import ApiToken, Product
 
     # The phases' products (a flash sale's have FLASH_STOCK units), then one for the capacity run.

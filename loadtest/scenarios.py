@@ -86,9 +86,9 @@ class Outcome:
 def check(w: workload.Workload, result: RunResult | None) -> list[str]:
     """The shop's invariant checker over this run's rows; each violation as one line of text."""
     try:
-        from shop.invariants import check_invariants
+        from shop.ops.invariants import check_invariants
     except ImportError:
-        return ["the invariant checker (shop/invariants.py) is not available in this checkout"]
+        return ["the invariant checker (shop/ops/invariants.py) is not available in this checkout"]
     return [str(v) for v in check_invariants(
         product_ids=w.product_ids,
         initial_stock=w.initial_stock,

@@ -19,9 +19,7 @@ from django_redis import get_redis_connection
 from loadtest.models import DbLock
 from locks.conf import locks_settings
 from locks.keys import LockKeys
-from shop import redis_keys
 from shop.conf import shop_settings
-from shop.lock_names import coupon_lock, product_lock
 from shop.models import (
     RESERVING_STATUSES,
     CheckoutRequest,
@@ -32,6 +30,8 @@ from shop.models import (
     Product,
     StockLedger,
 )
+from shop.plumbing import redis_keys
+from shop.plumbing.lock_names import coupon_lock, product_lock
 
 PREFIX = "lt-"
 

@@ -10,25 +10,12 @@ from django.urls import path
 from django.views.decorators.http import require_http_methods
 
 from locks import formats, views
+from locks.admin_base import ReadOnlyAdmin, formatted_column
 from locks.models import ForceRelease, JobIdleRuns, JobRun, LockDashboard
 
 
-class ReadOnlyLockAdmin(admin.ModelAdmin):
-    """Staff with the model's view permission may look (as in the shop's admin; is_staff alone is
-    not enough: job runs carry tracebacks); nobody edits through the admin's forms."""
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-
 @admin.register(LockDashboard)
-class LockDashboardAdmin(ReadOnlyLockAdmin):
+class LockDashboardAdmin(ReadOnlyAdmin):
     """The live dashboard (`view_lockdashboard`); releasing and resetting the statistics need
     their own permissions too (see views, which check them all)."""
 
@@ -55,23 +42,13 @@ class LockDashboardAdmin(ReadOnlyLockAdmin):
         ]
 
 
-def _formatted(field: str, description: str, render):
-    """A read-only column or field showing `field` as the lock pages write it (locks/formats.py)."""
-
-    @admin.display(description=description, ordering=field)
-    def column(self, obj) -> str:
-        return render(getattr(obj, field))
-
-    column.__name__ = f"{field}_text"
-    return column
-
-
 def when_column(field: str, description: str):
-    return _formatted(field, description, formats.when)
+    """A read-only column or field `<field>_text` showing a time as the lock pages write it (locks/formats.py)."""
+    return formatted_column(field, description, formats.when, "text")
 
 
 def duration_column(field: str, description: str):
-    return _formatted(field, description, formats.duration)
+    return formatted_column(field, description, formats.duration, "text")
 
 
 class LockListMedia:
@@ -82,7 +59,7 @@ class LockListMedia:
 
 
 @admin.register(ForceRelease)
-class ForceReleaseAdmin(LockListMedia, ReadOnlyLockAdmin):
+class ForceReleaseAdmin(LockListMedia, ReadOnlyAdmin):
     """The audit: who ended whose hold (`view_forcerelease`)."""
 
     list_display = ("released_at_text", "lock_name", "fence", "owner_text", "held_for_text", "waiters", "by")
@@ -103,7 +80,7 @@ class ForceReleaseAdmin(LockListMedia, ReadOnlyLockAdmin):
 
 
 @admin.register(JobRun)
-class JobRunAdmin(LockListMedia, ReadOnlyLockAdmin):
+class JobRunAdmin(LockListMedia, ReadOnlyAdmin):
     """Who ran each tick of each scheduled job, when, how long, and how it ended (manage.py run_jobs --list).
     `view_jobrun` only: a failed run's traceback may carry settings and data. The list leaves the tick and the
     start out (the run's page has them): its columns fit 1280 px beside the filters."""

@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "EVENT_LOG_SIZE": 1000,
     # Extra panels of the lock dashboard, from the project using the locks: dotted paths of
     # callables returning {"id", "title", "note", "headers": [...], "rows": [[...], ...]}, called
-    # on every refresh (e.g. the shop's "shop.overload.panel").
+    # on every refresh (e.g. the shop's "shop.edge.overload.panel").
     "DASHBOARD_PANELS": [],
     "LONG_WAIT": 1.0,
     # Failover safety (Redisson's checkLockSyncedSlaves): after taking a lock, WAIT until this

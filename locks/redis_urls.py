@@ -47,7 +47,7 @@ _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<password>[^&\s]+)", re
 def mask_url_credentials(text: str) -> str:
     """Every password inside a URL in `text` masked: 'mysql://u:pw@h/db' -> 'mysql://u:****...@h/db'.
 
-    The one masking of the project: error reports (shop/reporting.py) and every start-up error
+    The one masking of the project: error reports (config/reporting.py) and every start-up error
     that quotes a URL setting (DATABASE_URL, REDIS_URL, LOCKS_REDIS_URL, the Redlock URLs...)
     go through it, since stderr ends up in container logs.
     """

@@ -11,9 +11,11 @@ class ShopConfig(AppConfig):
         from django.conf import settings
         from django.db.models.signals import post_save
 
-        # The shop's scheduled jobs (run by `manage.py run_jobs` on every server).
-        from shop import checks, jobs, metrics, tokens  # noqa: F401
+        from shop.api import tokens
         from shop.line import board
+
+        # The shop's scheduled jobs (run by `manage.py run_jobs` on every server) and system checks.
+        from shop.ops import checks, jobs, metrics  # noqa: F401
         from shop.plumbing import stale_transactions
 
         # The lines' gauges, read from Redis when /metrics is scraped.

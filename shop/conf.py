@@ -34,11 +34,11 @@ DEFAULTS: dict[str, Any] = {
     # products in one transaction, so a catalog of moderately busy products gets batches as large
     # as a hot product's. The product locks still cover every write; a product whose lock is busy
     # (a cart holds it) is handed back to its buyers, who take it themselves. "auto" (the
-    # default): one per CPU of this machine (shop/lock_names.py, `lanes`); 0: a queue per product.
+    # default): one per CPU of this machine (shop/plumbing/lock_names.py, `lanes`); 0: a queue per product.
     # Every app server must use the same N: set it where servers differ in size.
     # Env: SHOP_COMBINE_LANES.
     "COMBINE_LANES": "auto",
-    # Overload (shop/gunicorn_worker.py, shop/admission.py, shop/deadlines.py). A request waits for
+    # Overload (config/gunicorn_worker.py, shop/edge/admission.py, shop/edge/deadlines.py). A request waits for
     # a thread of its worker at most QUEUE_INTERVAL s while the queue drains now and then, and
     # QUEUE_TARGET s once a standing queue formed (CoDel); more than QUEUE_MAX requests waiting
     # (None: the worker's thread count) and a new one is answered 503 `busy` at once, without the
@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "QUEUE_INTERVAL": 0.1,
     "QUEUE_MAX": None,
     "MAX_WAITING": None,
-    # Slow clients (shop/gunicorn_worker.py): the worker reads a request before it gives it a
+    # Slow clients (config/gunicorn_worker.py): the worker reads a request before it gives it a
     # thread. It must be whole within HEAD_TIMEOUT s of its connection (or, kept alive, of its
     # first byte), or the connection is closed; a head over HEAD_MAX bytes is answered 431; a body
     # up to BODY_BUFFER bytes is read too (a larger one, or chunked, by the thread). Once a worker
@@ -100,7 +100,7 @@ DEFAULTS: dict[str, Any] = {
     "LOW_STOCK": 10,
     # Deadlock (1213), lock wait timeout (1205), stale fence or lost lock: retried this often.
     "RETRIES": 5,
-    # The cache alias of the shop's own Redis (shop/redis_keys.py: sold-out markers, idempotency
+    # The cache alias of the shop's own Redis (shop/plumbing/redis_keys.py: sold-out markers, idempotency
     # records, cached tokens, overload counts), apart from the lock service's (LOCKS["CACHE_ALIAS"]).
     "REDIS_ALIAS": "default",
     # Sold-out markers live there with this TTL (seconds). Services keep them exact; the TTL
@@ -123,12 +123,12 @@ DEFAULTS: dict[str, Any] = {
     # recorded with the older fence: MySQL 8; same database user for every app server), "auto"
     # (timeout on MariaDB, kill elsewhere), or "off" (wait for the paused holder).
     "STALE_TRANSACTIONS": "auto",
-    # Bots (shop/account_age.py, docs/operations.md "Bots"): an account younger than
+    # Bots (shop/edge/account_age.py, docs/operations.md "Bots"): an account younger than
     # YOUNG_ACCOUNT_AGE seconds whose first order request for a drop comes within
     # DROP_OPENING_WINDOW seconds of its opening is counted in flashsale_drop_young_buyers_total.
     "YOUNG_ACCOUNT_AGE": 24 * 3600,
     "DROP_OPENING_WINDOW": 60,
-    # Rate limits (shop/ratelimits.py), "count/period" (s, m, h, d) per key; None lifts a limit.
+    # Rate limits (shop/edge/ratelimits.py), "count/period" (s, m, h, d) per key; None lifts a limit.
     # settings.SHOP["RATE_LIMITS"] (or the RATE_LIMITS environment variable) overrides them one by
     # one; RATELIMIT_ENABLE=false switches them all off. Checkout is generous on purpose: a buyer
     # places a few orders a minute, and `loadtest --url` (100 users by default) must not be

@@ -16,8 +16,8 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.transaction import TransactionManagementError
 
-from shop import clock
-from shop.formats import shop_time
+from shop.plumbing import clock
+from shop.plumbing.clock import shop_time
 
 # Every error class by its code, filled as the classes are defined (`ShopError.__init_subclass__`):
 # a combined buyer's reply names its error by code, and a new error is found without a list kept

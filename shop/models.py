@@ -14,8 +14,9 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from shop import clock, errors, lock_names
+from shop import errors
 from shop.conf import shop_settings
+from shop.plumbing import clock, lock_names
 
 # Where a product stands in its drop window (`Product.drop_state`).
 UPCOMING, OPEN, ENDED = "upcoming", "open", "ended"

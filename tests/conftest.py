@@ -165,7 +165,7 @@ def _no_stale_shop_keys(django_db_setup, django_db_blocker):
     and fence refusals from an earlier run must not apply. They are deleted again at the end,
     so a run leaves nothing in the shared Redis (a run writes ~28k idempotency records, kept a
     day: a few runs' worth made the test of paging through held locks outlast its leases)."""
-    from shop import redis_keys
+    from shop.plumbing import redis_keys
 
     with django_db_blocker.unblock():
         namespace = redis_keys.namespace()
@@ -179,8 +179,8 @@ def _no_stale_shop_keys(django_db_setup, django_db_blocker):
 @pytest.fixture
 def private_redis(settings) -> Iterator[RedisServer]:
     """Both Redis aliases (markers and locks) on a private redis-server, configured exactly as
-    shop/settings/redis_locks.py configures them from REDIS_URL: a test may stop, freeze or wipe it."""
-    from shop.settings import redis_cache
+    config/settings/redis_locks.py configures them from REDIS_URL: a test may stop, freeze or wipe it."""
+    from config.settings import redis_cache
 
     server = RedisServer()
     server.start()

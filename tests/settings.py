@@ -11,7 +11,7 @@ os.environ.setdefault("SECRET_KEY", "tests-only-insecure-key-" + "x" * 40)
 # The same settings whether or not ./dev.sh wrote a .env.dev here (inherited by subprocesses).
 os.environ.setdefault("DEV_ENV_FILE", "")
 
-from shop.settings import *  # noqa: F403
+from config.settings import *  # noqa: F403
 
 # Password hashing is not what these tests test: the fast hasher saves seconds per created user.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -80,7 +80,7 @@ DOCUMENTS = ("README.md", "docs/design.md", "docs/api.md", "docs/configuration.m
              "docs/locks.md", "docs/shop.md", "docs/operations.md", "docs/reliability.md", "docs/scaleout.md",
              "docs/metrics.md")
 # The project's packages: a reference starting with one of these is imported.
-PACKAGES = ("shop", "locks", "loadtest")
+PACKAGES = ("config", "shop", "locks", "loadtest")
 # A whole inline code span that is a dotted name, perhaps called: `a.b`, `a.b.c(x, y=)`.
 REFERENCE = re.compile(r"(?<!`)`([A-Za-z_]\w*(?:\.\w+)+)(?:\([^`]*\))?`(?!`)")
 # Last parts that make a dotted name a file name.
@@ -421,7 +421,7 @@ def test_the_checks_find_what_they_are_for(tmp_path):
 def test_the_reference_check_finds_what_it_is_for():
     """Planted references, against this project: stale ones are named with why; right ones pass."""
     assert resolve(ROOT, "protocol.from_json") is None
-    stale = "'batch' is no module or class of shop, locks, loadtest (renamed or removed?)"
+    stale = "'batch' is no module or class of config, shop, locks, loadtest (renamed or removed?)"
     assert resolve(ROOT, "batch.from_json") == stale
     assert resolve(ROOT, "writer.nothing").startswith("no 'nothing' in shop.checkout.writer")
     assert resolve(ROOT, "shop.services.nothing") == "shop.services has no 'nothing'"

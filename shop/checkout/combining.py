@@ -13,13 +13,13 @@ from redis.exceptions import RedisError
 
 import locks
 from locks import combining
-from shop import errors, hooks, lock_names
+from shop import errors
 from shop.checkout import protocol, writer
 from shop.checkout.protocol import Placed, Refused, Request, Result
 from shop.conf import shop_settings
-from shop.lock_names import lane_lock, product_lock
 from shop.models import CheckoutRequest
-from shop.plumbing import stale_transactions
+from shop.plumbing import hooks, lock_names, stale_transactions
+from shop.plumbing.lock_names import lane_lock, product_lock
 from shop.plumbing.locking import lock_error, release_all_safely, shop_lock
 from shop.plumbing.retries import DEADLOCKS
 from shop.plumbing.transactions import drop_connection, durable_transaction, lost_connection

@@ -18,7 +18,7 @@ from decimal import Decimal
 
 from shop import errors
 from shop.models import Order
-from shop.receipts import ReceiptLine as Line
+from shop.reads.receipts import ReceiptLine as Line
 
 
 def new_request_id() -> str:

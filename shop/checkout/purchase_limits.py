@@ -1,6 +1,6 @@
 """What one buyer may take: per-product purchase caps (`Product.max_per_user`) and the number of
 unpaid orders (SHOP["MAX_UNPAID_ORDERS"]), so that one buyer, or a bot with many requests, cannot
-drain or hoard a limited drop. (Request rates are shop/ratelimits.py.)
+drain or hoard a limited drop. (Request rates are shop/edge/ratelimits.py.)
 
 Counted under the product's lock *and* its row lock: the checkout writer (writer.py) counts after
 it holds the product's row in InnoDB (its SELECT ... FOR UPDATE), and every

@@ -13,9 +13,9 @@ from datetime import datetime
 from django.db import connection, models
 from django.utils import timezone
 
-from shop import clock
-from shop.lock_names import product_lock
 from shop.models import Order, Product
+from shop.plumbing import clock
+from shop.plumbing.lock_names import product_lock
 from shop.plumbing.locking import StaleFence
 
 ROW_FIELDS = ("id", "price", *Product.ON_SALE_FIELDS, "stock", "fence", "sku", "name", "max_per_user")

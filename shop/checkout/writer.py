@@ -15,17 +15,18 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 import locks
-from shop import clock, errors, hooks, metrics, money
+from shop import errors, money
 from shop import line as lines_of_drops
 from shop.checkout import allocation, purchase_limits, replays, sql
 from shop.checkout.protocol import AGAIN, Placed, Refused, Request, Result
-from shop.lock_names import product_lock
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
-from shop.plumbing import idempotency, soldout
+from shop.ops import metrics
+from shop.plumbing import clock, hooks, idempotency, soldout
+from shop.plumbing.lock_names import product_lock
 from shop.plumbing.locking import StaleFence, check_before_commit
 from shop.plumbing.retries import DEADLOCKS, noticed, reason
 from shop.plumbing.transactions import durable_transaction
-from shop.receipts import ReceiptLine as Line
+from shop.reads.receipts import ReceiptLine as Line
 
 log = logging.getLogger("shop")
 

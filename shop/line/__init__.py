@@ -43,11 +43,13 @@ from django.db.models.signals import post_save
 from django_redis import get_redis_connection
 from redis.commands.core import Script
 
-from shop import clock, metrics, redis_keys, selectors
 from shop.conf import shop_settings
 from shop.line import arrivals
 from shop.line.tickets import PLACE, PRE_QUEUE, Ticket, not_yet, read
 from shop.models import Product
+from shop.ops import metrics
+from shop.plumbing import clock, redis_keys
+from shop.reads import selectors
 
 __all__ = ["Front", "Joining", "LineConfig", "Position", "Status", "Ticket", "every_line", "finish", "forget", "fronts",
            "join", "join_many", "lined", "not_yet", "now_serving", "read_ticket", "status"]
@@ -274,7 +276,7 @@ def _joined(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: in
 def _join(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: int, on=None) -> list:
     config = j.config
     checkout_ms = int((max(0.0, j.until - time.monotonic()) + CHECKOUT_MARGIN) * 1000)
-    # The latest the database's clock may read now (shop/clock.py): "not open yet" only when the
+    # The latest the database's clock may read now (shop/plumbing/clock.py): "not open yet" only when the
     # opening is surely ahead; at the edge the order goes on, and the writer decides it exactly
     # under the row lock (docs/design.md, "One clock for drop windows").
     latest_ms = now_ms + int(clock.uncertainty() * 1000)

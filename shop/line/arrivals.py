@@ -1,7 +1,7 @@
 """Arrival stamps: a buyer told `busy` keeps the time it first came (docs/design.md, "The line").
 
 When the worker (or the app) answers an order for a lined product `busy`, the buyer is given a
-stamp of that moment: `<ms>.<signature>`, the shop's time (shop/clock.py) in ms and an
+stamp of that moment: `<ms>.<signature>`, the shop's time (shop/plumbing/clock.py) in ms and an
 HMAC-SHA256 of it and of the request's credential (its Authorization header, else its session
 cookie), under a key derived from SECRET_KEY for this purpose only. It comes back as a
 `Line-Arrival` header or cookie, and the line places a new buyer at min(stamp, now): being told

@@ -16,11 +16,12 @@ from datetime import datetime, timedelta
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from shop import clock, selectors
 from shop.conf import shop_settings
 from shop.line import Position, Status, config_of, join, lined, status
 from shop.line.tickets import read
 from shop.models import Product
+from shop.plumbing import clock
+from shop.reads import selectors
 
 log = logging.getLogger("shop")
 

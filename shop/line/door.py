@@ -16,9 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shop import account_age, errors, line, metrics, order_requests, redis_keys, tokens, validation
+from shop import errors, line, validation
+from shop.api import tokens
+from shop.edge import account_age, order_requests
 from shop.line import arrivals, tickets
-from shop.plumbing import soldout
+from shop.ops import metrics
+from shop.plumbing import redis_keys, soldout
 
 APP, TURN = "app", "turn"
 # How long the worker may give the same answer again to the same token's retries (scripts send

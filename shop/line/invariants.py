@@ -1,5 +1,5 @@
 """The line's invariants (docs/design.md, "The line": L1-L4), checked from what Redis holds of a
-drop's line and the orders MySQL holds, after a test or a load run (like shop/invariants.py)."""
+drop's line and the orders MySQL holds, after a test or a load run (like shop/ops/invariants.py)."""
 
 from __future__ import annotations
 

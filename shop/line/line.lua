@@ -107,7 +107,7 @@ end
 
 if op == 'join' then
   -- 6 user, 7 start (1: take the turn now), 8 checkout ms, 9 the shop's time ms (the database's
-  -- clock, shop/clock.py: it decides the window, as at the writer), 10 opens_at ms,
+  -- clock, shop/plumbing/clock.py: it decides the window, as at the writer), 10 opens_at ms,
   -- 11 pre-queue ms, 12 fifo (1/0), 13 a random order, 14 claimed kind (p|q|''), 15 claimed score,
   -- 16 units refresh ms, 17 hold ms, 18 an arrival stamp's time ms ('' without one: checked by
   -- the caller, shop/line/arrivals.py), 19 the shop's time ms, its best estimate (9 is the

@@ -18,8 +18,9 @@ import logging
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
-from shop import metrics, redis_keys
 from shop.conf import shop_settings
+from shop.ops import metrics
+from shop.plumbing import redis_keys
 
 log = logging.getLogger("shop")
 

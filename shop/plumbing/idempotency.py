@@ -13,8 +13,9 @@ from __future__ import annotations
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
-from shop import errors, redis_keys
+from shop import errors
 from shop.conf import shop_settings
+from shop.plumbing import redis_keys
 
 
 def write_records(records: list[tuple[int, str, int]], *, required: bool) -> None:

@@ -25,8 +25,8 @@ from redis.exceptions import RedisError
 
 import locks
 from locks.conf import locks_settings
-from shop import hooks, redis_keys
 from shop.conf import shop_settings
+from shop.plumbing import hooks, redis_keys
 
 log = logging.getLogger("shop")
 

@@ -56,8 +56,8 @@ from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
 import locks
-from shop import redis_keys
 from shop.conf import shop_settings
+from shop.plumbing import redis_keys
 
 log = logging.getLogger("shop")
 
@@ -404,5 +404,5 @@ class _Watcher:
                 raise
 
 
-# What kill mode needs of the MySQL user (the system check says it: shop/checks.py).
+# What kill mode needs of the MySQL user (the system check says it: shop/ops/checks.py).
 KILL_PRIVILEGES = "PROCESS (to see which connection blocks a row) and, across MySQL users, CONNECTION_ADMIN"

@@ -15,17 +15,20 @@ from redis.exceptions import RedisError
 
 import locks
 from locks.combining import Guarded
-from shop import account_age, admission, clock, deadlines, errors, line, metrics, redis_keys, selectors
+from shop import errors, line
 from shop.checkout import allocation, combining, protocol, writer
 from shop.checkout.protocol import Again, Alone, Placed, Refused, Request, Result
 from shop.conf import shop_settings
-from shop.lock_names import product_lock
+from shop.edge import account_age, admission, deadlines
 from shop.models import UPCOMING, drop_state
-from shop.plumbing import soldout
+from shop.ops import metrics
+from shop.plumbing import clock, redis_keys, soldout
+from shop.plumbing.lock_names import product_lock
 from shop.plumbing.locking import held, refuse_outer_transaction
 from shop.plumbing.retries import LOST_LOCK
 from shop.plumbing.transactions import connection_errors
-from shop.receipts import Receipt
+from shop.reads import selectors
+from shop.reads.receipts import Receipt
 from shop.validation import validate_code, validate_idempotency_key, validate_lines
 
 log = logging.getLogger("shop")

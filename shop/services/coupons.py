@@ -11,8 +11,8 @@ from django.db import IntegrityError
 from django.db.models import F
 
 from shop import errors
-from shop.lock_names import coupon_lock
 from shop.models import Coupon, CouponClaim
+from shop.plumbing.lock_names import coupon_lock
 from shop.plumbing.locking import StaleFence, check_before_commit, held, refuse_outer_transaction
 from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
 from shop.validation import validate_code

@@ -24,9 +24,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from shop import account_age, clock, errors, line
-from shop.formats import shop_time
+from shop import errors, line
+from shop.edge import account_age
 from shop.models import ENDED, DropLog, Product, drop_state
+from shop.plumbing import clock
+from shop.plumbing.clock import shop_time
 from shop.plumbing.transactions import connection_errors, durable_transaction
 
 Window = tuple[datetime | None, datetime | None]

@@ -20,12 +20,12 @@ from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
-from shop.lock_names import product_lock
 from shop.models import Product, StockLedger
 from shop.plumbing import soldout
+from shop.plumbing.lock_names import product_lock
 from shop.plumbing.locking import StaleFence, check_before_commit, held, refuse_outer_transaction
 from shop.plumbing.transactions import connection_errors, durable_transaction, with_retries
-from shop.selectors import reserved_units
+from shop.reads.selectors import reserved_units
 from shop.validation import validate_quantity
 
 # The reasons an operator gives for moving stock (Shopify's and Saleor's kinds, a few), and which
@@ -198,7 +198,7 @@ def adjust_stock(*, product: Product, delta: int, reason: str, note: str = "", a
 
     Never below what unpaid orders reserved. `stock` is what is left to sell: an order takes its
     units out of it at checkout, and they stay out while it awaits payment (`units_reserved` of
-    `shop.selectors.product_sales`) and after it is paid; they come back only if it is cancelled,
+    `shop.reads.selectors.product_sales`) and after it is paid; they come back only if it is cancelled,
     expires or is refunded. The units on hand are therefore stock + reserved (+ sold, not yet
     shipped), and "not below the reserved units" is "stock never below 0": removing units takes
     at most `stock` of them, never one a buyer reserved. The UPDATE guards it in SQL

@@ -40,5 +40,5 @@ def steer_line(*, product: Product, paused: bool | None = None, prequeue_seconds
 
 def line_violations(*, product: Product) -> list[str]:
     """What breaks the invariants of `product`'s drop line (L1-L3, docs/design.md "The line"),
-    from Redis and the orders: for the load tests' books, as shop.invariants is for the rest."""
+    from Redis and the orders: for the load tests' books, as shop.ops.invariants is for the rest."""
     return invariants.line_violations(product)

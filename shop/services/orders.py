@@ -26,8 +26,8 @@ from django.utils import timezone
 
 from shop import errors
 from shop.conf import shop_settings
-from shop.lock_names import product_lock
 from shop.models import CouponClaim, Order, OrderLine, OutboxMail, Refund, StockLedger
+from shop.plumbing.lock_names import product_lock
 from shop.plumbing.locking import check_before_commit, held, refuse_outer_transaction
 from shop.plumbing.transactions import (
     connection_errors,

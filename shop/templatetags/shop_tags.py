@@ -12,7 +12,7 @@ from django.utils.formats import number_format
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from shop import clock
+from shop.plumbing import clock
 
 register = template.Library()
 
@@ -84,7 +84,7 @@ def order_note(order, date_only: bool = False) -> SafeString:
 
 @register.filter
 def time_until(value) -> str:
-    """How long until `value` by the clock that decides drop windows (shop/clock.py), short, as a
+    """How long until `value` by the clock that decides drop windows (shop/plumbing/clock.py), short, as a
     drop's countdown says it without JavaScript: "45 s", "12 min", "2 h 5 min", "3 days" ("now"
     once it passed)."""
     if value is None:

@@ -15,10 +15,11 @@ from django.core.management import CommandError, call_command
 
 from loadtest import appservers, httpfaults
 from loadtest.httpfaults import HttpFaultConfig
-from shop import redis_keys, selectors
 from shop.conf import shop_settings
 from shop.errors import Conflict
 from shop.models import Product
+from shop.plumbing import redis_keys
+from shop.reads import selectors
 from shop.services import place_order
 
 

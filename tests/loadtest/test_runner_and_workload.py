@@ -12,9 +12,9 @@ from loadtest import runner, strategies, workload
 from loadtest.models import DbLock
 from loadtest.runner import Phase, Plan, RunError
 from loadtest.strategies import Options
-from shop import redis_keys, services
+from shop import services
 from shop.models import Order, OrderLine, Product, StockLedger
-from shop.plumbing import soldout
+from shop.plumbing import redis_keys, soldout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -156,7 +156,7 @@ _RECORD = """
 import os, sys, django
 django.setup()
 from locks import Lock
-from shop import metrics
+from shop.ops import metrics
 family, n = sys.argv[1], int(sys.argv[2])
 for _ in range(n):
     with Lock(family + ":mp", family=family):
@@ -178,8 +178,8 @@ def _record_in_new_process(directory: Path, family: str, n: int) -> int:
 def test_one_scrape_sums_the_files_of_every_worker_process(tmp_path, monkeypatch, family):
     """Two worker processes (fresh interpreters, as gunicorn's workers import the app after the
     fork) write their own files; the view's MultiProcessCollector adds them up; the master's
-    child_exit hook (gunicorn.conf.py) keeps a dead worker's counters in the sum."""
-    from shop.metrics import exposition
+    child_exit hook (config/gunicorn.conf.py) keeps a dead worker's counters in the sum."""
+    from shop.ops.metrics import exposition
 
     pids = [_record_in_new_process(tmp_path, family, 3), _record_in_new_process(tmp_path, family, 5)]
     assert len(set(pids)) == 2
@@ -200,7 +200,7 @@ def test_one_scrape_sums_the_files_of_every_worker_process(tmp_path, monkeypatch
 def _gunicorn_conf():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gunicorn_conf_under_test", ROOT / "gunicorn.conf.py")
+    spec = importlib.util.spec_from_file_location("gunicorn_conf_under_test", ROOT / "config/gunicorn.conf.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # PROMETHEUS_MULTIPROC_DIR is set: it makes no directory
     return module

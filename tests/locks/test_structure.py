@@ -14,7 +14,7 @@ ROOT = Path(locks.__file__).parent
 # Floor of each module (dotted names below `locks`); a package's modules default to the package's.
 FLOORS = {
     1: ["conf", "exceptions", "keys", "histogram", "scripts", "redis_urls", "django_redis_cluster", "checks", "models",
-        "formats"],
+        "formats", "admin_base"],
     2: ["hold", "connection"],
     3: ["backends.base", "backends", "metrics", "renewal", "events"],
     4: ["backends.redis", "backends.redlock", "backends.zookeeper", "backends.mysql", "stats"],

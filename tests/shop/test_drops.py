@@ -16,8 +16,8 @@ from django.contrib.messages import get_messages
 from django.test import Client
 from django.utils import timezone
 
-from shop import cart
 from shop.models import ApiToken, DropLog, Order, Product, StockLedger
+from shop.web import cart
 from tests.shop.services.test_drops import db_now, skew_app_clock, window
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -290,7 +290,7 @@ def test_end_sale_now_asks_first_and_says_what_happens_to_orders_awaiting_paymen
     """Issue 37: "End sale now" acted on one click. It now asks, in red like refund and cancel, and
     says the policy: orders placed while the sale was open keep their units and may be paid until
     their pay-by time, then count as sold (marked as paid after the end); unpaid, they expire."""
-    from shop.selectors import product_sales
+    from shop.reads.selectors import product_sales
     from shop.services import pay_order, place_order
     from tests.helpers import order_of
 
@@ -355,7 +355,7 @@ def test_the_quantity_box_stops_at_what_the_buyer_may_still_buy(shopper, user, m
 
 def test_the_product_state_the_page_polls_is_cheap_and_follows_an_early_end(client, make_product,
                                                                           django_assert_num_queries):
-    from shop import selectors
+    from shop.reads import selectors
     from shop.services import end_drop
 
     selectors._windows.clear()  # ids are reused from test to test

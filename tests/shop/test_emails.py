@@ -19,8 +19,8 @@ from django.utils import timezone
 from shop import errors
 from shop.models import ApiToken, Order
 from shop.services import pay_order, place_order
+from tests.config.test_settings import start
 from tests.helpers import order_of
-from tests.shop.test_settings import start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "a-long-pass-123"
@@ -451,7 +451,7 @@ def test_the_mail_job_of_a_server_on_another_port_links_to_that_port(buyer, make
 
     from django.db import connection
 
-    from tests.shop.test_settings import ROOT
+    from tests.config.test_settings import ROOT
 
     order = order_of(place_order(user=buyer, lines=[(make_product(stock=3).pk, 1)]))
     pay_order(order=order, actor="test")
@@ -470,14 +470,14 @@ def test_check_deploy_warns_of_a_site_url_that_points_at_the_server_itself():
     import subprocess
     import sys
 
-    from tests.shop.test_settings import ROOT
+    from tests.config.test_settings import ROOT
 
     def check(**env: str) -> str:
         import os
 
         clean = {k: v for k, v in os.environ.items() if k not in {"SITE_URL", "PORT", "DEBUG", "DEV_ENV_FILE"}}
         result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--tag", "security"], cwd=ROOT,
-                                env={**clean, "DJANGO_SETTINGS_MODULE": "shop.settings", "SECRET_KEY": "k" * 50,
+                                env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", "SECRET_KEY": "k" * 50,
                                      "DEV_ENV_FILE": "", **env},
                                 capture_output=True, text=True, timeout=120)
         return result.stdout + result.stderr

@@ -70,7 +70,7 @@ def test_a_product_hidden_after_it_went_in_the_cart_shows_as_gone_to_shoppers(cl
 
 def test_the_web_checkout_names_a_product_hidden_meanwhile_as_gone(client, user, make_product, monkeypatch):
     """Hidden between the cart review and the order: the refusal reads as for a missing product."""
-    from shop import hooks
+    from shop.plumbing import hooks
 
     p = make_product(stock=5)
     client.force_login(user)
@@ -136,7 +136,7 @@ def test_a_hide_that_could_not_take_the_lock_clears_the_marker_once_it_can(user,
     """The product's lock is busy for longer than LOCK_WAIT (a sale's queue) when the admin
     hides it: the marker stays for now, and the jobs runner clears it as soon as the lock is free."""
     from locks import Lock
-    from shop.jobs import clear_hidden_markers
+    from shop.ops.jobs import clear_hidden_markers
 
     settings.SHOP = {**getattr(settings, "SHOP", {}), "LOCK_WAIT": 0.3}
     p = make_product(stock=1)

@@ -33,7 +33,7 @@ def dev_env_file(tmp_path: Path, text: str = "DEBUG=true\nSECRET_KEY=from-the-de
 def settings_in(env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", "from django.conf import settings; print(settings.DEBUG, settings.SECRET_KEY)"],
-        cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "shop.settings"}, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"}, capture_output=True, text=True, timeout=60,
     )
 
 

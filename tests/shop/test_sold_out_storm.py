@@ -8,8 +8,8 @@ import json
 import pytest
 from django.conf import settings
 
+from shop.api.tokens import revoke
 from shop.models import ApiToken
-from shop.tokens import revoke
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,8 +3,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from shop.api.tokens import revoke
 from shop.models import ApiToken
-from shop.tokens import revoke
 
 
 class Command(BaseCommand):

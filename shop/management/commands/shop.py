@@ -60,11 +60,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from locks.services import cli_actor_name
-from shop import account_age, errors, line
+from shop import errors, line
 from shop.conf import shop_settings
-from shop.formats import shop_time
+from shop.edge import account_age
 from shop.models import Order, Product, StockLedger
-from shop.selectors import (
+from shop.plumbing.clock import shop_time
+from shop.reads.selectors import (
     MONEY_FIGURES,
     QUICK_TOKEN,
     RATE_WINDOW,

@@ -338,8 +338,8 @@ def _buy(user_id: int, product_id: int) -> list[int]:
 def test_contract_the_checkout_never_oversells_on_this_backend(backend, settings):
     from decimal import Decimal
 
-    from shop.invariants import check_invariants
     from shop.models import Product
+    from shop.ops.invariants import check_invariants
     from tests.helpers import make_users, run_processes
 
     combining = get_backend().supports_combining

@@ -29,7 +29,7 @@ from tests.locks.conftest import FORK
 
 def use_redis_url(settings, url: str, **locks):
     """CACHES "locks" and "default" (sold-out markers, rate limits) on `url`, configured exactly as
-    shop/settings/redis_locks.py configures LOCKS_REDIS_URL/REDIS_URL; LOCKS BACKEND stays "redis"."""
+    config/settings/redis_locks.py configures LOCKS_REDIS_URL/REDIS_URL; LOCKS BACKEND stays "redis"."""
     cache = redis_urls.cache_config(url, setting="LOCKS_REDIS_URL", socket_timeout=settings.REDIS_SOCKET_TIMEOUT,
                                     pool_kwargs={"max_connections": 200, "health_check_interval": 30})
     settings.CACHES = {**settings.CACHES, "locks": cache, "default": cache}

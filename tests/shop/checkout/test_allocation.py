@@ -8,9 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from shop import clock, errors
+from shop import errors
 from shop.checkout import allocation
 from shop.checkout.protocol import Refused, Request
+from shop.plumbing import clock
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 

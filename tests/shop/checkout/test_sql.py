@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from shop.checkout import protocol, writer
-from shop.lock_names import product_lock
 from shop.models import Order, StockLedger
+from shop.plumbing.lock_names import product_lock
 from shop.services import place_order
 from tests.helpers import order_of
 

@@ -12,8 +12,8 @@ from django.db import connection, connections
 
 from locks import Lock
 from shop import errors
-from shop.lock_names import checkout_queue
 from shop.models import Order
+from shop.plumbing.lock_names import checkout_queue
 from shop.services import place_order
 from tests.helpers import make_users
 from tests.locks.conftest import FORK, wait_until_queued

@@ -20,11 +20,11 @@ from django.utils import timezone
 
 from locks.services import cli_actor_name
 from shop.models import Order, Product, Refund, StockLedger
-from shop.selectors import product_sales
+from shop.reads.selectors import product_sales
 from shop.services import pay_order, place_order
+from tests.config.test_settings import ROOT
 from tests.helpers import order_of
-from tests.shop.test_admin import _sales_fixture
-from tests.shop.test_settings import ROOT
+from tests.shop.admin.test_admin import _sales_fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,9 +11,10 @@ from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shop import clock, line
+from shop import line
 from shop.line import arrivals
 from shop.models import Product
+from shop.plumbing import clock
 
 
 def test_a_stamp_reads_back_for_its_credential_only():

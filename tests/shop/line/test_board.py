@@ -74,7 +74,7 @@ def test_a_pre_queue_counts_as_waiting_and_a_product_without_a_drop_has_no_gauge
 
 
 def test_every_line_metric_is_in_docs_metrics():
-    from shop import metrics
+    from shop.ops import metrics
 
     exported = {m.describe()[0].name for m in (metrics.LINE_ANSWERS, metrics.LINE_ANSWER_SECONDS,
                                                 metrics.LINE_LET_THROUGH, metrics.LINE_TICKETS_REFUSED)}

@@ -121,7 +121,7 @@ def test_a_replay_of_the_winning_key_returns_its_order_after_the_sell_out(user, 
 
 
 def test_a_forged_altered_or_other_accounts_ticket_is_refused_and_counted(settings, user, other_user, drop):
-    from shop import metrics
+    from shop.ops import metrics
 
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
     p = drop(stock=5)

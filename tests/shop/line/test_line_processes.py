@@ -18,10 +18,11 @@ from django.utils import timezone
 from django_redis import get_redis_connection
 
 from loadtest import appservers
-from shop import errors, line, redis_keys
-from shop.invariants import check_invariants
+from shop import errors, line
 from shop.line.invariants import line_violations
 from shop.models import ApiToken, Order, Product
+from shop.ops.invariants import check_invariants
+from shop.plumbing import redis_keys
 from shop.services import place_order
 from tests import helpers
 
@@ -93,7 +94,7 @@ def _turn_then_hang(product_id: int, user_id: int, ready) -> None:
     """A worker that took its buyer's turn and hangs before its COMMIT (then it is SIGKILLed)."""
     from django.contrib.auth import get_user_model
 
-    from shop import hooks
+    from shop.plumbing import hooks
     from tests.helpers import FORK  # noqa: F401 - forked
 
     def hang(stage: str, holds: dict) -> None:

@@ -11,8 +11,8 @@ from django.contrib.auth import get_user_model
 from django.db.models import Sum
 
 from shop import errors
-from shop.invariants import check_invariants
 from shop.models import Order, OrderLine, Product, StockLedger
+from shop.ops.invariants import check_invariants
 from shop.plumbing import soldout
 from shop.services import adjust_stock, cancel_order, place_order, restock
 from tests.helpers import make_users, order_of, run_processes
@@ -101,13 +101,13 @@ def test_never_below_zero_so_never_into_what_unpaid_orders_reserved(make_product
 
 def test_adjusting_to_zero_marks_the_product_sold_out_and_adding_clears_it(make_product, user, settings,
                                                                            monkeypatch, django_assert_num_queries):
-    from shop import account_age
+    from shop.edge import account_age
 
     p = make_product(stock=2)
     adjust_stock(product=p, delta=-2, reason="lost", actor="ops")
     assert soldout.sold_out([p.pk]) == {p.pk}
     # The process's views of which products have a line or an account-age rule are read from MySQL
-    # at most once a second (shop/line/, shop/account_age.py): warm, and kept for this test.
+    # at most once a second (shop/line/, shop/edge/account_age.py): warm, and kept for this test.
     settings.SHOP = {**settings.SHOP, "LINE_REFRESH": 3600}
     monkeypatch.setattr(account_age, "REFRESH", 3600)
     with pytest.raises(errors.OutOfStock):

@@ -12,9 +12,10 @@ from django.contrib.auth import get_user_model
 from django.db import connection, connections
 
 from locks import Lock
-from shop import errors, hooks
-from shop.lock_names import product_lock
+from shop import errors
 from shop.models import Order
+from shop.plumbing import hooks
+from shop.plumbing.lock_names import product_lock
 from shop.services import cancel_order, place_order
 from tests.helpers import make_users, order_of, run_processes
 from tests.locks.conftest import FORK, wait_until_queued

@@ -12,12 +12,12 @@ import pytest
 from django.db import transaction
 
 from locks import inspect, stats
-from shop import errors, hooks, redis_keys
-from shop.api import order_json, receipt_json
+from shop import errors
+from shop.api.views import order_json, receipt_json
 from shop.checkout import writer
-from shop.lock_names import product_lock
 from shop.models import CouponClaim, Order, OrderLine, StockLedger
-from shop.plumbing import soldout
+from shop.plumbing import hooks, redis_keys, soldout
+from shop.plumbing.lock_names import product_lock
 from shop.services import cancel_order, claim_coupon, place_order, restock
 from tests.helpers import order_of
 
@@ -347,7 +347,7 @@ def test_a_record_whose_order_is_gone_queues_after_all(user, make_product, mget_
 
 def test_markers_in_another_redis_are_read_by_one_mget_first(user, make_product, combining, mget_calls,
                                                             redis_server, settings):
-    from shop.settings import redis_cache
+    from config.settings import redis_cache
 
     settings.CACHES = {**settings.CACHES, "default": redis_cache(redis_server.url)}  # markers elsewhere
     assert not soldout.shares_lock_redis()

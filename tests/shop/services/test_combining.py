@@ -16,10 +16,11 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 
 from locks import Lock, inspect, stats
-from shop import errors, hooks
-from shop.invariants import check_invariants
-from shop.lock_names import checkout_queue
+from shop import errors
 from shop.models import CheckoutRequest, Coupon, CouponClaim, Order, Product
+from shop.ops.invariants import check_invariants
+from shop.plumbing import hooks
+from shop.plumbing.lock_names import checkout_queue
 from shop.services import claim_coupon, place_order
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK, wait_until_queued

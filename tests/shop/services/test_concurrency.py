@@ -13,9 +13,10 @@ from django.contrib.auth import get_user_model
 from django.db.models import Sum
 
 from locks import inspect
-from shop import errors, hooks
-from shop.invariants import check_invariants
+from shop import errors
 from shop.models import Coupon, CouponClaim, Order, OrderLine, Product, StockLedger
+from shop.ops.invariants import check_invariants
+from shop.plumbing import hooks
 from shop.services import cancel_order, claim_coupon, place_order
 from tests.helpers import make_users, order_of, run_processes
 

@@ -8,9 +8,10 @@ import json
 import pytest
 from django.db import connection
 
-from shop import errors, hooks
+from shop import errors
 from shop.conf import shop_settings
 from shop.models import ApiToken, Order, Product
+from shop.plumbing import hooks
 from shop.services import pay_order, place_order
 from tests.helpers import kill_own_connection, order_of
 from tests.mysql_proxy import MySQLProxy
@@ -125,7 +126,7 @@ def test_a_connection_lost_outside_the_services_is_a_friendly_503_page(client, m
     """A page's own read (not a service) losing the connection: the middleware's 503 page."""
     from django.db.utils import OperationalError
 
-    from shop import views
+    from shop.web import views
 
     def lost(*args, **kwargs):
         raise OperationalError(2013, "Lost connection to server during query")
@@ -142,7 +143,7 @@ def test_a_connection_lost_after_the_commit_keeps_the_batchs_orders_and_calls_th
     there must not turn the batch's committed order into "not written"."""
     from locks import Lock
     from shop.checkout import protocol, writer
-    from shop.lock_names import product_lock
+    from shop.plumbing.lock_names import product_lock
 
     p = make_product(stock=1)
     placed = protocol.Request(id=protocol.new_request_id(), user_id=user.pk, lines=((p.pk, 1),), code=None, key=None,

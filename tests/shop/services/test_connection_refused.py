@@ -22,8 +22,8 @@ from django.db import connection, connections
 from django.db.utils import OperationalError
 
 from shop import errors
-from shop.invariants import check_invariants
 from shop.models import ApiToken, Order, Product
+from shop.ops.invariants import check_invariants
 from shop.plumbing.transactions import lost_connection
 from shop.services import place_order
 from tests.helpers import FORK, make_users, run_processes

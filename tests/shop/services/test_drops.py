@@ -17,11 +17,11 @@ from django.db.models import Q
 from django.template import defaulttags
 from django.utils import timezone
 
-from shop import errors, hooks
+from shop import errors
 from shop.conf import shop_settings
-from shop.invariants import check_invariants
 from shop.models import DropLog, Order, OrderLine, Product, StockLedger
-from shop.plumbing import soldout
+from shop.ops.invariants import check_invariants
+from shop.plumbing import hooks, soldout
 from shop.services import clear_drop, end_drop, place_order, schedule_drop
 from shop.services.drops import parse_time
 from tests.helpers import make_users, run_processes

@@ -10,8 +10,8 @@ from django.db.models import Count
 
 from locks import Lock, inspect, stats
 from shop import errors
-from shop.lock_names import lane_lock, product_lock
 from shop.models import Order, OrderLine
+from shop.plumbing.lock_names import lane_lock, product_lock
 from shop.services import place_order
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK, wait_until_queued
@@ -34,7 +34,7 @@ def test_a_product_falls_in_one_lane_and_no_lanes_means_its_own_lock():
 def test_lanes_are_on_by_default_one_per_cpu_of_this_machine(settings):
     import os
 
-    from shop import lock_names
+    from shop.plumbing import lock_names
 
     settings.SHOP = {k: v for k, v in settings.SHOP.items() if k != "COMBINE_LANES"}
     cpus = len(os.sched_getaffinity(0))
@@ -160,7 +160,7 @@ def _gated_buyer(user_id: int, product_id: int, wait: float, gates: dict, queue,
     Told (user id, code, order id or the error's outcome)."""
     from django.conf import settings as django_settings
 
-    from shop import hooks
+    from shop.plumbing import hooks
 
     django_settings.SHOP = {**django_settings.SHOP, "LOCK_WAIT": wait, **(ttl or {})}
 

@@ -18,9 +18,9 @@ from django.db import connections
 from django.test import Client
 
 from locks import Lock
-from shop import hooks
-from shop.lock_names import checkout_queue
 from shop.models import ApiToken, Order
+from shop.plumbing import hooks
+from shop.plumbing.lock_names import checkout_queue
 from tests.helpers import make_users
 from tests.locks.conftest import FORK, wait_until_queued
 from tests.shop.services.test_combining import assert_books

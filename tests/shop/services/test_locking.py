@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shop.conf import shop_settings
-from shop.lock_names import product_lock
+from shop.plumbing.lock_names import product_lock
 from shop.plumbing.locking import check_before_commit, held
 from shop.services import place_order
 from tests.helpers import order_of

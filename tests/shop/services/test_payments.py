@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from locks.models import JobRun
 from shop import errors
-from shop.invariants import check_invariants
 from shop.models import CouponClaim, Order, Product, StockLedger
+from shop.ops.invariants import check_invariants
 from shop.services import cancel_order, claim_coupon, expire_unpaid, pay_order, place_order
 from tests.helpers import make_users, order_of, run_processes
 

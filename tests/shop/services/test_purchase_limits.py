@@ -7,8 +7,8 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 
 from shop import errors
-from shop.invariants import check_invariants
 from shop.models import Order, Product
+from shop.ops.invariants import check_invariants
 from shop.services import cancel_order, place_order
 from tests.helpers import make_users, order_of, run_processes
 

@@ -35,7 +35,7 @@ def test_a_checkout_whose_redis_freezes_while_it_waits_fails_within_wait_plus_a_
     private_redis, make_product, user
 ):
     from locks import Lock
-    from shop.lock_names import product_lock
+    from shop.plumbing.lock_names import product_lock
 
     product = make_product(stock=5)
     outcome: list = []

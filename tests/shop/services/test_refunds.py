@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from locks.models import JobRun
 from shop import errors
-from shop.invariants import check_invariants, release_violations
 from shop.models import CouponClaim, Order, Product, Refund, StockLedger
+from shop.ops.invariants import check_invariants, release_violations
 from shop.services import cancel_order, claim_coupon, orders, pay_order, place_order, refund_order
 from shop.services.orders import finish_refunds
 from tests.helpers import FORK, kill_own_connection, order_of, run_processes

@@ -14,11 +14,10 @@ from django.contrib.auth import get_user_model
 from django.core import checks
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 
-from shop import hooks
-from shop.lock_names import product_lock
+from config.settings import redis_cache
 from shop.models import Product
-from shop.plumbing import stale_transactions
-from shop.settings import redis_cache
+from shop.plumbing import hooks, stale_transactions
+from shop.plumbing.lock_names import product_lock
 from tests.helpers import make_users, run_processes
 from tests.locks.conftest import FORK
 from tests.shop.services.test_combining import _run_behind_combiner

@@ -1,0 +1,12 @@
+"""ASGI entry point."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+application = get_asgi_application()
+
+from config.reporting import say_where_debug_came_from  # noqa: E402 (after the app is set up)
+
+say_where_debug_came_from()

@@ -1,0 +1,1 @@
+"""The shop's reads (the writes are in shop.services): selectors, and the receipt a buyer is shown."""
