@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import wraps
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
-from django.db.models import Count
-from django.urls import path
+from django.db.models import Count, Model
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
 from django.views.decorators.http import require_http_methods
 
 from locks import formats, views
 from locks.models import ForceRelease, JobIdleRuns, JobRun, LockDashboard
 
+if TYPE_CHECKING:  # generic in django-stubs only
+    _ModelAdmin = admin.ModelAdmin[Any]
+else:
+    _ModelAdmin = admin.ModelAdmin
 
-class ReadOnlyLockAdmin(admin.ModelAdmin):
+
+class ReadOnlyLockAdmin(_ModelAdmin):
     """Staff with the model's view permission may look (as in the shop's admin; is_staff alone is
     not enough: job runs carry tracebacks); nobody edits through the admin's forms."""
 
-    def has_add_permission(self, request) -> bool:
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -32,13 +40,13 @@ class LockDashboardAdmin(ReadOnlyLockAdmin):
     """The live dashboard (`view_lockdashboard`); releasing and resetting the statistics need
     their own permissions too (see views, which check them all)."""
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return views.dashboard(request)
 
-    def get_urls(self):
-        def wrap(view):
+    def get_urls(self) -> list[URLPattern]:
+        def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             @wraps(view)
-            def wrapper(request, *args, **kwargs):
+            def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
                 request.current_app = self.admin_site.name
                 return self.admin_site.admin_view(view)(request, *args, **kwargs)
 
@@ -55,22 +63,22 @@ class LockDashboardAdmin(ReadOnlyLockAdmin):
         ]
 
 
-def _formatted(field: str, description: str, render):
+def _formatted(field: str, description: str, render: Callable[[Any], str]) -> Callable[[Any, Model], str]:
     """A read-only column or field showing `field` as the lock pages write it (locks/formats.py)."""
 
     @admin.display(description=description, ordering=field)
-    def column(self, obj) -> str:
+    def column(self: Any, obj: Model) -> str:
         return render(getattr(obj, field))
 
     column.__name__ = f"{field}_text"
     return column
 
 
-def when_column(field: str, description: str):
+def when_column(field: str, description: str) -> Callable[[Any, Model], str]:
     return _formatted(field, description, formats.when)
 
 
-def duration_column(field: str, description: str):
+def duration_column(field: str, description: str) -> Callable[[Any, Model], str]:
     return _formatted(field, description, formats.duration)
 
 
@@ -113,7 +121,7 @@ class JobRunAdmin(LockListMedia, ReadOnlyLockAdmin):
     search_fields = ("job", "runner")
     change_list_template = "admin/locks/jobrun_change_list.html"  # beside the others: the wheel ships that folder
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """Above the runs: per job, its idle runs (counted, and those still kept as rows): only
         runs that did something or failed are kept for long (locks.jobs.fold_idle_runs)."""
         kept = dict(JobRun.objects.filter(idle=True).values_list("job").annotate(n=Count("pk"))

@@ -12,7 +12,7 @@ import contextlib
 import os
 import threading
 from importlib import import_module
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -21,6 +21,8 @@ from locks.conf import locks_settings
 
 if TYPE_CHECKING:
     from redis import Redis
+
+    from locks.backends.redis import RedisBackend
 
 __all__ = ["BACKENDS", "Grant", "HeldLock", "LockBackend", "QueuedRequest", "Released", "every_held", "get_backend"]
 
@@ -38,7 +40,7 @@ OPTIONS = {
     "mysql": ("MYSQL_DATABASE",),
 }
 
-_instances: dict[tuple, LockBackend] = {}
+_instances: dict[tuple[object, ...], LockBackend] = {}
 _guard = threading.Lock()
 
 
@@ -49,7 +51,8 @@ def backend_class(name: str) -> type[LockBackend]:
             f"LOCKS['BACKEND'] (LOCKS_BACKEND) is {name!r}; use one of: {', '.join(BACKENDS)}."
         )
     module, _, cls = path.rpartition(".")
-    return getattr(import_module(module), cls)
+    found: type[LockBackend] = getattr(import_module(module), cls)
+    return found
 
 
 def _freeze(value: object) -> object:
@@ -58,7 +61,7 @@ def _freeze(value: object) -> object:
 
 def get_backend(*, client: Redis | None = None) -> LockBackend:
     if client is not None:
-        return backend_class("redis")(client=client)
+        return cast("type[RedisBackend]", backend_class("redis"))(client=client)
     name = locks_settings.BACKEND
     key = (name, os.getpid(), *(_freeze(getattr(locks_settings, o)) for o in OPTIONS.get(name, ())))
     backend = _instances.get(key)
