@@ -297,7 +297,8 @@ case "${1:-}" in
     ensure_venv requirements-dev.txt
     export DJANGO_SETTINGS_MODULE=tests.settings
     export DATABASE_URL=mysql://root@127.0.0.1:1/fast_tier_has_no_database REDIS_URL=redis://127.0.0.1:1/0 \
-      LOCKS_REDIS_URL=redis://127.0.0.1:1/0 LOCKS_BACKEND=redis
+      LOCKS_REDIS_URL=redis://127.0.0.1:1/0 LOCKS_BACKEND=redis LOCKS_ZOOKEEPER_HOSTS=127.0.0.1:1
+    say "the fast tier (pytest -m fast): no services, the database and Redis at a closed port"
     exec "$VENV/bin/python" -m pytest -m fast -n "${TEST_WORKERS:-2}" "$@"
     ;;
   check)
