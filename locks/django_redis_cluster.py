@@ -35,7 +35,7 @@ class ClusterConnectionFactory(ConnectionFactory):  # type: ignore[misc]  # djan
 
     # One RedisCluster per node list in the process, shared by every cache object (as
     # django-redis shares its pools): it holds a pool per node and the slot map.
-    _clusters: dict[tuple[str, tuple[tuple[str, int], ...]], RedisCluster] = {}
+    _clusters: dict[tuple[str, tuple[tuple[Any, ...], ...]], RedisCluster] = {}  # (url, nodes)
     _guard = threading.Lock()
 
     def connect(self, url: str) -> RedisCluster:
