@@ -3,6 +3,8 @@
 #   ./dev.sh run    set everything up (services, venv, database, migrations, demo data), then serve
 #                   on 127.0.0.1:$PORT (default 8000) with the jobs runner beside the server
 #   ./dev.sh test   set everything up the same way, then run the whole test suite
+#   ./dev.sh fast   the fast tier only (pytest -m fast): the venv, no MariaDB, Redis or ZooKeeper
+#   ./dev.sh check  the checks: ruff check and mypy (the venv only)
 #   ./dev.sh setup  only the set-up part
 #   ./dev.sh where  say which database and Redis db this checkout uses (writes .env.dev if missing)
 # Idempotent: safe to run again and again. Each checkout gets its own database and Redis db
@@ -30,10 +32,13 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
 }
 
+# `fast`: only what the venv needs to build (mysqlclient's headers, a compiler), no servers.
 ensure_packages() {
   local want=()
-  [ -x /usr/sbin/mariadbd ] || command -v mysqld >/dev/null 2>&1 || want+=(mariadb-server)
-  command -v redis-server >/dev/null 2>&1 || want+=(redis-server)
+  if [ "${1:-}" != fast ]; then
+    [ -x /usr/sbin/mariadbd ] || command -v mysqld >/dev/null 2>&1 || want+=(mariadb-server)
+    command -v redis-server >/dev/null 2>&1 || want+=(redis-server)
+  fi
   pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null \
     || want+=(libmariadb-dev pkg-config)
   command -v gcc >/dev/null 2>&1 || want+=(gcc)
@@ -283,6 +288,28 @@ case "${1:-}" in
     # clusters shared); a test marked `alone` runs while the other workers wait.
     exec "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-3}" --dist loadfile
     ;;
+  fast)
+    shift
+    # The fast tier (tests/conftest.py says which tests): the venv and nothing else; MariaDB and
+    # Redis pointed at a closed port, so a test that needs them fails here rather than passing
+    # on a service that happens to run. Two workers: the tier is CPU-bound.
+    ensure_packages fast
+    ensure_venv requirements-dev.txt
+    export DJANGO_SETTINGS_MODULE=tests.settings
+    export DATABASE_URL=mysql://root@127.0.0.1:1/fast_tier_has_no_database REDIS_URL=redis://127.0.0.1:1/0 \
+      LOCKS_REDIS_URL=redis://127.0.0.1:1/0 LOCKS_BACKEND=redis LOCKS_ZOOKEEPER_HOSTS=127.0.0.1:1
+    say "the fast tier (pytest -m fast): no services, the database and Redis at a closed port"
+    exec "$VENV/bin/python" -m pytest -m fast -n "${TEST_WORKERS:-2}" "$@"
+    ;;
+  check)
+    ensure_packages fast
+    ensure_venv requirements-dev.txt
+    export DJANGO_SETTINGS_MODULE=tests.settings  # what mypy's Django plugin loads (pyproject.toml)
+    say "ruff check"
+    "$VENV/bin/ruff" check .
+    say "mypy (strict on locks/; pyproject.toml)"
+    "$VENV/bin/mypy"
+    ;;
   setup)
     setup "${2:-run}"
     ;;
@@ -291,7 +318,7 @@ case "${1:-}" in
     say_where
     ;;
   *)
-    echo "usage: ./dev.sh run | test [pytest args] | setup [run|test] | where" >&2
+    echo "usage: ./dev.sh run | test [pytest args] | fast [pytest args] | check | setup [run|test] | where" >&2
     exit 2
     ;;
 esac

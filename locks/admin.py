@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import wraps
+from typing import Any
 
 from django.contrib import admin
-from django.db.models import Count
-from django.urls import path
+from django.db.models import Count, Model
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
 from django.views.decorators.http import require_http_methods
 
 from locks import formats, views
@@ -19,13 +22,13 @@ class LockDashboardAdmin(ReadOnlyAdmin):
     """The live dashboard (`view_lockdashboard`); releasing and resetting the statistics need
     their own permissions too (see views, which check them all)."""
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return views.dashboard(request)
 
-    def get_urls(self):
-        def wrap(view):
+    def get_urls(self) -> list[URLPattern]:
+        def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             @wraps(view)
-            def wrapper(request, *args, **kwargs):
+            def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
                 request.current_app = self.admin_site.name
                 return self.admin_site.admin_view(view)(request, *args, **kwargs)
 
@@ -42,12 +45,12 @@ class LockDashboardAdmin(ReadOnlyAdmin):
         ]
 
 
-def when_column(field: str, description: str):
+def when_column(field: str, description: str) -> Callable[[Any, Model], str]:
     """A read-only column or field `<field>_text` showing a time as the lock pages write it (locks/formats.py)."""
     return formatted_column(field, description, formats.when, "text")
 
 
-def duration_column(field: str, description: str):
+def duration_column(field: str, description: str) -> Callable[[Any, Model], str]:
     return formatted_column(field, description, formats.duration, "text")
 
 
@@ -90,7 +93,7 @@ class JobRunAdmin(LockListMedia, ReadOnlyAdmin):
     search_fields = ("job", "runner")
     change_list_template = "admin/locks/jobrun_change_list.html"  # beside the others: the wheel ships that folder
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """Above the runs: per job, its idle runs (counted, and those still kept as rows): only
         runs that did something or failed are kept for long (locks.jobs.fold_idle_runs)."""
         kept = dict(JobRun.objects.filter(idle=True).values_list("job").annotate(n=Count("pk"))

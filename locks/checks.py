@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from locks.conf import DEFAULTS, locks_settings
 
 
 @register(Tags.caches, Tags.database)
-def check_locks_settings(app_configs=None, **kwargs) -> list:
-    errors: list = []
+def check_locks_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
     unknown = set(getattr(settings, "LOCKS", {})) - set(DEFAULTS)
     if unknown:
         errors.append(Error(

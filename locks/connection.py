@@ -28,7 +28,8 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownErro
 
 
 def default_client() -> Redis:
-    return get_redis_connection(locks_settings.CACHE_ALIAS)
+    client: Redis = get_redis_connection(locks_settings.CACHE_ALIAS)
+    return client
 
 
 def node_client(client: Redis | RedisCluster, key: str) -> Redis:

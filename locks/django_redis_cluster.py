@@ -12,6 +12,7 @@ scripts run unchanged; see locks/redis_urls.py for the settings that select thes
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from django_redis.client import DefaultClient
@@ -28,13 +29,13 @@ from redis.retry import Retry
 CLUSTER_RETRIES = 2
 
 
-class ClusterConnectionFactory(ConnectionFactory):
+class ClusterConnectionFactory(ConnectionFactory):  # type: ignore[misc]  # django-redis ships no types
     """OPTIONS: CLUSTER_NODES [(host, port), ...] (LOCATION names the first one, for django-redis),
     SOCKET_TIMEOUT, SOCKET_CONNECT_TIMEOUT, PASSWORD, USERNAME, CONNECTION_POOL_KWARGS (per node)."""
 
     # One RedisCluster per node list in the process, shared by every cache object (as
     # django-redis shares its pools): it holds a pool per node and the slot map.
-    _clusters: dict[tuple, RedisCluster] = {}
+    _clusters: dict[tuple[str, tuple[tuple[Any, ...], ...]], RedisCluster] = {}  # (url, nodes)
     _guard = threading.Lock()
 
     def connect(self, url: str) -> RedisCluster:
@@ -65,10 +66,11 @@ class ClusterConnectionFactory(ConnectionFactory):
         connection.disconnect_connection_pools()
 
 
-class ClusterClient(DefaultClient):
+class ClusterClient(DefaultClient):  # type: ignore[misc]  # django-redis ships no types
     """DefaultClient on a RedisCluster: `get_many` reads per slot (MGET may not span slots)."""
 
-    def get_many(self, keys, version=None, client=None):
+    def get_many(self, keys: Iterable[Any], version: int | None = None,
+                 client: RedisCluster | None = None) -> dict[Any, Any]:
         if client is None:
             client = self.get_client(write=False)
         if not keys:

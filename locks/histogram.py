@@ -73,5 +73,5 @@ def batch_percentile(buckets: Mapping[int, int], q: float) -> int | None:
     for b in sorted(buckets):
         seen += buckets[b]
         if seen >= q * total:
-            return 2**b
-    return 2 ** max(buckets)
+            return int(2**b)
+    return int(2 ** max(buckets))

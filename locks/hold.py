@@ -68,13 +68,13 @@ class LockLike(Protocol):
 # live Thread/Task object is not, so a new thread can never inherit a dead thread's hold.
 _serials = itertools.count(1)
 _thread_serials: weakref.WeakKeyDictionary[threading.Thread, int] = weakref.WeakKeyDictionary()
-_task_serials: weakref.WeakKeyDictionary[asyncio.Task, int] = weakref.WeakKeyDictionary()
+_task_serials: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
 _serial_guard = threading.Lock()
 
 HolderKey = tuple[int, int, int]
 
 
-def _serial_of(table: weakref.WeakKeyDictionary, obj: Any) -> int:
+def _serial_of(table: weakref.WeakKeyDictionary[Any, int], obj: Any) -> int:
     with _serial_guard:
         serial = table.get(obj)
         if serial is None:

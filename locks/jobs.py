@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Max
@@ -49,8 +49,9 @@ from django.utils import timezone
 
 from locks.conf import locks_settings
 from locks.exceptions import LockLost, LockNotOwned, LockUnavailable
+from locks.hold import Hold
 from locks.keys import validate_name
-from locks.lock import Hold, Lock
+from locks.lock import Lock
 from locks.models import JobIdleRuns, JobRun
 
 log = logging.getLogger("locks.jobs")
@@ -120,8 +121,16 @@ class Registry:
         self._jobs: dict[str, Job] = {}
         self._guard = threading.Lock()
 
+    @overload
+    def register(self, name: str, func: None = None, *, every: float, lease: float | None = None,
+                 atomic: bool = True, catch_up: int = 100) -> Callable[[JobFunc], JobFunc]: ...
+
+    @overload
+    def register(self, name: str, func: JobFunc, *, every: float, lease: float | None = None,
+                 atomic: bool = True, catch_up: int = 100) -> JobFunc: ...
+
     def register(self, name: str, func: JobFunc | None = None, *, every: float, lease: float | None = None,
-                 atomic: bool = True, catch_up: int = 100) -> Any:
+                 atomic: bool = True, catch_up: int = 100) -> Callable[[JobFunc], JobFunc] | JobFunc:
         """`register(name, func, every=)`, or `@register(name, every=)` as a decorator.
 
         `lease`: how long a runner may go silent before its tick is taken over (default: every,

@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from redis import Redis
 
@@ -494,21 +494,26 @@ def try_acquire_all(locks: Sequence[Lock]) -> dict[str, Hold]:
     return holds
 
 
+def _lock_of(hold: Hold) -> Lock:
+    """The Lock a hold of this module's locks belongs to (a Hold names it as a LockLike)."""
+    return cast(Lock, hold.lock)
+
+
 def release_all(holds: Sequence[Hold]) -> list[Hold]:
     """Release every hold (one round trip on Redis); the ones found lost (the lease had ended or
     another holds the lock), for which a single `release` would raise LockNotOwned."""
-    going = [hold for hold in holds if hold.lock._letting_go(hold)]
+    going = [hold for hold in holds if _lock_of(hold)._letting_go(hold)]
     lost: list[Hold] = []
-    for group in _by_backend(going, lambda hold: hold.lock):
+    for group in _by_backend(going, _lock_of):
         try:
-            outcomes = group[0].lock._backend.release_many([(hold.lock, hold.token) for hold in group])
+            outcomes = _lock_of(group[0])._backend.release_many([(hold.lock, hold.token) for hold in group])
         except LockUnavailable:
             for hold in group:
                 recorder().ended(hold.lock, hold, released=None)
             raise
         for hold, released in zip(group, outcomes, strict=True):
             try:
-                hold.lock._let_go(hold, released=released)
+                _lock_of(hold)._let_go(hold, released=released)
             except LockNotOwned:
                 lost.append(hold)
     return lost

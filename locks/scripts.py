@@ -76,22 +76,22 @@ class _Script(Script):
 @cache
 def script(name: str) -> Script:
     """A redis-py Script (EVALSHA, reloading on NOSCRIPT); pass `client=` on each call."""
-    return _Script(None, source(name).encode())
+    return _Script(None, source(name).encode())  # type: ignore[arg-type]  # the client comes with each call
 
 
-def queue_script(pipe: Any, name: str, *, keys: list[str], args: list) -> None:
+def queue_script(pipe: Any, name: str, *, keys: list[str], args: list[Any]) -> None:
     """Queue script `name` on a pipeline as a bare EVALSHA; run the pipeline with `execute_pipeline`.
     (redis-py's Script on a pipeline asks SCRIPT EXISTS before every execute: a round trip more.)"""
     pipe.evalsha(script(name).sha, str(len(keys)), *keys, *as_text(args))
 
 
-def execute_pipeline(client: Any, pipe: Any) -> list:
+def execute_pipeline(client: Any, pipe: Any) -> list[Any]:
     """`pipe.execute()`; scripts the server did not know (restarted empty, SCRIPT FLUSH, a
     promoted replica) are loaded and those calls sent again, in their order. A WAIT after a
     missing script is sent again after it too: the first one ran before the script wrote anything,
     so its count says nothing of the write. Raises the first error, as execute does."""
     stack = [(args, options) for args, options in pipe.command_stack]
-    results = pipe.execute(raise_on_error=False)
+    results: list[Any] = pipe.execute(raise_on_error=False)
     missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
     if missing:
         by_sha = {script(name).sha: source(name) for name in NAMES}

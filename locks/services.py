@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import socket
+from typing import Any
 
 from locks import events, inspect, stats
 from locks.connection import default_client
@@ -20,7 +21,8 @@ def cli_actor_name() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def force_release_lock(*, name: str, expected_fence: int | None, actor_name: str, actor=None) -> HeldLock | None:
+def force_release_lock(*, name: str, expected_fence: int | None, actor_name: str,
+                       actor: Any = None) -> HeldLock | None:  # actor: a user (AUTH_USER_MODEL's)
     """Force-release `name` and write the audit row; None if nobody held it.
 
     `expected_fence` is the holder the operator saw and confirmed: if another holds the lock

@@ -65,8 +65,8 @@ _MAX_PENDING_NAMES = 1000
 class _Pending:
     """What one (Redis client, key prefix) has to flush."""
 
-    counters: dict[str, Counter] = field(default_factory=dict)  # family -> field -> n
-    names: dict[str, Counter] = field(default_factory=dict)  # family -> name -> acquisitions
+    counters: dict[str, Counter[str]] = field(default_factory=dict)  # family -> field -> n
+    names: dict[str, Counter[str]] = field(default_factory=dict)  # family -> name -> acquisitions
     latest: dict[str, dict[str, int]] = field(default_factory=dict)  # family -> field -> latest value (HSET)
     live: dict[int, Hold] = field(default_factory=dict)  # id(hold) -> hold, not yet released
     published: dict[int, str] = field(default_factory=dict)  # id(hold) -> member in the held index
@@ -322,9 +322,9 @@ class Recorder:
             if len(mine) > _MAX_PENDING_NAMES:
                 pending.names[family] = Counter(dict(mine.most_common(_MAX_PENDING_NAMES)))
         for family, latest in batch["latest"].items():
-            mine = pending.latest.setdefault(family, {})
+            kept = pending.latest.setdefault(family, {})
             for name, value in latest.items():
-                mine[name] = max(mine.get(name, 0), value)
+                kept[name] = max(kept.get(name, 0), value)
         pending.gone.extend(batch["gone"])
 
     @staticmethod

@@ -47,12 +47,12 @@ RELEASE = "locks.force_release_lock"
 RESET = "locks.reset_lock_stats"
 
 
-def allowed(user, *perms: str) -> bool:
+def allowed(user: Any, *perms: str) -> bool:  # user: AUTH_USER_MODEL's, or AnonymousUser
     """Active staff holding every permission (superusers hold them all)."""
     return user.is_active and user.is_staff and all(user.has_perm(p) for p in (VIEW, *perms))
 
 
-def can_release(user) -> bool:
+def can_release(user: Any) -> bool:
     return allowed(user, RELEASE)
 
 
@@ -92,7 +92,7 @@ def link_targets(names: Iterable[str]) -> dict[str, dict[str, Any]]:
         except LookupError:  # the shop is not installed beside the locks app
             continue
         existing[kind] = set(model._default_manager.filter(pk__in=ids).values_list("pk", flat=True))
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name in names:
         target = _target(name)
         if target is None or target[0] not in existing:

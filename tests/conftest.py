@@ -1,7 +1,14 @@
-"""Shared fixtures. Everything runs against the real MariaDB and Redis.
+"""Shared fixtures. Everything runs against the real MariaDB and Redis, but for the fast tier.
 
 Each test session gets its own lock key prefix, so parallel runs on one machine never see each
 other's locks, and the prefix's keys are deleted at the end.
+
+The fast tier (`./dev.sh fast`, that is `pytest -m fast` with MariaDB and Redis pointed at closed
+ports): every test that asks for no database, Redis, server or browser, and is not marked `slow`,
+`browser`, `alone`, `liveness` or `services`, is marked `fast` at collection. Pure rules, parsing,
+formatting, the worker's triage, settings: the edit-test loop, in seconds, without the services.
+A test that needs a service without asking for a fixture that says so fails there (closed ports):
+it is marked `services`.
 """
 
 from __future__ import annotations
@@ -45,6 +52,37 @@ def _turn(folder: str, alone: bool) -> Iterator[None]:
             fcntl.flock(gate, fcntl.LOCK_UN)
 
 
+# Fixtures that reach a service (MariaDB through pytest-django's, Redis, a server of the test's own,
+# a browser): a test that asks for one, directly or through another fixture, is not fast.
+SERVICE_FIXTURES = frozenset({
+    "django_db_setup", "live_server",  # every database fixture of pytest-django asks for the first
+    "redis_client", "redis_server", "private_redis", "held_elsewhere", "idle_redis",
+    "name", "one_shot_name", "fresh_prefix", "family", "_room_for_families",  # tests/locks: locks on Redis
+    "backend", "masters", "redis_cluster", "own_cluster", "sentinel_set", "own_sentinel_set", "zookeeper",
+    "server", "tight_server", "browser",
+})
+NOT_FAST_MARKERS = ("django_db", "slow", "browser", "alone", "liveness", "services")
+
+
+def is_fast(item: pytest.Item) -> bool:
+    """Whether the test runs without MariaDB, Redis, a server or a browser (see the module's docstring)."""
+    if item.get_closest_marker("fast"):
+        return True
+    if any(item.get_closest_marker(name) for name in NOT_FAST_MARKERS):
+        return False
+    callspec = getattr(item, "callspec", None)
+    fixtures = set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())  # not @parametrize's
+    return SERVICE_FIXTURES.isdisjoint(fixtures)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the fast tier before `-m` selects (pytest's own deselection runs after this hook)."""
+    for item in items:
+        if is_fast(item):
+            item.add_marker(pytest.mark.fast)
+
+
 def pytest_configure(config):
     if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None) \
             and not hasattr(config, "workerinput"):
@@ -80,9 +118,12 @@ def _delete_matching(client, pattern: str) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _lock_key_prefix():
+def _lock_key_prefix(request):
     prefix = f"test{os.getpid()}:"
     settings.LOCKS = {**settings.LOCKS, "KEY_PREFIX": prefix}
+    if all(item.get_closest_marker("fast") for item in request.session.items):
+        yield prefix  # the fast tier: no Redis to clean up
+        return
     client = get_redis_connection(settings.LOCKS["CACHE_ALIAS"])
 
     # At exit, and registered before the lock statistics' own exit flush, so it runs after it
@@ -159,7 +200,15 @@ _django_fixture_teardown = TransactionTestCase._fixture_teardown
 TransactionTestCase._fixture_teardown = _fixture_teardown
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(autouse=True)
+def _services_clean(request):
+    """Every test but the fast tier's starts with the test database's stale Redis keys deleted
+    (once a session): a fast test reaches neither."""
+    if not request.node.get_closest_marker("fast"):
+        request.getfixturevalue("_no_stale_shop_keys")
+
+
+@pytest.fixture(scope="session")
 def _no_stale_shop_keys(django_db_setup, django_db_blocker):
     """The test database starts its ids at 1 again: its sold-out markers, idempotency records
     and fence refusals from an earlier run must not apply. They are deleted again at the end,

@@ -38,7 +38,7 @@ OPTIONS = {
     "mysql": ("MYSQL_DATABASE",),
 }
 
-_instances: dict[tuple, LockBackend] = {}
+_instances: dict[tuple[object, ...], LockBackend] = {}
 _guard = threading.Lock()
 
 
@@ -49,7 +49,8 @@ def backend_class(name: str) -> type[LockBackend]:
             f"LOCKS['BACKEND'] (LOCKS_BACKEND) is {name!r}; use one of: {', '.join(BACKENDS)}."
         )
     module, _, cls = path.rpartition(".")
-    return getattr(import_module(module), cls)
+    found: type[LockBackend] = getattr(import_module(module), cls)
+    return found
 
 
 def _freeze(value: object) -> object:
@@ -58,7 +59,7 @@ def _freeze(value: object) -> object:
 
 def get_backend(*, client: Redis | None = None) -> LockBackend:
     if client is not None:
-        return backend_class("redis")(client=client)
+        return backend_class("redis")(client=client)  # type: ignore[call-arg]  # the Redis backend's own argument
     name = locks_settings.BACKEND
     key = (name, os.getpid(), *(_freeze(getattr(locks_settings, o)) for o in OPTIONS.get(name, ())))
     backend = _instances.get(key)

@@ -122,7 +122,7 @@ class _Conn:
         self.id = raw.thread_id()
         self.used = time.monotonic()
 
-    def run(self, sql: str, args: Any = None) -> tuple[int, int, tuple]:
+    def run(self, sql: str, args: Any = None) -> tuple[int, int, tuple[Any, ...]]:
         """(affected rows, LAST_INSERT_ID of the statement, rows).
 
         A statement InnoDB chose as a deadlock victim was rolled back whole (autocommit): it is
@@ -244,7 +244,7 @@ class MySQLBackend(LockBackend):
         conn.used = time.monotonic()
         return True
 
-    def _run(self, name: str, sql: str, args: Any = None) -> tuple[int, int, tuple]:
+    def _run(self, name: str, sql: str, args: Any = None) -> tuple[int, int, tuple[Any, ...]]:
         """One statement that needs no wake lock, on a pooled connection."""
         conn = self._take_conn(name)
         try:
@@ -291,7 +291,8 @@ class MySQLBackend(LockBackend):
     def acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
                 cancel: CancelToken | None = None) -> Grant | None:
         name = lock.name
-        conn: _Conn | None = self._take_conn(name)
+        conn = self._take_conn(name)
+        mine: _Conn | None = conn  # to give back at the end: not once a hold keeps it
         wake = self._wake_name(conn, name)
         have_wake = clean = False
         contended = False
@@ -309,7 +310,7 @@ class MySQLBackend(LockBackend):
                         have_wake = self._claim_wake(conn, wake, name, token)
                     with self._mutex:
                         self._holds[token] = _Held(conn, have_wake)
-                    conn = None
+                    mine = None
                     clean = True
                     return Grant(fence=int(fence), lease_start=sent, lease=lock.ttl, contended=contended)
                 if not blocking or time.monotonic() >= deadline:
@@ -327,8 +328,8 @@ class MySQLBackend(LockBackend):
         except _UNREACHABLE as exc:
             raise LockUnavailable(f"MySQL unreachable ({self.alias}): {exc}", name=name) from exc
         finally:
-            if conn is not None:
-                self._leave(conn, wake if have_wake else None, clean)
+            if mine is not None:
+                self._leave(mine, wake if have_wake else None, clean)
 
     def _leave(self, conn: _Conn, wake: str | None, clean: bool) -> None:
         """Give the wake lock back and the connection to the pool; drop a connection in doubt."""
@@ -357,6 +358,7 @@ class MySQLBackend(LockBackend):
         grace = float(locks_settings.HANDOFF_LEASE)
         if not rows:
             return grace  # gone (one-shot) a moment ago: whoever has the wake lock inserts it
+        left_us: int  # microseconds (BIGINT)
         released, left_us, holder_conn = rows[0]
         if released:
             # The wake lock's holder takes it; anyone may once it has been free for the grace.
@@ -483,7 +485,7 @@ class MySQLBackend(LockBackend):
         counts = {wake: int(n) for wake, n in rows}
         return {wake: counts.get(wake, 0) for wake in wakes}
 
-    def _held_locks(self, name: str, rows: tuple) -> list[HeldLock]:
+    def _held_locks(self, name: str, rows: tuple[Any, ...]) -> list[HeldLock]:
         database = connections[self.alias].settings_dict["NAME"]
         wakes = [wake_lock_name(database, row[0]) for row in rows]
         waiters = self._waiters(name, wakes)
@@ -546,7 +548,8 @@ def prune_free_rows(*, free_for: float, alias: str | None = None) -> int:
     """
     with connections[alias or locks_settings.MYSQL_DATABASE].cursor() as cursor:
         cursor.execute(f"DELETE FROM locks_lockrow WHERE lease_until < {NOW_US} - %s", [int(free_for * 1e6)])
-        return cursor.rowcount
+        deleted: int = cursor.rowcount
+        return deleted
 
 
 def _disown_after_fork() -> None:

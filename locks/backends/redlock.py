@@ -239,8 +239,11 @@ class RedlockBackend(LockBackend):
                 sent = time.monotonic()
                 wait_ms = int((deadline - sent) * 1000) + 1000 if blocking else 0
                 args = [token, lock._ttl_ms, owner, self._fence_ttl_ms(lock), max(wait_ms, 0), "1" if woken else "0"]
-                replies = self._on_all(lambda m, a=args: m.run("acquire", _keys(keys, "lock", "fence", "waiters",
-                                                                                  "handoff"), a))
+
+                def run(m: _Master, a: list[Any] = args) -> Any:
+                    return m.run("acquire", _keys(keys, "lock", "fence", "waiters", "handoff"), a)
+
+                replies = self._on_all(run)
                 granted = [i for i, r in enumerate(replies) if r is not _FAILED and int(r[0]) == GOT]
                 if len(granted) >= self.quorum:
                     grant = self._confirm(lock, token, sent, replies, granted, contended)
@@ -304,7 +307,7 @@ class RedlockBackend(LockBackend):
     def _wait(self, index: int, wake_key: str, until: float, deadline: float, cancel: CancelToken | None) -> bool:
         """BLPOP the wake list of master `index` until `until` (monotonic), without polling. True: woken."""
         pool = self.masters[index].client.connection_pool
-        conn = None
+        conn: Any = None  # redis-py's Connection: its socket (private) is polled here
         try:
             conn = pool.get_connection()
             block = max(deadline - time.monotonic() + 0.05, 0.01)

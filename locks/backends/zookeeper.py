@@ -189,7 +189,7 @@ class _Node:
     lease_ms: int = 0
     end_ms: float = 0.0  # server ms when the lease ends (0: waiting)
     fence: int = 0
-    payload: dict = field(default_factory=dict)  # our node's data once we hold the lock
+    payload: dict[str, Any] = field(default_factory=dict)  # our node's data once we hold the lock
 
 
 class _Session:
@@ -347,7 +347,7 @@ class ZooKeeperBackend(LockBackend):
         except NoNodeError:
             return []
 
-    def _head(self, path: str) -> tuple[str, dict, ZnodeStat] | None:
+    def _head(self, path: str) -> tuple[str, dict[str, Any], ZnodeStat] | None:
         """The first node of a lock dir, its data and Stat; None if there is none."""
         while True:
             children = self._children(path)
@@ -360,7 +360,7 @@ class ZooKeeperBackend(LockBackend):
                 continue
             return head, json.loads(data or b"{}"), stat
 
-    def _lease_end(self, data: dict, stat: ZnodeStat) -> float | None:
+    def _lease_end(self, data: dict[str, Any], stat: ZnodeStat) -> float | None:
         """Server ms when a head's lease ends; None if it has not taken the lock yet."""
         return stat.mtime + data["lease"] if data.get("fence") else None
 
@@ -386,7 +386,7 @@ class ZooKeeperBackend(LockBackend):
         for path in list(self._given_up):
             self._given_up.discard(path)
             client.delete_async(path).rawlink(
-                lambda result, path=path: isinstance(result.exception, _DOWN) and self._given_up.add(path))
+                lambda result, path=path: isinstance(result.exception, _DOWN) and self._given_up.add(path))  # type: ignore[func-returns-value]
 
     def _tidy(self) -> None:
         """Delete nodes we could not delete earlier, and lock dirs that stayed empty (rarely)."""
@@ -561,7 +561,7 @@ class ZooKeeperBackend(LockBackend):
             payload = {"owner": owner, "fence": fence, "lease": ttl_ms, "since": int(clock.now_lo())}
 
             def send(client: KazooClient, version: int = stat.version, fence: int = fence,
-                     payload: dict = payload) -> Any:
+                     payload: dict[str, Any] = payload) -> Any:
                 tx = client.transaction()
                 tx.set_data(parent, str(fence).encode(), version=version)  # compare-and-set
                 tx.set_data(node.path, json.dumps(payload).encode())

@@ -19,6 +19,7 @@ import uuid
 import zipfile
 from pathlib import Path
 
+import pytest
 import redis
 
 from tests.locks.backends import contract
@@ -32,7 +33,8 @@ NEEDS_THE_PROJECT = ("test_contract_the_checkout_never_oversells_on_this_backend
 PINNED = {"requirements.txt": ("django", "django-redis", "redis", "prometheus-client"),
           "requirements-dev.txt": ("pytest",)}
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "build", "dist", "*.egg-info", ".env*",
-                                     "test-artifacts", "staticfiles", ".pytest_cache", ".ruff_cache")
+                                     "test-artifacts", "staticfiles", ".pytest_cache", ".ruff_cache", ".mypy_cache",
+                                     ".hypothesis")
 
 SETTINGS = '''\
 import os
@@ -129,6 +131,7 @@ def _assert_holds_locks_only(wheel: Path) -> None:
     assert wanted - names == set(), f"missing from the wheel: {sorted(wanted - names)}"
 
 
+@pytest.mark.services  # the contract runs against Redis, in a subprocess
 def test_the_wheel_holds_the_locks_app_alone_and_passes_the_redis_contract_installed(tmp_path):
     wheel = _build_wheel(tmp_path)
     _assert_holds_locks_only(wheel)

@@ -10,6 +10,7 @@ import html
 import json
 from typing import Any
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -282,6 +283,7 @@ rests = st.one_of(
 )
 
 
+@pytest.mark.slow  # thousands of examples, seconds: left out of the fast tier
 @cases(2000)
 @given(line=near_usual_lines(), rest=rests)
 @example(line=b"POST /api/orders/ HTTP/1.1\r\n", rest=b"")
@@ -300,6 +302,7 @@ def test_arbitrary_bytes_read_as_the_full_reading(data):
     same(data)
 
 
+@pytest.mark.slow  # thousands of examples, seconds: left out of the fast tier
 @cases(1500)
 @given(hostile_requests())
 @example(request(b"/api/orders/", b'{"lines":[{"product_id":7,"quantity":1}]} '))  # whitespace after
@@ -321,6 +324,7 @@ header_lines = st.sampled_from([
     b"content-length\t: 5", b"\x0bcontent-length: 5"])
 
 
+@pytest.mark.slow  # thousands of examples, seconds: left out of the fast tier
 @cases(1500)
 @given(st.lists(header_lines | st.binary(max_size=30), max_size=8),
        st.sampled_from([b"POST / HTTP/1.1", b"POST /content-length HTTP/1.1", b""]))
