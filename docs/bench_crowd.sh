@@ -14,6 +14,7 @@
 # 2-core machine that leaves the server one core. SERVER_CPUS= CLIENT_CPUS= (empty) pins nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. docs/bench_trees.sh
 AFTER=$(pwd)
 SIDES=${SIDES:-before after}  # SIDES=after: this tree only (e.g. to compare its settings run by run)
 case " $SIDES " in *" before "*) BEFORE=${BEFORE:?set BEFORE to the checkout before (with its own .venv or a link to one)};;
@@ -21,7 +22,7 @@ case " $SIDES " in *" before "*) BEFORE=${BEFORE:?set BEFORE to the checkout bef
 PHASE=${PHASE:-8} WORKERS=${WORKERS:-4} BEFORE_THREADS=${BEFORE_THREADS:-4} AFTER_THREADS=${AFTER_THREADS:-16}
 SERVER_CPUS=${SERVER_CPUS-0} CLIENT_CPUS=${CLIENT_CPUS-1}
 export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false DEV_ENV_FILE=
-export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=config.settings LOCKS_KEY_PREFIX=bench:
+export SECRET_KEY=${SECRET_KEY:-bench} LOCKS_KEY_PREFIX=bench:
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
 # The tree before runs on a database of its own, at its own migrations, with its own load
 # generator (a database migrated by the newer tree has columns the older code does not fill).
@@ -43,8 +44,8 @@ for side in $SIDES; do
   if [ $side = before ]; then tree=$BEFORE threads=$BEFORE_THREADS db=$BEFORE_DATABASE_URL
   else tree=$AFTER threads=$AFTER_THREADS db=$DATABASE_URL; fi
   gen="$tree/.venv/bin/python $tree/manage.py"
-  (cd "$tree" && DATABASE_URL=$db exec ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} .venv/bin/python -m gunicorn -c config/gunicorn.conf.py \
-     -w "$WORKERS" --threads "$threads" -b 127.0.0.1:8075 --log-level warning config.wsgi) & server=$!
+  (cd "$tree" && DATABASE_URL=$db exec ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} .venv/bin/python -m gunicorn -c "$(gunicorn_conf_of .)" \
+     -w "$WORKERS" --threads "$threads" -b 127.0.0.1:8075 --log-level warning "$(project_of .).wsgi") & server=$!
   for _ in $(seq 150); do curl -fs http://127.0.0.1:8075/api/products/ >/dev/null 2>&1 && break; sleep 0.1; done
   echo "=== $side: $tree, gunicorn -w $WORKERS --threads $threads"
   DATABASE_URL=$db ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} $gen loadtest --url http://127.0.0.1:8075 --profile spike \

@@ -16,12 +16,13 @@
 # JSON in OUT (default /tmp/bench-drop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. docs/bench_trees.sh
 AFTER=$(pwd)
 BEFORE=${BEFORE:-}
 ROUNDS=${ROUNDS:-1} WORKERS=${WORKERS:-4} THREADS=${THREADS:-16} OUT=${OUT:-/tmp/bench-drop}
 SERVER_CPUS=${SERVER_CPUS-0} CLIENT_CPUS=${CLIENT_CPUS-1} PIN_SHARED=${PIN_SHARED:-yes} PORT=${PORT:-8076}
 export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false DEV_ENV_FILE=
-export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=config.settings LOCKS_KEY_PREFIX=${LOCKS_KEY_PREFIX:-bench:}
+export SECRET_KEY=${SECRET_KEY:-bench} LOCKS_KEY_PREFIX=${LOCKS_KEY_PREFIX:-bench:}
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
 py=.venv/bin/python
 mkdir -p "$OUT"
@@ -40,8 +41,8 @@ load() { ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} $py manage.py loadtest --url 
 for side in before after; do
   if [ $side = before ]; then tree=$BEFORE; else tree=$AFTER; fi
   [ -n "$tree" ] || continue
-  (cd "$tree" && exec ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} .venv/bin/python -m gunicorn -c config/gunicorn.conf.py \
-     -w "$WORKERS" --threads "$THREADS" -b "127.0.0.1:$PORT" --log-level warning config.wsgi) & server=$!
+  (cd "$tree" && exec ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} .venv/bin/python -m gunicorn -c "$(gunicorn_conf_of .)" \
+     -w "$WORKERS" --threads "$THREADS" -b "127.0.0.1:$PORT" --log-level warning "$(project_of .).wsgi") & server=$!
   for _ in $(seq 150); do curl -fs "http://127.0.0.1:$PORT/api/products/" >/dev/null 2>&1 && break; sleep 0.1; done
   for round in $(seq "$ROUNDS"); do
     echo "=== $side #$round: $tree, gunicorn -w $WORKERS --threads $THREADS"

@@ -16,11 +16,12 @@
 # figure to trust on a shared machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. docs/bench_trees.sh
 AFTER=$(pwd)
 BEFORE=${BEFORE:?set BEFORE to the checkout before (with its own .venv or a link to one)}
 RATE=${RATE:-2000} SECONDS_EACH=${SECONDS_EACH:-5} ROUNDS=${ROUNDS:-3} THREADS=${THREADS:-16}
 export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false DEV_ENV_FILE=
-export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=config.settings LOCKS_KEY_PREFIX=bench:
+export SECRET_KEY=${SECRET_KEY:-bench} LOCKS_KEY_PREFIX=bench:
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
 py=.venv/bin/python
 out=$(mktemp -d)
@@ -29,8 +30,8 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$out"' EXIT
 for side in before after; do
   if [ $side = before ]; then tree=$BEFORE port=8081; else tree=$AFTER port=8082; fi
-  (cd "$tree" && SHOP_MAX_WAITING=1 exec .venv/bin/python -m gunicorn -c config/gunicorn.conf.py -w 1 \
-     --threads "$THREADS" -b 127.0.0.1:$port --log-level warning config.wsgi) & pids+=($!)
+  (cd "$tree" && SHOP_MAX_WAITING=1 exec .venv/bin/python -m gunicorn -c "$(gunicorn_conf_of .)" -w 1 \
+     --threads "$THREADS" -b 127.0.0.1:$port --log-level warning "$(project_of .).wsgi") & pids+=($!)
 done
 for port in 8081 8082; do
   up=
@@ -41,7 +42,7 @@ declare -A master=([8081]=${pids[0]} [8082]=${pids[1]}) label=([8081]=before [80
 
 # The waiting buyer of each server: a product whose lock this script holds, and one buyer who
 # orders it again and again (each waits its 3 s in line, then lock_timeout), so the lines are full.
-HELD=$out/held.json $py - > "$out/waiter.log" 2>&1 <<'PY' & pids+=($!)
+HELD=$out/held.json DJANGO_SETTINGS_MODULE=$(project_of .).settings $py - > "$out/waiter.log" 2>&1 <<'PY' & pids+=($!)
 import threading, time, urllib.request, django, json
 django.setup()
 from locks import Lock

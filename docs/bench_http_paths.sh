@@ -12,21 +12,22 @@
 # (load-test buyers never pay).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. docs/bench_trees.sh
 AFTER=$(pwd)
 BEFORE=${BEFORE:?set BEFORE to the other checkout (with its own .venv or a link to one)}
 SCENARIOS=${SCENARIOS:-hot spread} LABELS=${LABELS:-before after}
 ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-8} PROCESSES=${PROCESSES:-16} WORKERS=${WORKERS:-4} THREADS=${THREADS:-4}
 export RATELIMIT_ENABLE=false SHOP_MAX_UNPAID_ORDERS=off PYTHONWARNINGS=ignore DEBUG=false
-export SECRET_KEY=${SECRET_KEY:-bench} DJANGO_SETTINGS_MODULE=config.settings
+export SECRET_KEY=${SECRET_KEY:-bench}
 export DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/shop_bench}
 py=.venv/bin/python
 $py manage.py createdb >/dev/null && $py manage.py migrate --no-input -v 0
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-(cd "$BEFORE" && exec env ${BEFORE_ENV:-} .venv/bin/python -m gunicorn -c config/gunicorn.conf.py -w "$WORKERS" --threads "$THREADS" \
-   -b 127.0.0.1:8071 --log-level warning config.wsgi) & pids+=($!)
-(cd "$AFTER" && exec env ${AFTER_ENV:-} .venv/bin/python -m gunicorn -c config/gunicorn.conf.py -w "$WORKERS" --threads "$THREADS" \
-   -b 127.0.0.1:8072 --log-level warning config.wsgi) & pids+=($!)
+(cd "$BEFORE" && exec env ${BEFORE_ENV:-} .venv/bin/python -m gunicorn -c "$(gunicorn_conf_of .)" -w "$WORKERS" --threads "$THREADS" \
+   -b 127.0.0.1:8071 --log-level warning "$(project_of .).wsgi") & pids+=($!)
+(cd "$AFTER" && exec env ${AFTER_ENV:-} .venv/bin/python -m gunicorn -c "$(gunicorn_conf_of .)" -w "$WORKERS" --threads "$THREADS" \
+   -b 127.0.0.1:8072 --log-level warning "$(project_of .).wsgi") & pids+=($!)
 for port in 8071 8072; do
   up=
   for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/api/products/" >/dev/null 2>&1 && { up=1; break; }; sleep 0.1; done

@@ -66,3 +66,24 @@ def test_every_fault_scenario_at_full_length_passes(scenario):
     outcome = faults.run_scenario(scenario, FaultConfig())
     assert outcome.faults == 1
     assert outcome.passed, fault_harness.table([outcome])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_books_settle_a_killed_buyers_key_from_its_own_run_only():
+    """A killed buyer's in-flight Idempotency-Key is settled from the database, as a retrying client
+    would. Its keys repeat from run to run (`fault-<buyer>-<n>`): an order of an earlier run on the
+    same database with that key is not this run's, and no success of this run's clients."""
+    from django.contrib.auth import get_user_model
+
+    from loadtest import workload
+    from shop.services import place_order
+
+    earlier = workload.create(workload.new_run_id(), products=1, stock=5, users=1)
+    now = workload.create(workload.new_run_id(), products=1, stock=5, users=1)
+    try:
+        buyer = get_user_model().objects.get(pk=earlier.user_ids[0])
+        place_order(user=buyer, lines=[(earlier.product_ids[0], 1)], idempotency_key="fault-0-1")
+        assert fault_harness.check_books(now, [], ["fault-0-1"]) == (0, [], 0)
+    finally:
+        workload.cleanup(earlier)
+        workload.cleanup(now)
