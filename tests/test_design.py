@@ -51,6 +51,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.structure import modules
+
 ROOT = Path(__file__).resolve().parent.parent
 CITED_AS = "docs/design.md"
 DESIGN = ROOT / CITED_AS
@@ -205,16 +207,7 @@ def _without_fences(text: str) -> str:
 @cache
 def _project_files(root: Path) -> dict[str, Path]:
     """Every module of the project's packages: dotted name -> file (migrations aside)."""
-    out = {}
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
-            if "migrations" in parts:
-                continue
-            if parts[-1] == "__init__":
-                parts.pop()
-            out[".".join(parts)] = path
-    return out
+    return dict(sorted(item for package in PACKAGES for item in modules(root / package).items()))
 
 
 @cache
