@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 from django.db import connections
@@ -24,13 +25,19 @@ def name() -> str:
     return f"t:x{uuid.uuid4().hex[:12]}"
 
 
-def run_in_children(target, args_list: list[tuple], timeout: float = 60.0) -> list:
-    """Run target(*args, queue) in one forked process per args tuple; return what each put on the queue."""
+def run_in_children(target, args_list: list[tuple], timeout: float = 60.0, *,
+                    then: Callable[[], object] | None = None) -> list:
+    """Run target(*args, queue) in one forked process per args tuple; return what each put on the
+    queue. `then` runs once they are all forked (e.g. starting a thread that contends with them: a
+    fork while a thread of this process holds a lock, the Redis pool's or the stats', can leave the
+    child waiting on it forever)."""
     connections.close_all()
     queue = FORK.Queue()
     procs = [FORK.Process(target=target, args=(*args, queue)) for args in args_list]
     for p in procs:
         p.start()
+    if then is not None:
+        then()
     results = [queue.get(timeout=timeout) for _ in procs]
     for p in procs:
         p.join(timeout=10)

@@ -37,8 +37,7 @@ def test_fences_follow_acquisition_order_across_processes_and_threads(name):
                 thread_fences.append((time.monotonic(), held.fence))
 
     thread = threading.Thread(target=in_thread)
-    thread.start()
-    results = run_in_children(_take_many, [(name, 30)] * 4)
+    results = run_in_children(_take_many, [(name, 30)] * 4, then=thread.start)  # no fork while it runs
     thread.join()
     events = sorted([e for r in results for e in r] + thread_fences)
     fences = [f for _, f in events]
