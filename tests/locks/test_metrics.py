@@ -58,8 +58,6 @@ def test_uncontended_acquisitions_count_their_wait_and_hold(family):
 
 def test_a_contended_acquisition_is_a_hand_off_and_its_wait_is_observed(family):
     name = f"{family}:b"
-    holder = Lock(name, family=family, ttl=10)
-    holder.acquire()
     got = {}
 
     def wait() -> None:
@@ -67,15 +65,17 @@ def test_a_contended_acquisition_is_a_hand_off_and_its_wait_is_observed(family):
             got["waited"] = hold.waited
 
     t = threading.Thread(target=wait)
-    t.start()
-    wait_until_queued(name)
-    time.sleep(0.1)
-    holder.release()
+    with Lock(name, family=family, ttl=10) as first:
+        t.start()
+        wait_until_queued(name)
+        time.sleep(0.1)
     t.join(10)
     assert got["waited"] >= 0.1
     assert value("locks_acquisitions_total", family=family, contended="true") == 1
     assert value("locks_handoffs_total", family=family) == 1
-    assert value("locks_wait_seconds_bucket", family=family, le="0.05") == 1  # the holder's, uncontended
+    # Only the holder's uncontended wait can be in the lowest bucket, and it is there unless a
+    # loaded machine made even that take over 50 ms (its measured wait says which).
+    assert value("locks_wait_seconds_bucket", family=family, le="0.05") == (first.waited <= 0.05)
     assert value("locks_wait_seconds_count", family=family) == 2
     assert value("locks_wait_seconds_sum", family=family) >= 0.1
 
