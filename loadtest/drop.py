@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import random
 import resource
 import secrets
@@ -500,6 +501,7 @@ class DropRun:
     result: DropResult
     books: DropBooks
     deadline: float
+    prequeue_order: str = "shuffle"
 
     def figures(self) -> dict[str, object]:
         """Every figure of the report (what --json writes beside the setup)."""
@@ -543,6 +545,7 @@ class DropRun:
         plan = self.result.plan
         return {"profile": "drop", "units": plan.units, "people": self.people, "scripts": self.scripts,
                 "arrival_seconds": self.arrival_seconds, "prequeue_seconds": self.prequeue_seconds,
+                "prequeue_order": self.prequeue_order,
                 "load": self.load, "capacity": self.capacity, "capacity_measured": self.capacity_measured,
                 "patience": plan.patience, "clients": plan.clients, "deadline": self.deadline,
                 **self.figures(), "books": {**{k: v for k, v in asdict(self.books).items() if k != "committed"},
@@ -561,11 +564,14 @@ def issue_tokens(user_ids: Sequence[int]) -> list[str]:
 
 def drop(url: str, *, units: int = 300, people: int = 3000, scripts: int = 500, arrival_seconds: float = 1.0,
          prequeue_seconds: float = 0.0, load: float | None = None, capacity: float | None = None,
-         patience: float = 30.0, clients: int = 6, lead: float = 3.0, seed: int = 0) -> DropRun:
+         patience: float = 30.0, clients: int = 6, lead: float = 3.0, seed: int = 0,
+         prequeue_order: str = "shuffle") -> DropRun:
     """Set the drop up on the server's database, send its crowd, read the books, clean up.
     `load` x C sizes the crowd instead of `people` + `scripts` (in their ratio); C is measured
     closed loop first (as `spike` does) unless given. The drop opens `lead` s after the setup
-    (plus the pre-queue)."""
+    (plus the pre-queue). With a pre-queue the product's pre-queue window covers every early
+    arrival, put in line at the opening in `prequeue_order` ("shuffle" or "fifo", the operator's
+    choice)."""
     from django.contrib.auth import get_user_model
 
     from loadtest import workload
@@ -598,11 +604,14 @@ def drop(url: str, *, units: int = 300, people: int = 3000, scripts: int = 500, 
         until = lead + prequeue_seconds
         wall_open, t_open = time.time() + until, time.monotonic() + until
         Product.objects.filter(pk=drop_id).update(
-            max_per_user=1, opens_at=dt.datetime.fromtimestamp(wall_open, tz=dt.UTC))
+            max_per_user=1, opens_at=dt.datetime.fromtimestamp(wall_open, tz=dt.UTC),
+            line_prequeue_seconds=math.ceil(prequeue_seconds) + 1 if prequeue_seconds > 0 else 0,
+            line_order=prequeue_order)
         result = run(plan, t_open=t_open)
         deadline = deadlines.budget()
         return DropRun(capacity=float(capacity or 0), capacity_measured=measured, people=people, scripts=scripts,
                        arrival_seconds=arrival_seconds, prequeue_seconds=prequeue_seconds, load=load, result=result,
-                       books=books(result, wall_open=wall_open, budget=deadline), deadline=deadline)
+                       books=books(result, wall_open=wall_open, budget=deadline), deadline=deadline,
+                       prequeue_order=prequeue_order)
     finally:
         workload.cleanup(w)

@@ -465,7 +465,8 @@ def _x(value: float | None, digits: int = 2) -> str:
 def drop_report(d: drop.DropRun) -> str:
     """A drop's crowd: who won, how soon everyone heard, what it cost, and the books."""
     plan, f = d.result.plan, d.figures()
-    window = (f"in a pre-queue of {d.prequeue_seconds:g} s before the opening" if d.prequeue_seconds
+    order = "shuffled" if d.prequeue_order == "shuffle" else "in arrival order"
+    window = (f"in a pre-queue of {d.prequeue_seconds:g} s before the opening ({order} at it)" if d.prequeue_seconds
               else f"in the first {d.arrival_seconds:g} s after the opening")
     load = f" ({d.load:g}x C)" if d.load else ""
     head = (f"drop on {plan.url}: {plan.units:,} units, 1 per buyer; {d.people:,} people + {d.scripts:,} scripts"

@@ -306,3 +306,25 @@ def test_a_tiny_drop_against_a_real_server_sells_out_and_the_books_balance():
     assert not Product.objects.filter(sku__startswith=f"lt-{run.result.plan.run_id}-").exists()
     assert not Order.objects.filter(user__username__startswith=f"lt-{run.result.plan.run_id}-").exists()
     assert not ApiToken.objects.filter(name="drop").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pre_queue_run_opens_the_products_pre_queue_and_its_early_crowd_is_told_so():
+    """A pre-queue run measures the line's pre-queue: the drop's product gets a pre-queue window
+    covering every early arrival (an earlier version left it at 0 s, so the early crowd was told
+    `not_open_yet` and the run measured a race at the opening instead)."""
+    connections.close_all()
+    server = appservers.AppServer(workers=2, threads=4)
+    server.start()
+    try:
+        run = drop.drop(server.url, units=10, people=24, scripts=4, prequeue_seconds=2.0, capacity=100.0,
+                        patience=8.0, clients=2, lead=1.5)
+    finally:
+        server.stop()
+    assert run.books.problems == [] and run.books.sold == 10
+    early = [a for a in run.result.attempts if a.status and a.sent < -0.2]
+    assert len(early) >= 10
+    assert not [a for a in early if a.code == "not_open_yet"]
+    # Told their place in the pre-queue (202), or `busy` by a server short of room: never refused.
+    assert {a.status for a in early} <= {202, 503} and any(a.status == 202 for a in early)
+    assert "shuffled" in report.drop_report(run)

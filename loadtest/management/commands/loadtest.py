@@ -135,7 +135,10 @@ class Command(BaseCommand):
         dr.add_argument("--arrival-seconds", type=float, default=1.0,
                         help="buyers arrive evenly over this many seconds after the opening (default 1)")
         dr.add_argument("--prequeue-seconds", type=float, default=0.0,
-                        help="buyers arrive evenly over this many seconds before the opening instead (default 0)")
+                        help="buyers arrive evenly over this many seconds before the opening instead, in the "
+                             "product's pre-queue (default 0)")
+        dr.add_argument("--prequeue-order", choices=("shuffle", "fifo"), default="shuffle",
+                        help="how the pre-queue is put in line at the opening (default shuffle)")
         dr.add_argument("--load", type=float, metavar="X",
                         help="as many buyers as X x C arrivals over the arrival window (people and scripts in "
                              "the ratio of --people to --scripts)")
@@ -212,7 +215,7 @@ class Command(BaseCommand):
         outcome = drop.drop(opts["url"][0], units=opts["units"], people=opts["people"], scripts=opts["scripts"],
                             arrival_seconds=opts["arrival_seconds"], prequeue_seconds=opts["prequeue_seconds"],
                             load=opts["load"], capacity=opts["capacity"], patience=opts["patience"] or 30.0,
-                            clients=opts["clients"] or 6, seed=opts["seed"])
+                            clients=opts["clients"] or 6, seed=opts["seed"], prequeue_order=opts["prequeue_order"])
         self.stdout.write(report.drop_report(outcome))
         if opts["json"]:
             report.write_json(opts["json"], outcome.as_dict())
