@@ -471,13 +471,14 @@ class RedisBackend(LockBackend):
 
     def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int]) -> None:
         """One script call: each reply on its waiter's list, kept until its deadline (plus a
-        grace), and the requests struck from the holder's `taken` (no longer orphans-to-be)."""
+        grace), and the requests struck from the holder's `taken` (no longer orphans-to-be) and
+        from the queue, where a waiter that thought us gone (a pause past our lease) queued again."""
         keys = lock.keys
         args: list[Any] = [keys.signal_prefix, REPLY_GRACE_MS]
         for token, reply in replies.items():
             args += [token, reply, deadlines.get(token, 0)]
         try:
-            script("reply")(keys=[keys.taken], args=args, client=self.client)
+            script("reply")(keys=[keys.taken, keys.queue, keys.waiters], args=args, client=self.client)
         except UNREACHABLE as exc:
             raise LockUnavailable(f"reply: Redis unreachable: {exc}", name=lock.name) from exc
 

@@ -2,11 +2,16 @@
 -- signal list, kept until the waiter's deadline plus a grace (a waiter that gave up never reads
 -- it), and struck from `taken` (no longer an orphan-to-be). One call for the whole batch: the
 -- client packs one command instead of two per reply.
--- KEYS: taken
+-- A waiter whose combiner was thought gone (its lease ran out: a GC pause) queued again; if that
+-- combiner replies after all, the waiter is served and its second place goes too. Left queued,
+-- a release would hand the lock to a waiter who is gone, and everyone behind it would wait out
+-- the hand-off lease. (A taken request is in `waiters` only if it queued again: no LREM else.)
+-- KEYS: taken queue waiters
 -- ARGV: signal_prefix grace_ms token1 reply1 deadline_ms1 token2 reply2 deadline_ms2 ...
 --       (deadline_ms 0: unknown, kept for the grace only)
 -- -> the number of replies
-local taken, prefix, grace = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local taken, queue, waiters = KEYS[1], KEYS[2], KEYS[3]
+local prefix, grace = ARGV[1], tonumber(ARGV[2])
 local n = 0
 for i = 3, #ARGV, 3 do
   local token, deadline = ARGV[i], tonumber(ARGV[i + 2])
@@ -14,6 +19,10 @@ for i = 3, #ARGV, 3 do
   redis.call('RPUSH', signal, 'd|' .. ARGV[i + 1])
   redis.call('PEXPIRE', signal, math.max(deadline - NOW_MS, 0) + grace)
   redis.call('HDEL', taken, token)
+  if redis.call('HDEL', waiters, token, 'p|' .. token) > 0 then
+    redis.call('LREM', queue, 0, token)
+    if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
+  end
   n = n + 1
 end
 return n

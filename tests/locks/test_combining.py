@@ -330,3 +330,57 @@ def test_finish_of_a_turn_whose_lease_ended_says_lost_and_still_counts_its_batch
     assert turn.finish() is False
     assert turn.hold.released
     assert _batches(name) == (1, 1)
+
+
+def _take_when_told_then_reply_when_told(name: str, ready, take_now, go, queue) -> None:
+    """A combiner that takes its batch when told, then (after the test paused it past its lease
+    and let it go on) replies late, as a holder back from a GC pause does."""
+    turn = submit(Lock(name, ttl=0.5, wait=10.0, renew=True), "holder")
+    assert isinstance(turn, Turn)
+    ready.set()
+    assert take_now.wait(10)
+    batch = turn.take(limit=10)
+    queue.put([r.payload for r in batch])
+    assert go.wait(30)
+    turn.reply({r.token: "late" for r in batch})
+    queue.put(("finished", turn.finish()))
+
+
+def _hold_plainly_until_told(name: str, release, queue) -> None:
+    with Lock(name, ttl=10.0, wait=10.0):
+        queue.put("plain got it")
+        assert release.wait(30)
+
+
+def test_a_request_served_late_by_a_paused_combiner_leaves_no_place_in_the_queue(name):
+    """The paused combiner's lease ran out with r0 in its batch, so r0 queued again behind the
+    next holder; then the combiner woke and replied. r0 is served, and its second place must go
+    with it: left in the queue, a release would hand the lock to a waiter who is gone, and every
+    waiter behind it would wait out that hand-off lease (in a drop: seconds without a sale)."""
+    ready, take_now, go, holder_q = FORK.Event(), FORK.Event(), FORK.Event(), FORK.Queue()
+    holder = FORK.Process(target=_take_when_told_then_reply_when_told, args=(name, ready, take_now, go, holder_q))
+    holder.start()
+    assert ready.wait(10)
+    proc, q = start_submitter(name, "r0", queued_before=0)
+    release, plain_q = FORK.Event(), FORK.Queue()
+    plain = FORK.Process(target=_hold_plainly_until_told, args=(name, release, plain_q))
+    plain.start()
+    wait_until_queued(name, 2)
+    take_now.set()
+    assert holder_q.get(timeout=10) == ["r0"]  # the plain waiter behind r0 stops the batch
+    keys = LockKeys.for_name(name)
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        assert plain_q.get(timeout=10) == "plain got it"  # the paused holder's lease ran out
+        wait_until_queued(name, 1)  # r0, told its combiner is gone, queued again
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    go.set()
+    assert q.get(timeout=10)[:3] == ("r0", "served", "late")
+    assert holder_q.get(timeout=10) == ("finished", False)  # its lock was lost; its writes were fenced
+    assert _client().llen(keys.queue) == 0
+    release.set()
+    plain.join(10)
+    assert _client().exists(keys.lock) == 0  # released to nobody: free at once
+    for p in (holder, proc):
+        p.join(5)
