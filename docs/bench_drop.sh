@@ -10,7 +10,9 @@
 #                                                       first second; C measured first (closed loop)
 #   ... --profile drop --capacity C --load 4            the crowd at 4x C, then at 10x C
 #   ... --profile drop --capacity C --prequeue-seconds 10   the crowd arriving in 10 s before
-#                                                       the opening
+#                                                       the opening, in the product's pre-queue,
+#                                                       shuffled at the opening, then kept in
+#                                                       arrival order (--prequeue-order fifo)
 # Pinning as docs/bench_crowd.sh: the server, MariaDB and Redis on SERVER_CPUS, the generator on
 # CLIENT_CPUS (PIN_SHARED=no: MariaDB and Redis are left alone, for a machine others use too).
 # JSON in OUT (default /tmp/bench-drop).
@@ -51,6 +53,7 @@ for side in before after; do
     load --capacity "$capacity" --load 4 --json "$OUT/$side-$round-4x.json"
     load --capacity "$capacity" --load 10 --json "$OUT/$side-$round-10x.json"
     load --capacity "$capacity" --prequeue-seconds 10 --json "$OUT/$side-$round-prequeue.json"
+    load --capacity "$capacity" --prequeue-seconds 10 --prequeue-order fifo --json "$OUT/$side-$round-prequeue-fifo.json"
   done
   kill "$server"; wait "$server" 2>/dev/null || true; server=
 done
