@@ -32,11 +32,13 @@ end
 local payload = ARGV[9] or ''
 if payload ~= '' then
   local by = redis.call('HGET', taken, token)
-  if (by and by == held[1]) or redis.call('LLEN', sigprefix .. token) > 0 then
-    -- A request taken into the current holder's batch (or already answered) looks again when
-    -- that holder's lease ends: it keeps waiting while the holder lives. If the holder is gone
-    -- without replying, the request queues again (a new holder serves it; the request id's
-    -- unique key in MySQL makes sure it is committed at most once).
+  if (by and by == held[1]) or redis.call('LLEN', sigprefix .. token) > 0
+      or redis.call('EXISTS', sigprefix .. token .. ':d') == 1 then
+    -- A request taken into the current holder's batch (or already answered: its reply may be
+    -- on its way to our blocked read, reply.lua's marker) looks again when that holder's lease
+    -- ends: it keeps waiting while the holder lives. If the holder is gone without replying,
+    -- the request queues again (a new holder serves it; the request id's unique key in MySQL
+    -- makes sure it is committed at most once).
     return {2, math.max(redis.call('PTTL', lock), 0), NOW_MS, 0}
   end
   if by then redis.call('HDEL', taken, token) end

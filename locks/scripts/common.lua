@@ -8,6 +8,7 @@
 --            and "~" -> the latest lease end any waiter was told (it looks again by itself then)
 --   wake   = <p>lock:{name}:wake     list every waiter BLPOPs besides its own signal list
 --   signal = <p>lock:{name}:signal:<token>  per-waiter list the waiter BLPOPs
+--            (and <signal>:d: a combiner replied to this request, until its deadline; reply.lua)
 --   taken  = <p>lock:{name}:taken    hash: request token -> token of the holder that took it into
 --            its batch (combining, take.lua); removed when the holder replies
 -- No script writes statistics: they are counted by each client process and flushed once a

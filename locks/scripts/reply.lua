@@ -6,6 +6,9 @@
 -- combiner replies after all, the waiter is served and its second place goes too. Left queued,
 -- a release would hand the lock to a waiter who is gone, and everyone behind it would wait out
 -- the hand-off lease. (A taken request is in `waiters` only if it queued again: no LREM else.)
+-- The other order: Redis hands the reply at once to the waiter's blocked BLPOP, which the waiter
+-- may not read before its own timer makes it look at the lock again; its list is empty then. So
+-- a marker (`<signal>:d`, until its deadline) tells acquire.lua "answered: wait on, do not queue".
 -- KEYS: taken queue waiters
 -- ARGV: signal_prefix grace_ms token1 reply1 deadline_ms1 token2 reply2 deadline_ms2 ...
 --       (deadline_ms 0: unknown, kept for the grace only)
@@ -18,6 +21,7 @@ for i = 3, #ARGV, 3 do
   local signal = prefix .. token
   redis.call('RPUSH', signal, 'd|' .. ARGV[i + 1])
   redis.call('PEXPIRE', signal, math.max(deadline - NOW_MS, 0) + grace)
+  redis.call('SET', signal .. ':d', '1', 'PX', math.max(deadline - NOW_MS, 0) + 1000)
   redis.call('HDEL', taken, token)
   if redis.call('HDEL', waiters, token, 'p|' .. token) > 0 then
     redis.call('LREM', queue, 0, token)

@@ -384,3 +384,59 @@ def test_a_request_served_late_by_a_paused_combiner_leaves_no_place_in_the_queue
     assert _client().exists(keys.lock) == 0  # released to nobody: free at once
     for p in (holder, proc):
         p.join(5)
+
+
+def _submit_pausing_before_it_looks_again(name: str, go, looking, queue) -> None:
+    """A waiter that stops itself (as a GC pause would) just before it looks at the lock again,
+    after its own timer ran out."""
+    from locks.backends.redis import RedisBackend
+
+    assert go.wait(10)
+    real = RedisBackend._run_acquire
+    calls = []
+
+    def run_acquire(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            looking.set()  # an Event: a queue's feeder thread would stop with us, unsent
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return real(self, *args, **kwargs)
+
+    RedisBackend._run_acquire = run_acquire
+    got = submit(Lock(name, ttl=1.0, wait=10.0), "r0")
+    queue.put(("served", got.reply) if isinstance(got, Served) else ("not served", type(got).__name__))
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_reply_that_reaches_a_waiter_as_it_looks_again_does_not_queue_it_again(name):
+    """The reply reached the waiter's blocked read (Redis popped it from its list) while the waiter,
+    its timer run out, was about to look at the lock again. Its request is answered, not queued:
+    a second place would later be handed the lock with nobody to take it (seen in a drop: the
+    lane's grants went unread, 0.5 s each)."""
+    go, looking, q = FORK.Event(), FORK.Event(), FORK.Queue()
+    waiter = FORK.Process(target=_submit_pausing_before_it_looks_again, args=(name, go, looking, q))
+    waiter.start()  # before our renewer's thread exists: a fork must not copy a lock it holds
+    turn = submit(Lock(name, ttl=0.5, renew=True), "mine")
+    assert isinstance(turn, Turn)
+    go.set()
+    try:
+        wait_until_queued(name, 1)
+        batch = turn.take(limit=10)
+        assert [r.payload for r in batch] == ["r0"]
+        assert looking.wait(10)  # the lease it was told of ended
+        deadline = time.monotonic() + 5
+        while not _stopped(waiter.pid) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        turn.reply({batch[0].token: "ok"})  # served to its blocked read while it is paused
+    finally:
+        os.kill(waiter.pid, signal.SIGCONT)
+    assert q.get(timeout=10) == ("served", "ok")
+    waiter.join(5)
+    keys = LockKeys.for_name(name)
+    assert _client().llen(keys.queue) == 0
+    assert turn.finish()
+    assert _client().exists(keys.lock, keys.queue, keys.waiters) == 0
