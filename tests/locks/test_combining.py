@@ -420,7 +420,7 @@ def test_a_reply_that_reaches_a_waiter_as_it_looks_again_does_not_queue_it_again
     go, looking, q = FORK.Event(), FORK.Event(), FORK.Queue()
     waiter = FORK.Process(target=_submit_pausing_before_it_looks_again, args=(name, go, looking, q))
     waiter.start()  # before our renewer's thread exists: a fork must not copy a lock it holds
-    turn = submit(Lock(name, ttl=0.5, renew=True), "mine")
+    turn = submit(Lock(name, ttl=2.0, renew=True), "mine")  # the waiter looks again in 1.3-2 s
     assert isinstance(turn, Turn)
     go.set()
     try:
