@@ -121,6 +121,15 @@ def _crash_holding(name, ttl, holding):
 @pytest.mark.alone  # wake-ups timed to a few ms
 def test_the_head_waiter_gets_a_dead_holders_lock_within_milliseconds_of_its_lease(name, idle_redis):
     client = idle_redis.client()
+    # What this machine itself adds: a lock taken after sleeping as long as the waiter will (a
+    # virtual machine's idle CPUs wake in 0.1-30 ms). Redis's own 100 ms timer would add ~50 ms
+    # (median) to that; ours, a few ms.
+    woken = []
+    for i in range(7):
+        time.sleep(0.4)
+        started = time.monotonic()
+        with Lock(f"{name}-idle-{i}"):
+            woken.append(time.monotonic() - started)
     lates = []
     for i in range(7):
         lock_name = f"{name}-{i}"
@@ -135,8 +144,8 @@ def test_the_head_waiter_gets_a_dead_holders_lock_within_milliseconds_of_its_lea
         with Lock(lock_name, wait=5.0):
             lates.append(time.monotonic() - lease_ends)
     # Redis's own blocking timeouts tick every 100 ms (median ~50 ms late); ours are timed here.
-    assert statistics.median(lates) < 0.020, lates
-    assert max(lates) < 0.060, lates
+    assert statistics.median(lates) < 0.020 + statistics.median(woken), (lates, woken)
+    assert max(lates) < 0.060 + max(woken), (lates, woken)
 
 
 # --- 12. no oversleeping after a shorter lease follows a longer one -------------------------
