@@ -322,7 +322,9 @@ def test_a_pre_queue_run_opens_the_products_pre_queue_and_its_early_crowd_is_tol
     finally:
         server.stop()
     assert run.books.problems == [] and run.books.sold == 10
-    early = [a for a in run.result.attempts if a.status and a.sent < -0.2]
+    # Answered before the opening (one sent before it but read after it, on a loaded machine, is
+    # answered as the open line answers).
+    early = [a for a in run.result.attempts if a.status and a.answered is not None and a.answered < 0]
     assert len(early) >= 10
     assert not [a for a in early if a.code == "not_open_yet"]
     # Told their place in the pre-queue (202), or `busy` by a server short of room: never refused.
