@@ -17,11 +17,11 @@ local taken, queue, waiters = KEYS[1], KEYS[2], KEYS[3]
 local prefix, grace = ARGV[1], tonumber(ARGV[2])
 local n = 0
 for i = 3, #ARGV, 3 do
-  local token, deadline = ARGV[i], tonumber(ARGV[i + 2])
+  local token, left = ARGV[i], math.max(tonumber(ARGV[i + 2]) - NOW_MS, 0)
   local signal = prefix .. token
   redis.call('RPUSH', signal, 'd|' .. ARGV[i + 1])
-  redis.call('PEXPIRE', signal, math.max(deadline - NOW_MS, 0) + grace)
-  redis.call('SET', signal .. ':d', '1', 'PX', math.max(deadline - NOW_MS, 0) + 1000)
+  redis.call('PEXPIRE', signal, left + grace)
+  redis.call('SET', signal .. ':d', '1', 'PX', left + 1000)
   redis.call('HDEL', taken, token)
   if redis.call('HDEL', waiters, token, 'p|' .. token) > 0 then
     redis.call('LREM', queue, 0, token)

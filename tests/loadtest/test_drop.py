@@ -274,16 +274,20 @@ def replace_sent(a: Attempt, sent: float) -> Attempt:
 
 
 # --- a real server ---------------------------------------------------------------------------------
-@pytest.mark.django_db(transaction=True)
-def test_a_tiny_drop_against_a_real_server_sells_out_and_the_books_balance():
+def drop_on_a_real_server(**kwargs) -> drop.DropRun:
+    """`drop.drop` against a small gunicorn with the shop's worker, started for this run only."""
     connections.close_all()
     server = appservers.AppServer(workers=2, threads=4)
     server.start()
     try:
-        run = drop.drop(server.url, units=20, people=60, scripts=10, arrival_seconds=1.0, capacity=100.0,
-                        patience=10.0, clients=2, lead=1.5)
+        return drop.drop(server.url, capacity=100.0, clients=2, lead=1.5, **kwargs)
     finally:
         server.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tiny_drop_against_a_real_server_sells_out_and_the_books_balance():
+    run = drop_on_a_real_server(units=20, people=60, scripts=10, arrival_seconds=1.0, patience=10.0)
     b = run.books
     assert b.problems == [] and b.sold == b.orders == b.seen == 20
     f = run.figures()
@@ -313,14 +317,7 @@ def test_a_pre_queue_run_opens_the_products_pre_queue_and_its_early_crowd_is_tol
     """A pre-queue run measures the line's pre-queue: the drop's product gets a pre-queue window
     covering every early arrival (an earlier version left it at 0 s, so the early crowd was told
     `not_open_yet` and the run measured a race at the opening instead)."""
-    connections.close_all()
-    server = appservers.AppServer(workers=2, threads=4)
-    server.start()
-    try:
-        run = drop.drop(server.url, units=10, people=24, scripts=4, prequeue_seconds=2.0, capacity=100.0,
-                        patience=8.0, clients=2, lead=1.5)
-    finally:
-        server.stop()
+    run = drop_on_a_real_server(units=10, people=24, scripts=4, prequeue_seconds=2.0, patience=8.0)
     assert run.books.problems == [] and run.books.sold == 10
     # Answered before the opening (one sent before it but read after it, on a loaded machine, is
     # answered as the open line answers).
