@@ -35,7 +35,6 @@ from shop.edge.order_requests import (
     order_json,
     product_ids,
     request_line,
-    target_path,
     to_refuse_while_full,
 )
 from tests.shop.edge.test_order_requests import around_the_cap, cases, hostile_requests, order, request
@@ -61,12 +60,8 @@ def full_is_order_request(method: str, path: str) -> bool:
     return method == "POST" and full_clean_path(path) in order_requests.ORDER_PATHS
 
 
-def full_request_line(request: bytes) -> tuple[str, str | None] | None:
-    line, sep, _ = request[:HEAD_MAX].partition(b"\r\n")
-    parts = line.split(b" ")
-    if not sep or len(parts) != 3 or not parts[2].startswith(b"HTTP/") or not parts[0].isalpha():
-        return None
-    return parts[0].decode("ascii"), target_path(parts[1])
+# The module's own full reading, which `request_line` falls back to past its table of plain lines.
+full_request_line = order_requests._request_line
 
 
 def full_is_order(request: bytes) -> bool:
