@@ -109,10 +109,13 @@ def test_force_release_wakes_the_next_waiter_and_is_logged(name):
 
 def test_event_log_records_timeouts_lost_and_long_waits_and_stays_bounded(name, settings):
     settings.LOCKS = {**settings.LOCKS, "LONG_WAIT": 0.05, "EVENT_LOG_SIZE": 5}
-    holder = Lock(name, ttl=0.3)
+    # A lease long enough that the timed-out attempt is over well before it ends, even where a
+    # round trip after an idle moment costs tens of ms (with 0.3 s, CI once saw the lease end
+    # first: the next waiter got the lock at once, no long wait).
+    holder = Lock(name, ttl=1.0)
     held = holder.__enter__()
     assert not Lock(name, wait=0.05).acquire()
-    with Lock(name, wait=2.0):  # waits for the 0.3 s lease: a long wait
+    with Lock(name, wait=3.0):  # waits for the rest of the 1 s lease: a long wait
         pass
     with pytest.raises(LockNotOwned):
         held.release()
