@@ -58,6 +58,7 @@ import base64
 import contextlib
 import errno
 import hashlib
+import heapq
 import html
 import itertools
 import json
@@ -90,6 +91,14 @@ ROOM_SCAN = 8
 # The line's door takes at most this many orders' places at once (one read of their tokens).
 DOOR_BATCH = 256
 DOOR_KEPT_MAX = 100_000  # answers the door keeps for retries (by token), at most
+# A buyer the door told to come back in N seconds (202 "in line", 503 "in the checkout") who asks
+# again sooner, on any connection with the same token (a script's parallel, fast retries), is
+# held, not answered: its request waits without a thread until the time it was told (at most
+# HOLD_MAX s), then goes on as any other and gets the line's answer of that moment. A product
+# that sells out meanwhile frees its held requests within HOLD_CHECK s of the worker knowing it.
+# Retrying sooner than told then buys nothing and costs the server nothing (docs/design.md).
+HOLD_MAX = 5.0
+HOLD_CHECK = 0.1
 # gthread tells the arbiter it is alive (a utime of a file) and asks whether its parent is (a
 # getppid) on every turn of its main loop, about twice a request under a crowd: here at most this
 # often (the arbiter's timeout is seconds).
@@ -326,6 +335,11 @@ def _address(conn) -> str:
     return conn.client[0] if isinstance(conn.client, tuple) else ""
 
 
+def _product_of(door_key: bytes) -> int:
+    """The product of a door key (`_at_door`: b"<product id> <authorization>")."""
+    return int(door_key.split(b" ", 1)[0])
+
+
 class _Conn(TConn):
     """gthread's connection, with what the main loop has read of its request so far."""
 
@@ -338,6 +352,8 @@ class _Conn(TConn):
         self.reading_since = self.read_until = self.queued_at = 0.0
         self.polled = False
         self.drained = 0  # bytes read while lingering after the answer
+        self.held = self.follower = False  # held once until its token's told time; came behind one at the door
+        self.door_key = b""
 
     def close(self, graceful: bool = False) -> None:
         """gthread closes gracefully in its main loop, blocking until the client closes too (up to
@@ -364,8 +380,16 @@ class ShopWorker(ThreadWorker):
         self.door_open = False
         self.door_budget = 4.0
         self._door_inbox: queue.SimpleQueue = queue.SimpleQueue()
-        # The door's answers by token and product, and until when they may be given again.
+        # The door's answers by token and product, and until when they may be given again; until
+        # when each was told to come back; the requests of each at the door now, and those that
+        # came behind it (answered with it); requests held until their token's told time (a heap).
         self._door_kept: dict[bytes, tuple[float, bytes]] = {}
+        self._door_told: dict[bytes, float] = {}
+        self._door_pending: dict[bytes, tuple[float, list]] = {}
+        self._held: list[tuple[float, int, _Conn]] = []
+        self._held_seq = itertools.count()
+        self._held_checked_at = -math.inf
+        self.hold_room = 0
         self._count = self._observe = None
         # Connections whose request is still coming, oldest first (dicts: ordered sets), and the
         # same per client address; connections closed after their answer, with their end.
@@ -403,6 +427,7 @@ class ShopWorker(ThreadWorker):
         self.door_open, self.door_room = bool(shop_settings.LINE_DOOR), 32 * int(self.cfg.threads)
         self.turn_room = min(int(shop_settings.LINE_WINDOW), 4 * int(self.cfg.threads))
         self.door_budget = deadlines.budget()
+        self.hold_room = self.worker_connections // 2
         if self.door_open:
             threading.Thread(target=self._door_loop, name="shop-line-door", daemon=True).start()
         self.queue_target = float(shop_settings.QUEUE_TARGET)
@@ -637,20 +662,73 @@ class ShopWorker(ThreadWorker):
             conn.turn = True
             self._give_thread(conn)
         elif self.door_open and (at_door := self._at_door(request)) is not None:
-            if (kept := self._door_kept.get(at_door)) is not None and kept[0] > now:
-                self._answer_and_close(conn, kept[1])  # the door's answer to this token a moment ago
-                self._door_counted("door:kept")
-            elif self._door_inbox.qsize() < self.door_room:
-                conn.door_key = at_door
-                self._door_inbox.put(conn)  # the door's thread answers it, or hands it back (`_after_door`)
-            else:
-                self._answer_busy(conn, "door_full")
+            self._to_door(conn, at_door, now)
         elif waiting >= self.queue_max:
             self._answer_busy(conn, "queue_full")
         elif self._lines_full() and self._order_to_refuse(request):
             self._answer_busy(conn, "full")
         else:
             self._give_thread(conn)
+
+    def _to_door(self, conn, key: bytes, now: float) -> None:
+        """An API order of a lined product, `key` its token and product: held if its token was told
+        to come back later (HOLD_MAX), the door's answer to that token a moment ago, behind another
+        request of the token at the door now (answered with it), or to the door."""
+        conn.door_key = key
+        kept = self._door_kept.get(key)
+        if conn.follower and kept is not None and kept[0] > now:
+            self._answer_and_close(conn, kept[1])  # came before that answer: it is this one's too
+            self._door_counted("door:kept")
+        elif (not conn.held and (told := self._door_told.get(key, 0.0)) > now
+              and len(self._held) < self.hold_room):
+            conn.held = True
+            heapq.heappush(self._held, (min(told, now + HOLD_MAX), next(self._held_seq), conn))
+            self._door_counted("door:held")
+        elif kept is not None and kept[0] > now:
+            self._answer_and_close(conn, kept[1])  # the door's answer to this token a moment ago
+            self._door_counted("door:kept")
+        elif (pending := self._door_pending.get(key)) is not None and pending[0] > now:
+            conn.follower = True
+            pending[1].append(conn)
+        elif self._door_inbox.qsize() < self.door_room:
+            self._door_pending[key] = (now + self.door_budget + 1.0, [])
+            self._door_inbox.put(conn)  # the door's thread answers it, or hands it back (`_after_door`)
+        else:
+            self._answer_busy(conn, "door_full")
+
+    def _door_done(self, key: bytes) -> None:
+        """The door answered or handed back a request of `key`: those that came behind it go on
+        (the door's kept answer, if it gave one)."""
+        pending = self._door_pending.pop(key, None)
+        for conn in pending[1] if pending is not None else ():
+            self._triage(conn)
+
+    def _release_held(self, now: float) -> None:
+        """Held requests whose time came, all while the worker stops, and every few tenths of a
+        second those of products now known sold out (or no longer lined): on as any other."""
+        held = self._held
+        due = []
+        if not self.alive:
+            due, self._held = [c for *_, c in held], []
+        else:
+            while held and held[0][0] <= now:
+                due.append(heapq.heappop(held)[2])
+            if held and now - self._held_checked_at >= HOLD_CHECK:
+                self._held_checked_at = now
+                gone = {pid for pid in {_product_of(c.door_key) for *_, c in held}
+                        if pid not in self._lined or self._known_sold_out([pid])}
+                if gone:
+                    due += [c for *_, c in held if _product_of(c.door_key) in gone]
+                    self._held = [entry for entry in held if _product_of(entry[2].door_key) not in gone]
+                    heapq.heapify(self._held)
+        for conn in due:
+            self._triage(conn)
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        """gthread's, waking in time for the first held request."""
+        if self._held:
+            timeout = min(timeout, max(self._held[0][0] - time.monotonic(), 0.0), HOLD_CHECK)
+        super().wait_for_and_dispatch_events(timeout)
 
     def _give_thread(self, conn) -> None:
         if conn.parser is None:  # TConn.init() keeps a parser it finds
@@ -750,9 +828,11 @@ class ShopWorker(ThreadWorker):
                 self.log.warning("the line's door failed; the app answers", exc_info=True)
                 close_old_connections()
                 verdicts = [door.APP] * len(batch)
-            kept = self._door_kept
+            kept, told = self._door_kept, self._door_told
             if len(kept) > DOOR_KEPT_MAX:
                 self._door_kept = kept = {}  # swapped whole: the main loop reads it meanwhile
+            if len(told) > DOOR_KEPT_MAX:
+                self._door_told = told = {}
             for conn, verdict in zip(batch, verdicts, strict=True):
                 try:
                     answer = (json_answer(verdict.status, verdict.body, verdict.headers())
@@ -765,17 +845,25 @@ class ShopWorker(ThreadWorker):
                     self.method_queue.defer(self._after_door, conn, verdict == door.TURN)
                     continue
                 self._door_counted("door:answered")
+                at = time.monotonic()
                 if verdict.keep > 0:
-                    kept[conn.door_key] = (time.monotonic() + verdict.keep, answer)
+                    kept[conn.door_key] = (at + verdict.keep, answer)
+                if verdict.retry_after and verdict.status != b"409 Conflict":  # "later", not "no"
+                    told[conn.door_key] = at + verdict.retry_after
                 with contextlib.suppress(OSError):  # a few hundred bytes: the socket's buffer takes them
                     conn.sock.settimeout(0.5)
                     conn.sock.sendall(answer)
                     conn.sock.shutdown(socket.SHUT_WR)
-                self.method_queue.defer(self._close, conn)
+                self.method_queue.defer(self._door_answered, conn)
+
+    def _door_answered(self, conn) -> None:
+        self._close(conn)
+        self._door_done(conn.door_key)
 
     def _after_door(self, conn, turn: bool) -> None:
         """Back from the door: its buyer's turn (a thread even while the queue is full, as a
         let-through ticket gets), or for the app as any request."""
+        self._door_done(conn.door_key)
         waiting = self._waiting()
         if turn and waiting < self.queue_max + self.turn_room:
             conn.turn = True
@@ -861,6 +949,8 @@ class ShopWorker(ThreadWorker):
         none of it came) and closed; a lingering connection is closed after LINGER s."""
         super().murder_pending()
         now = time.monotonic()
+        if self._held:
+            self._release_held(now)
         while self._reading:
             conn = next(iter(self._reading))  # the oldest: the first to time out
             if conn.read_until > now:

@@ -21,7 +21,7 @@ from locks import Lock
 from shop import line
 from shop.edge import overload
 from shop.models import ApiToken, Product
-from shop.plumbing import redis_keys
+from shop.plumbing import redis_keys, soldout
 from shop.plumbing.lock_names import product_lock
 from tests import helpers
 from tests.config.test_gunicorn_worker_triage import _order_body, _post, exchange
@@ -244,3 +244,61 @@ def test_a_products_crowd_fills_the_process_for_its_own_buyers_only(make_product
         assert others == [201, 201, 201]
     for buyer in buyers:
         buyer.join(30)
+
+
+def test_a_tokens_retries_sooner_than_told_are_held_until_then_and_freed_when_it_sells_out(window_of_one):
+    """A script's retries (parallel connections, new keys, its own token) that come before the
+    Retry-After the door gave it are held without a thread and answered at that time with the
+    line's answer of then (one door call for all of them); a product that sells out meanwhile
+    frees its held retries at once, told sold out."""
+    p = _drop(stock=500)
+    first, script = helpers.make_users(2, prefix="whold")
+    token = ApiToken.issue(user_id=script.pk, name="line")
+    config = line.config_of(p)
+    until = time.monotonic() + 120
+    line.join(config=config, user_id=first.pk, start=True, until=until)  # the one turn of a window of 1
+    for n in range(200):  # 200 buyers ahead at the default rate (50 a second): told to come back in 4 s
+        line.join(config=config, user_id=10**9 + n, start=False, until=until)
+    with appservers.running(1, workers=1, threads=4, env=window_of_one) as servers:
+        port = servers[0].port
+        time.sleep(1.0)  # the worker knows the drop's line
+        sent = time.monotonic()
+        status, headers, first_answer = _order(port, token, p.pk, **{"Idempotency-Key": "s-0"})
+        told = int(headers["retry-after"])
+        assert status == 202 and told >= 3, first_answer
+        place = first_answer["line"]["place"]
+        before = overload.totals(60)
+        answers: dict[int, tuple] = {}
+
+        def retry(n: int) -> None:
+            status, _, body = _order(port, token, p.pk, **{"Idempotency-Key": f"s-{n}"})
+            answers[n] = (status, body, time.monotonic())
+
+        retries = [threading.Thread(target=retry, args=(n,)) for n in (1, 2, 3)]
+        for t in retries:
+            t.start()
+        for t in retries:
+            t.join(20)
+        assert {n: (s, b["line"]["place"]) for n, (s, b, _) in answers.items()} == {n: (202, place) for n in (1, 2, 3)}
+        assert min(at for *_, at in answers.values()) >= sent + told - 0.05  # not before the time it was told
+        assert max(at for *_, at in answers.values()) <= sent + told + 2.0  # nor long after
+        time.sleep(1.5)  # the worker's counts reach Redis once a second
+        after = overload.totals(60)
+        assert after["door:held"] - before["door:held"] == 3
+        assert after["door:answered"] - before["door:answered"] == 2  # the first, then one for the three
+        assert after["door:kept"] - before["door:kept"] == 2  # the two that came with it
+
+        # Held again (it was just told to come back later), and freed when the product sells out.
+        late: dict[str, tuple] = {}
+        held = threading.Thread(
+            target=lambda: late.update(answer=_order(port, token, p.pk, **{"Idempotency-Key": "s-9"})))
+        asked = time.monotonic()
+        held.start()
+        time.sleep(0.5)
+        Product.objects.filter(pk=p.pk).update(stock=0)
+        assert soldout.mark(p.pk, fence=10**15)
+        marked = time.monotonic()
+        held.join(20)
+        status, _, refused = late["answer"]
+        assert (status, refused["error"]["code"]) == (409, "out_of_stock"), refused
+        assert time.monotonic() - marked <= 1.0 < told - (marked - asked)  # freed, not at its time
