@@ -63,6 +63,7 @@ class DropPlan:
     run_id: str
     clients: int = 3
     patience: float = 30.0  # seconds a buyer starts new attempts for
+    user_ids: tuple[int, ...] = ()  # the accounts of tokens[index] (to read their places)
     answer_wait: float = 10.0  # seconds an attempt waits for its answer
 
     def person_key(self, index: int) -> str:
@@ -327,6 +328,25 @@ def fifo_share(records: Sequence[Record], units: int) -> float | None:
     return sum(1 for r in winners if r.index in first) / len(winners) if winners else None
 
 
+def placed_in_arrival_order(records: Sequence[Record], placed: Sequence[int], units: int) -> float | None:
+    """Of the first `units` arrivals (as the buyers sent), the share that holds one of the line's
+    first `units` places (`placed`: buyer indexes in place order). 1.0: the server stamped places
+    in the order requests were sent; FIFO share can be no better than this. None without places."""
+    if not placed:
+        return None
+    arrived = sorted((r for r in records if r.arrival is not None), key=lambda r: (r.arrival, r.index))[:units]
+    first = set(placed[:units])
+    return sum(1 for r in arrived if r.index in first) / len(arrived) if arrived else None
+
+
+def won_in_place_order(records: Sequence[Record], placed: Sequence[int], units: int) -> float | None:
+    """Of the winners, the share holding one of the first `units` places: 1.0 when the line
+    served its places in order (whatever order they were stamped in). None without winners."""
+    first = set(placed[:units])
+    winners = [r for r in records if r.result == WON]
+    return sum(1 for r in winners if r.index in first) / len(winners) if winners and placed else None
+
+
 def win_rate(records: Sequence[Record], kind: str) -> float | None:
     of_kind = [r for r in records if r.kind == kind]
     return sum(1 for r in of_kind if r.result == WON) / len(of_kind) if of_kind else None
@@ -435,6 +455,7 @@ class DropBooks:
     unseen_heard: dict[str, int] = field(default_factory=dict)
     # What breaks the line's invariants (shop/line/invariants.py, docs/design.md "The line": L1-L3).
     line: tuple[str, ...] = ()
+    placed: tuple[int, ...] = ()  # the buyers (indexes) in the order of their places in the line
 
     @property
     def problems(self) -> list[str]:
@@ -454,6 +475,7 @@ LATE_SLACK = 1.0  # seconds
 
 def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
     """Read the product's orders and stock and hold them against what the buyers saw."""
+    from shop import line
     from shop.models import Order, Product
     from shop.services.lines import line_violations
 
@@ -481,10 +503,14 @@ def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
             last = max(mine, key=lambda a: a.sent, default=None)
             heard[f"{kinds[last.buyer]} {last.code or last.status}" if last else "no request seen"] += 1
     per_user = Counter(user for _, user, _, _ in rows)
+    index_of = {uid: n for n, uid in enumerate(plan.user_ids)}
+    config = line.config_of(product)
+    places = line.client().zrange(line.keys(config.product_id, config.drop)[1], 0, -1) if config else []
+    placed = tuple(index_of[int(uid)] for uid in places if int(uid) in index_of)
     return DropBooks(units=plan.units, sold=plan.units - stock, orders=len(rows), seen=len(seen & ids),
                      accounts_over_cap=sum(1 for n in per_user.values() if n > 1), not_orders=len(seen - ids),
                      unseen=len(ids - seen), late=late, unseen_heard=dict(heard.most_common()),
-                     line=tuple(line_violations(product=product)),
+                     line=tuple(line_violations(product=product)), placed=placed,
                      committed=tuple(sorted(created.timestamp() - wall_open for *_, created in rows)))
 
 
@@ -516,6 +542,8 @@ class DropRun:
         lag_p50, lag_p99, lag_max = send_lag(rec)
         return {
             "fifo_share": fifo_share(rec, self.result.plan.units),
+            "placed_in_arrival_order": placed_in_arrival_order(rec, self.books.placed, self.result.plan.units),
+            "won_in_place_order": won_in_place_order(rec, self.books.placed, self.result.plan.units),
             "chance": self.result.plan.units / max(len(rec), 1),
             "script_advantage": advantage(rec),
             "win_rate": {PERSON: win_rate(rec, PERSON), SCRIPT: win_rate(rec, SCRIPT)},
@@ -548,7 +576,8 @@ class DropRun:
                 "prequeue_order": self.prequeue_order,
                 "load": self.load, "capacity": self.capacity, "capacity_measured": self.capacity_measured,
                 "patience": plan.patience, "clients": plan.clients, "deadline": self.deadline,
-                **self.figures(), "books": {**{k: v for k, v in asdict(self.books).items() if k != "committed"},
+                **self.figures(), "books": {**{k: v for k, v in asdict(self.books).items()
+                                                       if k not in ("committed", "placed")},
                                             "problems": self.books.problems}}
 
 
@@ -599,7 +628,7 @@ def drop(url: str, *, units: int = 300, people: int = 3000, scripts: int = 500, 
         ids = list(User.objects.filter(username__startswith=f"{w.tag}d").order_by("pk").values_list("pk", flat=True))
         tokens = issue_tokens(ids)
         plan = DropPlan(url=url, product_id=drop_id, units=units, buyers=buyers, tokens=tokens, run_id=w.run_id,
-                        clients=clients, patience=patience)
+                        clients=clients, patience=patience, user_ids=tuple(ids))
         # The opening, on the server's clock (the wall clock) and on the generator's (monotonic).
         until = lead + prequeue_seconds
         wall_open, t_open = time.time() + until, time.monotonic() + until

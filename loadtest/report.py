@@ -476,7 +476,9 @@ def drop_report(d: drop.DropRun) -> str:
             f"requests late by p50 {_s(f['send_lag_p50'])}, p99 {_s(f['send_lag_p99'])} (max {_s(f['send_lag_max'])})")
     rate = f["win_rate"]
     lines = [head,
-             f"FIFO share: {_x(f['fifo_share'])} (first come, first served 1.0; chance {f['chance']:.2f})",
+             f"FIFO share: {_x(f['fifo_share'])} (first come, first served 1.0; chance {f['chance']:.2f}); "
+             f"places stamped in arrival order: {_x(f['placed_in_arrival_order'])}, winners served in place "
+             f"order: {_x(f['won_in_place_order'])}",
              f"script advantage: {_x(f['script_advantage'])} (scripts won {_x(rate[drop.SCRIPT], 3)}, "
              f"people {_x(rate[drop.PERSON], 3)})"]
     rows = [[name, *(_s(v) for v in (t["p50"], t["p99"]))] for name, t in f["time_to_final"].items()]

@@ -166,6 +166,18 @@ def test_fifo_share_goes_by_when_buyers_really_arrived_not_their_index():
     assert drop.fifo_share(records, 1) == 0.0
 
 
+def test_places_in_arrival_order_and_winners_in_place_order_split_the_fifo_share():
+    records = [rec(0, PERSON, 0.0, LOST, 0.4), rec(1, PERSON, 0.1, WON, 0.3), rec(2, SCRIPT, 0.2, WON, 0.3),
+               rec(3, PERSON, 0.3, LOST, 0.4)]
+    placed = [1, 2, 0, 3]  # buyer 0 was stamped after 1 and 2
+    assert drop.placed_in_arrival_order(records, placed, 2) == 0.5  # of arrivals 0, 1: only 1 has a first place
+    assert drop.won_in_place_order(records, placed, 2) == 1.0  # the line served its first two places
+    assert drop.fifo_share(records, 2) == 0.5
+    assert drop.won_in_place_order(records, [0, 1, 2, 3], 2) == 0.5  # buyer 2 was served before place 1
+    assert drop.placed_in_arrival_order(records, [], 2) is None
+    assert drop.won_in_place_order(records, [], 2) is None
+
+
 def test_script_advantage_is_the_scripts_win_rate_over_the_peoples():
     records = ([rec(i, PERSON, 0.0, WON if i < 2 else LOST, 1.0) for i in range(10)]
                + [rec(10 + i, SCRIPT, 0.0, WON if i < 2 else LOST, 1.0) for i in range(5)])
@@ -298,6 +310,8 @@ def test_a_tiny_drop_against_a_real_server_sells_out_and_the_books_balance():
     assert f["last_placed_answer_at"] >= f["last_sale_at"] - 0.5
     assert f["requests"] >= 70 and f["requests_per_unit"] >= 70 / 20
     assert 0 <= f["fifo_share"] <= 1 and f["script_advantage"] is not None
+    assert 20 <= len(b.placed) <= 70 and len(set(b.placed)) == len(b.placed)  # a place per account
+    assert 0 <= f["placed_in_arrival_order"] <= 1 and f["won_in_place_order"] == 1.0  # L1: turns follow places
     assert f["answers"].get("409 out_of_stock", 0) > 0
     scripts = [r for r in records if r.kind == SCRIPT]
     assert all(len({a.key for a in run.result.attempts if a.buyer == r.index}) >= 3 for r in scripts)
