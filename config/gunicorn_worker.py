@@ -68,6 +68,7 @@ import queue
 import re
 import selectors
 import socket
+import struct
 import threading
 import time
 from functools import partial
@@ -108,6 +109,14 @@ HEARTBEAT = 0.1
 # accept, in one turn of the main loop, and a client that connects and sends nothing (a slow
 # client, a load generator short of CPU) costs the worker nothing meanwhile.
 DEFER_ACCEPT = 1
+# A line's place is dated when the request's last bytes reached this machine's kernel (the
+# receive timestamp Linux keeps with the data, SO_TIMESTAMPNS on the listeners, read with the
+# request), not when this worker got to read it: a worker that was behind (short of CPU, its
+# backlog long) cannot put a buyer behind one who sent later to a quicker worker. Here at most
+# this many seconds before the read (a stamp older than a request can wait is not one to trust).
+STAMP_MAX_AGE = 30.0
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python does not name it
+_STAMP_SPACE = socket.CMSG_SPACE(16)
 # The lines' fronts older than this (the chores thread could not read them) answer no ticket.
 FRONTS_STALE = 2.0
 
@@ -335,6 +344,9 @@ def _address(conn) -> str:
     return conn.client[0] if isinstance(conn.client, tuple) else ""
 
 
+_STAMP = struct.Struct("qq")  # struct timespec
+
+
 def _product_of(door_key: bytes) -> int:
     """The product of a door key (`_at_door`: b"<product id> <authorization>")."""
     return int(door_key.split(b" ", 1)[0])
@@ -350,6 +362,8 @@ class _Conn(TConn):
         self.whole_at = 0  # its length once its head has come (0: not yet)
         self.scanned = 0  # bytes already searched for the end of the head
         self.reading_since = self.read_until = self.queued_at = 0.0
+        self.kernel_at = 0.0  # time.time() its last bytes reached the kernel (0: unknown)
+        self.arrived_at = 0.0  # the same as a time.monotonic() (else when it was read whole)
         self.polled = False
         self.drained = 0  # bytes read while lingering after the answer
         self.held = self.follower = False  # held once until its token's told time; came behind one at the door
@@ -413,6 +427,7 @@ class ShopWorker(ThreadWorker):
         self._notify_at = self._parent_checked_at = -math.inf
         self._listener_names: dict = {}
         self._deferred = False  # the listeners hand over connections with their first bytes
+        self._stamped = False  # the kernel stamps the data it receives (SO_TIMESTAMPNS)
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
@@ -494,6 +509,11 @@ class ShopWorker(ThreadWorker):
                 for listener in tcp:
                     listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, DEFER_ACCEPT)
                 self._deferred = len(tcp) == len(self.sockets)
+        if self._reads_requests:
+            with contextlib.suppress(OSError):  # accepted sockets inherit it
+                for listener in self.sockets:
+                    listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self._stamped = True
         super().init_process()
 
     # --- the main loop: reading requests ---------------------------------------------------
@@ -553,6 +573,7 @@ class ShopWorker(ThreadWorker):
             conn.sock.setblocking(False)
         conn.request = bytearray(conn.parser.unreader.take_buffered() if conn.parser else b"")
         conn.whole_at = conn.scanned = 0
+        conn.kernel_at = 0.0
         conn.reading_since = time.monotonic()
         conn.read_until = conn.reading_since + self.head_timeout
         if conn.parser is None and not self._deferred:  # a new one: its request races accept
@@ -563,7 +584,13 @@ class ShopWorker(ThreadWorker):
     def _receive(self, conn, _sock=None) -> None:
         """Take what the client sent, without waiting; once the request is whole, triage it."""
         try:
-            chunk = conn.sock.recv(RECV_SIZE)
+            if self._stamped:
+                chunk, stamp, _, _ = conn.sock.recvmsg(RECV_SIZE, _STAMP_SPACE)
+                if stamp:  # when the last of these bytes came (the kernel's clock: time.time())
+                    seconds, nanoseconds = _STAMP.unpack(stamp[0][2])
+                    conn.kernel_at = seconds + nanoseconds * 1e-9
+            else:
+                chunk = conn.sock.recv(RECV_SIZE)
         except (BlockingIOError, InterruptedError):
             chunk = None
         except OSError:
@@ -649,6 +676,9 @@ class ShopWorker(ThreadWorker):
         answers those at once); otherwise queued for a thread, whose parser gets its bytes back
         (gunicorn's Unreader reads what was unread first, then the socket)."""
         now = conn.queued_at = time.monotonic()
+        conn.arrived_at = now
+        if conn.kernel_at:
+            conn.arrived_at -= min(max(time.time() - conn.kernel_at, 0.0), STAMP_MAX_AGE)
         waiting = self._waiting()
         if waiting == 0:
             self._queue_empty_at = now
@@ -822,7 +852,7 @@ class ShopWorker(ThreadWorker):
                 # Each arrival as the shop's clock reads it, from the offset the join will use too:
                 # its age in the line (now - arrival) is then this process's monotonic clock's.
                 offset = clock.now().timestamp() - time.monotonic()
-                verdicts = door.doors([(bytes(c.request), int((c.queued_at + offset) * 1000)) for c in batch],
+                verdicts = door.doors([(bytes(c.request), int((c.arrived_at + offset) * 1000)) for c in batch],
                                       until=batch[0].queued_at + self.door_budget)
             except Exception:
                 self.log.warning("the line's door failed; the app answers", exc_info=True)

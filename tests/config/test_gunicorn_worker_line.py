@@ -6,10 +6,13 @@ that fills the process for its own buyers only (issue 36)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connections
@@ -302,3 +305,34 @@ def test_a_tokens_retries_sooner_than_told_are_held_until_then_and_freed_when_it
         status, _, refused = late["answer"]
         assert (status, refused["error"]["code"]) == (409, "out_of_stock"), refused
         assert time.monotonic() - marked <= 1.0 < told - (marked - asked)  # freed, not at its time
+
+
+def _worker(server: appservers.AppServer) -> int:
+    (pid,) = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+    return int(pid)
+
+
+def test_a_place_is_dated_when_the_request_reached_the_machine_not_when_a_worker_read_it(window_of_one):
+    """Server A's worker is stopped (short of CPU, behind its backlog) when buyer X's order reaches
+    it; buyer Y orders 0.5 s later from idle server B and is placed at once. Once A goes on, X's
+    place is before Y's: dated by the kernel's receive time, not by when A got to read it."""
+    p = _drop(stock=5)
+    first, x, y = helpers.make_users(3, prefix="wkernel")
+    tokens = {u.pk: ApiToken.issue(user_id=u.pk, name="line") for u in (x, y)}
+    with appservers.running(2, workers=1, threads=2, env=window_of_one) as servers:
+        a, b = servers[0], servers[1]
+        line.join(config=line.config_of(p), user_id=first.pk, start=True, until=time.monotonic() + 120)
+        time.sleep(1.0)  # the workers know the drop's line
+        worker = _worker(a)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            sock = socket.create_connection(("127.0.0.1", a.port), timeout=20)
+            sock.sendall(_post(b"/api/orders/", _order_body(p.pk), token=tokens[x.pk]))
+            time.sleep(0.5)
+            status, _, later = _order(b.port, tokens[y.pk], p.pk)
+            assert (status, later["line"]["place"]) == (202, 2), later
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        status, earlier = _read_answer(sock)
+        assert status == 202 and earlier["line"]["place"] == 2, earlier
+        assert _places(p) == [first.pk, x.pk, y.pk]
