@@ -769,7 +769,8 @@ class ShopWorker(ThreadWorker):
 
     def _answer_busy(self, conn, reason: str) -> None:
         """Answer 503 (the request was read), close."""
-        self._answer_and_close(conn, busy_response(conn.request, reason, self._arrival_headers(conn.request)))
+        self._answer_and_close(conn, busy_response(conn.request, reason,
+                                                   self._arrival_headers(conn.request, conn.arrived_at)))
         self._counted(reason)
 
     def _ticket(self, request: bytes):
@@ -903,9 +904,10 @@ class ShopWorker(ThreadWorker):
         else:
             self._give_thread(conn)
 
-    def _arrival_headers(self, request: bytes) -> bytes:
+    def _arrival_headers(self, request: bytes, arrived_at: float = 0.0) -> bytes:
         """The arrival stamp for a `busy` order of a lined product (a web checkout: while any line
-        is open): the one it brought if valid, else now; b"" for anything else. Never raises."""
+        is open): the one it brought if valid, else when it reached the machine (`arrived_at`, a
+        time.monotonic(); 0: now); b"" for anything else. Never raises."""
         try:
             offset, lined = self._clock_offset, self._lined
             if offset is None or not lined or not order_requests.is_order(request):
@@ -918,7 +920,7 @@ class ShopWorker(ThreadWorker):
             authorization, jar, brought = order_requests.headers(request, _STAMP_HEADERS)  # the head read once
             credential = arrivals.credential(authorization=authorization,
                                              session=order_requests.cookie_in(jar, self._session_cookie))
-            now_ms = int((time.monotonic() + offset) * 1000)
+            now_ms = int(((arrived_at or time.monotonic()) + offset) * 1000)  # when it reached the machine
             brought = brought or order_requests.cookie_in(jar, b"line_arrival")
             at_ms = arrivals.read(brought, credential=credential) if brought else None
             if at_ms is None or not 0 <= now_ms - at_ms <= arrivals.MAX_AGE * 1000:
@@ -1043,7 +1045,7 @@ class ShopWorker(ThreadWorker):
         """In a thread: answer 503 to the request the main loop read; the main loop closes it."""
         head = bytes(getattr(conn, "request", b""))
         if head:
-            self._send_here(conn, busy_response(head, reason, self._arrival_headers(head)))
+            self._send_here(conn, busy_response(head, reason, self._arrival_headers(head, conn.arrived_at)))
             self._counted(reason)
 
     def _send_here(self, conn, answer: bytes) -> None:

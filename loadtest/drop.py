@@ -556,6 +556,8 @@ class DropRun:
             "losers_told_within_1s_of_last_sale": losers_told_within(rec, last, 1.0),
             "requests": len(att),
             "requests_per_unit": requests_per_unit(att, len(sold_at)),
+            # Its floor: every buyer sends at least one request (the crowd: 11.7 a unit).
+            "buyers_per_unit": len(rec) / len(sold_at) if sold_at else None,
             "answers": answers(att),
             "retry_after": retry_afters(att),
             "waited_then_won": waited_then_won(rec),

@@ -489,7 +489,8 @@ def drop_report(d: drop.DropRun) -> str:
         f"sales (the orders' times): first at {_s(f['first_sale_at'])}, last at {_s(f['last_sale_at'])} after the "
         f"opening (the last placed answer heard at {_s(f['last_placed_answer_at'])}); "
         f"losers told within 1 s of the last: {_x(f['losers_told_within_1s_of_last_sale'])}",
-        f"requests: {f['requests']:,}, {_x(f['requests_per_unit'], 1)} per unit sold; answers: "
+        f"requests: {f['requests']:,}, {_x(f['requests_per_unit'], 1)} per unit sold (buyers per unit, the floor: "
+        f"{_x(f['buyers_per_unit'], 1)}); answers: "
         + ", ".join(f"{k} {v:,}" for k, v in f["answers"].items()),
         "Retry-After given: " + (", ".join(f"{k} s {v:,}" for k, v in f["retry_after"].items()) or "none"),
         f"people told \"not now\" (503/202) first who still won: {f['waited_then_won']:,}, of them told busy "
