@@ -475,9 +475,8 @@ LATE_SLACK = 1.0  # seconds
 
 def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
     """Read the product's orders and stock and hold them against what the buyers saw."""
-    from shop import line
     from shop.models import Order, Product
-    from shop.services.lines import line_violations
+    from shop.services.lines import line_places, line_violations
 
     plan = result.plan
     product = Product.objects.get(pk=plan.product_id)
@@ -504,9 +503,7 @@ def books(result: DropResult, *, wall_open: float, budget: float) -> DropBooks:
             heard[f"{kinds[last.buyer]} {last.code or last.status}" if last else "no request seen"] += 1
     per_user = Counter(user for _, user, _, _ in rows)
     index_of = {uid: n for n, uid in enumerate(plan.user_ids)}
-    config = line.config_of(product)
-    places = line.client().zrange(line.keys(config.product_id, config.drop)[1], 0, -1) if config else []
-    placed = tuple(index_of[int(uid)] for uid in places if int(uid) in index_of)
+    placed = tuple(index_of[uid] for uid in line_places(product=product) if uid in index_of)
     return DropBooks(units=plan.units, sold=plan.units - stock, orders=len(rows), seen=len(seen & ids),
                      accounts_over_cap=sum(1 for n in per_user.values() if n > 1), not_orders=len(seen - ids),
                      unseen=len(ids - seen), late=late, unseen_heard=dict(heard.most_common()),

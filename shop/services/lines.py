@@ -42,3 +42,12 @@ def line_violations(*, product: Product) -> list[str]:
     """What breaks the invariants of `product`'s drop line (L1-L3, docs/design.md "The line"),
     from Redis and the orders: for the load tests' books, as shop.ops.invariants is for the rest."""
     return invariants.line_violations(product)
+
+
+def line_places(*, product: Product) -> list[int]:
+    """The accounts of `product`'s drop line in the order of their places ([] without a line):
+    for the load tests' figures (which arrivals the servers dated first)."""
+    config = line.config_of(product)
+    if config is None:
+        return []
+    return [int(uid) for uid in line.client().zrange(line.keys(config.product_id, config.drop)[1], 0, -1)]
