@@ -15,6 +15,7 @@ from locks.scripts import script
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
 from tests.locks.backends.ha import (
     acquire_after_failover,
+    acquire_replicated,
     cut_replication,
     two_holders_after_a_failover,
     use_redis_url,
@@ -220,7 +221,7 @@ def test_with_wait_replicas_the_promoted_replica_keeps_the_lock(settings, own_cl
     # No stats flush meanwhile: its cluster pipeline would refresh the slot map for the lock.
     use_redis_url(settings, own_cluster.url, WAIT_REPLICAS=1, WAIT_REPLICAS_TIMEOUT=0.25, STATS_FLUSH_INTERVAL=3600)
     a = Lock(name, ttl=30.0)
-    assert a.acquire(blocking=False)
+    assert acquire_replicated(a)
     fence = a.held.fence
     assert _on_replicas(own_cluster, LockKeys.for_name(name).lock), "granted before a replica had it"
     own_cluster.kill_master_of(LockKeys.for_name(name).lock)

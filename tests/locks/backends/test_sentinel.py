@@ -9,7 +9,13 @@ from loadtest.servers.sentinel import SentinelSet
 from locks import Lock, LockUnavailable, inspect
 from locks.keys import LockKeys
 from tests.locks.backends.contract import *  # noqa: F403 - the contract's tests run here
-from tests.locks.backends.ha import acquire_after_failover, cut_replication, two_holders_after_a_failover, use_redis_url
+from tests.locks.backends.ha import (
+    acquire_after_failover,
+    acquire_replicated,
+    cut_replication,
+    two_holders_after_a_failover,
+    use_redis_url,
+)
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +99,7 @@ def test_with_wait_replicas_the_promoted_replica_keeps_the_lock(settings, own_se
     servers = own_sentinel_set
     use_redis_url(settings, servers.url, WAIT_REPLICAS=1, WAIT_REPLICAS_TIMEOUT=0.25)
     a = Lock(name, ttl=30.0)
-    assert a.acquire(blocking=False)
+    assert acquire_replicated(a)
     fence = a.held.fence
     old = servers.kill_master()  # at once: no time for replication other than what WAIT waited for
     acquired, seconds = acquire_after_failover(Lock(name, ttl=5.0))
