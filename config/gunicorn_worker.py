@@ -842,6 +842,7 @@ class ShopWorker(ThreadWorker):
         loop (`method_queue`: the main loop owns the connections' bookkeeping)."""
         from django.db import close_old_connections
 
+        from shop import line
         from shop.line import door
         from shop.plumbing import clock
 
@@ -852,8 +853,12 @@ class ShopWorker(ThreadWorker):
             try:
                 # Each arrival as the shop's clock reads it, from the offset the join will use too:
                 # its age in the line (now - arrival) is then this process's monotonic clock's.
+                # The same on Redis's clock, where the places are dated: exact however long the
+                # batch waits on its way there.
                 offset = clock.now().timestamp() - time.monotonic()
-                verdicts = door.doors([(bytes(c.request), int((c.arrived_at + offset) * 1000)) for c in batch],
+                on_redis = line.redis_offset()
+                verdicts = door.doors([(bytes(c.request), int((c.arrived_at + offset) * 1000),
+                                        int((c.arrived_at + on_redis) * 1_000_000)) for c in batch],
                                       until=batch[0].queued_at + self.door_budget)
             except Exception:
                 self.log.warning("the line's door failed; the app answers", exc_info=True)

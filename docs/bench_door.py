@@ -76,7 +76,7 @@ def main() -> None:
             wall, cpu = time.perf_counter(), time.thread_time()
             for i in range(0, len(requests), opts.batch):
                 now_ms = int(clock.now().timestamp() * 1000)
-                for verdict in door.doors([(r, now_ms) for r in requests[i:i + opts.batch]],
+                for verdict in door.doors([(r, now_ms, None) for r in requests[i:i + opts.batch]],
                                           until=time.monotonic() + 4):
                     kind = verdict if isinstance(verdict, str) else verdict.status.split(b" ")[0].decode()
                     answers[kind] = answers.get(kind, 0) + 1

@@ -199,15 +199,16 @@ def read_ticket(text: str, *, user_id: int) -> Ticket | None:
 
 
 def join(*, config: LineConfig, user_id: int, start: bool, until: float, ticket: Ticket | None = None,
-         counted: bool = True, arrived_ms: int | None = None) -> Position:
+         counted: bool = True, arrived_ms: int | None = None, arrived_us: int | None = None) -> Position:
     """Take (or find) this account's place and, if it is its turn and `start`, begin the turn: it
     is then in the checkout until `finish` (or its lapse, `until` (monotonic) + a margin).
     `counted` False: a look at the place (the waiting page's poll), not an order's answer.
     `arrived_ms`: the time of an arrival stamp the buyer brought (shop/line/arrivals.py, checked):
     a new place is taken as of then, if the stamp is young enough and not before the pre-queue's
-    window. Raises RedisError if the line cannot be reached."""
+    window; `arrived_us`, the same on Redis's clock if the caller knows it (`Joining`). Raises
+    RedisError if the line cannot be reached."""
     return join_many([Joining(config=config, user_id=user_id, start=start, until=until, ticket=ticket,
-                              counted=counted, arrived_ms=arrived_ms)])[0]
+                              counted=counted, arrived_ms=arrived_ms, arrived_us=arrived_us)])[0]
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,10 @@ class Joining:
     ticket: Ticket | None = None
     counted: bool = True
     arrived_ms: int | None = None
+    # The same arrival on Redis's clock in µs (`redis_offset`), when the caller knows it exactly
+    # (the door: the kernel's receive time): the place is dated by it, however long the call
+    # waits before it reaches Redis (its batch's other calls, a pipeline behind others).
+    arrived_us: int | None = None
 
 
 def join_many(joinings: list[Joining]) -> list[Position]:
@@ -284,7 +289,31 @@ def _join(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: int,
                 int(config.opens_at.timestamp() * 1000), config.prequeue_seconds * 1000, 1 if config.fifo else 0,
                 secrets.randbits(52), claim.kind if claim else "", claim.score if claim else "",
                 int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000,
-                arrived if arrived is not None else "", now_ms, on=on)
+                arrived if arrived is not None else "", now_ms,
+                j.arrived_us if arrived is not None and j.arrived_us is not None else "", on=on)
+
+
+# Redis's clock (where places are dated) as an offset to this process's monotonic clock: the
+# reading with the smallest round trip of the last REDIS_CLOCK_READINGS (one every
+# REDIS_CLOCK_REFRESH s), so its error is at most half that round trip (a CPU-starved process's
+# slow readings are passed over), plus the clocks' drift since (NTP: at most 500 ppm).
+REDIS_CLOCK_REFRESH, REDIS_CLOCK_READINGS = 0.5, 8
+_redis_readings: list[tuple[float, float, float]] = []  # (half round trip s, offset s, read at)
+
+
+def redis_offset() -> float:
+    """Redis's time (TIME, seconds) minus time.monotonic(), as of the best recent reading (one
+    TIME round trip every REDIS_CLOCK_REFRESH s). Raises RedisError if Redis cannot be reached."""
+    global _redis_readings
+    readings = _redis_readings
+    if not readings or time.monotonic() - readings[-1][2] >= REDIS_CLOCK_REFRESH:
+        sent = time.monotonic()
+        seconds, micros = client().time()
+        back = time.monotonic()
+        reading = ((back - sent) / 2, seconds + micros / 1e6 - (sent + back) / 2, back)
+        readings = [*readings[-(REDIS_CLOCK_READINGS - 1):], reading]
+        _redis_readings = readings  # swapped whole: other threads read it meanwhile
+    return min(readings)[1]
 
 
 def hold_seconds() -> int:

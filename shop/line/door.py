@@ -51,24 +51,24 @@ class Answer:
 Verdict = Answer | Literal["app", "turn"]
 
 
-def door(request: bytes, *, arrived_ms: int, until: float) -> Verdict:
-    """What to do with an API order's bytes (read whole by the worker at `arrived_ms`, the shop's
-    clock): the answer to send (202 in line, 409 cut, 503 in the checkout), TURN (it is this buyer's turn: on
-    to the app, which starts it), or APP (the app decides). Raises on I/O trouble (the caller
-    sends it to the app)."""
-    return doors([(request, arrived_ms)], until=until)[0]
+def door(request: bytes, *, arrived_ms: int, until: float, arrived_us: int | None = None) -> Verdict:
+    """What to do with an API order's bytes (come whole at `arrived_ms`, the shop's clock, and at
+    `arrived_us` on Redis's clock if known: `line.redis_offset`): the answer to send (202 in line,
+    409 cut, 503 in the checkout), TURN (it is this buyer's turn: on to the app, which starts it),
+    or APP (the app decides). Raises on I/O trouble (the caller sends it to the app)."""
+    return doors([(request, arrived_ms, arrived_us)], until=until)[0]
 
 
-def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
+def doors(requests: list[tuple[bytes, int, int | None]], *, until: float) -> list[Verdict]:
     """`door` for several requests at once, in the order given (the order they were read): one
     read of their tokens, one round trip for their places."""
-    orders = [_order(request) for request, _ in requests]
+    orders = [_order(request) for request, *_ in requests]
     users = tokens.users_for_tokens(sorted({found[2] for found in orders if found is not None}))
     verdicts: list[Verdict] = [APP] * len(requests)
     joining: list[tuple[int, int, int, str | None, line.Joining]] = []  # (its index, product, quantity, key, the join)
     young: list[tuple[object, int]] = []
     credentials: dict[int, bytes] = {}
-    for n, ((request, arrived_ms), found) in enumerate(zip(requests, orders, strict=True)):
+    for n, ((request, arrived_ms, arrived_us), found) in enumerate(zip(requests, orders, strict=True)):
         user = users.get(found[2]) if found is not None else None
         if found is None or user is None:
             continue  # not an order the door takes, or a bad token: the app answers (400, 401...)
@@ -89,7 +89,8 @@ def doors(requests: list[tuple[bytes, int]], *, until: float) -> list[Verdict]:
         stamped = arrivals.read(brought, credential=credentials[n]) if brought else None
         joining.append((n, product_id, quantity, key, line.Joining(
             config=config, user_id=user.pk, start=False, until=until, counted=False, ticket=ticket,
-            arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms)))
+            arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms,
+            arrived_us=arrived_us if stamped is None or stamped >= arrived_ms else None)))
     account_age.signal_young_buyers(young)
     positions = line.join_many([j for *_, j in joining]) if joining else []
     sold_out = []

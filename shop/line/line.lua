@@ -111,14 +111,18 @@ if op == 'join' then
   -- 11 pre-queue ms, 12 fifo (1/0), 13 a random order, 14 claimed kind (p|q|''), 15 claimed score,
   -- 16 units refresh ms, 17 hold ms, 18 an arrival stamp's time ms ('' without one: checked by
   -- the caller, shop/line/arrivals.py), 19 the shop's time ms, its best estimate (9 is the
-  -- latest it may be, for "not open yet"; this one dates an arrival)
+  -- latest it may be, for "not open yet"; this one dates an arrival), 20 the same arrival as 18
+  -- on Redis's clock in µs ('' if not known: then dated from 18 and 19)
   local user, start, checkout_ms = ARGV[6], ARGV[7] == '1', tonumber(ARGV[8])
   local app_ms, opens_ms, prequeue_ms = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
   local kind, claim = ARGV[14], tonumber(ARGV[15])
   local arrived_ms = tonumber(ARGV[18] or '')
   local shop_ms = tonumber(ARGV[19] or '') or app_ms
-  -- A stamp's arrival in Redis time: as long ago as the shop's clock says it was.
+  -- A stamp's arrival in Redis time: as long ago as the shop's clock says it was, or (20) the
+  -- caller's reading of it on Redis's clock (never after now).
   local arrived_us = arrived_ms and (now_us - math.max(0, shop_ms - arrived_ms) * 1000) or now_us
+  local given_us = tonumber(ARGV[20] or '')
+  if arrived_ms and given_us then arrived_us = math.min(now_us, given_us) end
   -- A line made after its opening may be one Redis lost: let nobody through for `hold` ms
   -- (17) while the caller asks MySQL whether this drop had a line before (then buyers come
   -- back with their tickets meanwhile) or not (then it releases the hold at once).

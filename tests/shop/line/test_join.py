@@ -13,6 +13,7 @@ from shop import errors, line
 from shop.line import tickets
 from shop.models import Product
 from shop.services import place_order
+from shop.services.lines import line_places
 from tests import helpers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -222,3 +223,31 @@ def test_a_late_registered_earlier_arrival_the_units_cannot_reach_is_told_alone(
     assert found.state == line.CUT and found.score < let[0].score
     assert line.status(config).cut is None
     assert line_violations(Product.objects.get(pk=p.pk)) == []
+
+
+def test_an_arrival_given_on_redis_clock_is_dated_by_it_whenever_its_call_reaches_redis(settings, drop):
+    """The door dates each arrival on Redis's clock (`line.redis_offset`): places follow those
+    arrivals, not the order or the moment their calls ran (a batch that waited, a pipeline behind
+    others), and a date after Redis's now counts as now."""
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=10)
+    config = line.config_of(p)
+    first, a, b, c = helpers.make_users(4, prefix="redisclock")
+    line.join(config=config, user_id=first.pk, start=True, until=time.monotonic() + 30)
+    time.sleep(0.1)  # the others arrive after it
+    now_us = int((time.monotonic() + line.redis_offset()) * 1_000_000)
+    now_ms = int(time.time() * 1000)
+    joined = {}
+    for user, age_us in ((a, 30_000), (b, 40_000), (c, -5_000_000)):  # b came before a; c "in the future"
+        joined[user.pk] = line.join(config=config, user_id=user.pk, start=False, until=time.monotonic() + 30,
+                                    arrived_ms=now_ms, arrived_us=now_us - age_us)
+    assert joined[b.pk].score == now_us - 40_000 and joined[a.pk].score == now_us - 30_000
+    assert joined[b.pk].place == 2 and line.status(config).waiting == 3
+    assert now_us < joined[c.pk].score <= int((time.monotonic() + line.redis_offset()) * 1_000_000) + 1000
+    assert line_places(product=p) == [first.pk, b.pk, a.pk, c.pk]
+
+
+def test_redis_offset_reads_redis_time_with_the_smallest_round_trip():
+    offset = line.redis_offset()
+    seconds, micros = line.client().time()
+    assert abs(seconds + micros / 1e6 - (time.monotonic() + offset)) < 0.05
