@@ -182,10 +182,12 @@ def keys(product_id: int, drop: int) -> list[str]:
             redis_keys.sold_out_marker(product_id)]
 
 
-def _run(config: LineConfig, op: str, *args: object, on=None) -> list | int:
-    """line.lua's `op` on this line; `on`: a pipeline to queue it on (its reply comes with the rest)."""
+def _run(config: LineConfig, op: str, *args: object, on=None, lag_ms: int | None = None) -> list | int:
+    """line.lua's `op` on this line; `on`: a pipeline to queue it on (its reply comes with the rest);
+    `lag_ms`: how long the caller's oldest request took from its arrival to this call (the door)."""
     head = [op, TTL, int(shop_settings.LINE_WINDOW), int(float(shop_settings.LINE_TURN) * 1000),
-            1 if config.paused else 0]
+            1 if config.paused else 0, int(shop_settings.LINE_SETTLE_UNITS),
+            int(float(shop_settings.LINE_SETTLE_FROM) * 1000), "" if lag_ms is None else lag_ms]
     return _script()(keys=keys(config.product_id, config.drop), args=[*head, *args], client=on or client())
 
 
@@ -226,6 +228,7 @@ class Joining:
     # (the door: the kernel's receive time): the place is dated by it, however long the call
     # waits before it reaches Redis (its batch's other calls, a pipeline behind others).
     arrived_us: int | None = None
+    lag_ms: int | None = None  # the door's lag (`_run`)
 
 
 def join_many(joinings: list[Joining]) -> list[Position]:
@@ -290,7 +293,7 @@ def _join(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: int,
                 secrets.randbits(52), claim.kind if claim else "", claim.score if claim else "",
                 int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000,
                 arrived if arrived is not None else "", now_ms,
-                j.arrived_us if arrived is not None and j.arrived_us is not None else "", on=on)
+                j.arrived_us if arrived is not None and j.arrived_us is not None else "", on=on, lag_ms=j.lag_ms)
 
 
 # Redis's clock (where places are dated) as an offset to this process's monotonic clock: the

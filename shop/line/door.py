@@ -13,7 +13,8 @@ refuse as bad input gets no place (it goes to the app, which refuses it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from shop import errors, line, validation
@@ -92,7 +93,12 @@ def doors(requests: list[tuple[bytes, int, int | None]], *, until: float) -> lis
             arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms,
             arrived_us=arrived_us if stamped is None or stamped >= arrived_ms else None)))
     account_age.signal_young_buyers(young)
-    positions = line.join_many([j for *_, j in joining]) if joining else []
+    # How late these places reach the line (the oldest arrival's age now): the line holds its last
+    # units for arrivals this late (shop/line/line.lua, `advance`).
+    known = [j.arrived_us for *_, j in joining if j.arrived_us is not None]
+    lag_ms = (max(0, int((time.monotonic() + line.redis_offset()) * 1000) - min(known) // 1000)
+              if known else None)
+    positions = line.join_many([replace(j, lag_ms=lag_ms) for *_, j in joining]) if joining else []
     sold_out = []
     for (n, product_id, quantity, key, j), position in zip(joining, positions, strict=True):
         if position.state == line.SOLD_OUT:

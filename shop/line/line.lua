@@ -7,10 +7,13 @@
 --       a let through | s in the checkout | d answered | l lapsed; r:<user> -> 1 if its place came
 --       back from a ticket), 6 pre-queue (zset user -> order),
 --       7 the product's sold-out marker
--- ARGV: 1 op (join | finish | units | release | status), 2 ttl s, 3 window, 4 turn ms, 5 paused (0/1), then the op's.
+-- ARGV: 1 op (join | finish | units | release | status), 2 ttl s, 3 window, 4 turn ms, 5 paused (0/1),
+--       6 settle units, 7 settle from ms (see `advance`), 8 the caller's door lag ms ('' if none),
+--       then the op's (numbered below from 6 as they always were: an op's argument n is ARGV[n + 3]).
 local M, Q, W, T, S, P, MARK = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local op, ttl, window, turn_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local paused = ARGV[5] == '1'
+local settle_units, settle_from_ms, lag_ms = tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0, tonumber(ARGV[8] or '')
 
 local clock = redis.call('TIME')
 local now_s = tonumber(clock[1])
@@ -47,6 +50,14 @@ local function rate_milli()
   return math.floor(total * 1000 / span)
 end
 
+-- The doors' recent lag: the longest a door took, in the last 2 s, from a request's arrival to its
+-- call here (so an arrival not registered yet is at most about this old).
+local function recent_lag_ms()
+  local lag, at = field('lag'), field('lag_at')
+  if lag and at and now_ms - at <= 2000 then return lag end
+  return 0
+end
+
 -- Turns past their deadline lapse (never came, or died in the checkout): the line moves on.
 local function sweep()
   local gone = redis.call('ZRANGEBYSCORE', T, '-inf', now_ms, 'LIMIT', 0, 64)
@@ -62,6 +73,9 @@ end
 
 -- Let the head of the line through while fewer than `window` turns are open, up to the cut-off,
 -- and no more buyers at once than the stock has units. Not while paused, held or sold out.
+-- While the doors lag (a crowd: at least `settle_from_ms`), the last `settle_units` units not yet
+-- promised go only to places older than that lag: an earlier arrival still at a door behind its
+-- backlog then comes before them, instead of finding the units promised to buyers who came later.
 local function advance()
   if paused or (field('hold') or 0) > now_ms or redis.call('EXISTS', MARK) == 1 then return end
   local cut, units, stock = field('cut'), field('units'), field('stock')
@@ -72,12 +86,16 @@ local function advance()
     cut = nil
   end
   if busy >= window then return end
+  local settled_us = nil
+  local lag = recent_lag_ms()
+  if settle_units > 0 and lag > 0 and lag >= settle_from_ms then settled_us = now_us - lag * 1000 end
   local head = redis.call('ZRANGE', W, 0, window - busy - 1, 'WITHSCORES')
   local front = field('front') or 0
   local moved = false
   for i = 1, #head, 2 do
     local user, place = head[i], tonumber(head[i + 1])
     if (cut and place >= cut) or (stock and busy >= stock) then break end
+    if settled_us and stock and stock - busy <= settle_units and place > settled_us then break end
     redis.call('ZREM', W, user)
     redis.call('ZADD', T, now_ms + turn_ms, user)
     redis.call('HSET', S, user, 'a')
@@ -113,32 +131,33 @@ if op == 'join' then
   -- the caller, shop/line/arrivals.py), 19 the shop's time ms, its best estimate (9 is the
   -- latest it may be, for "not open yet"; this one dates an arrival), 20 the same arrival as 18
   -- on Redis's clock in µs ('' if not known: then dated from 18 and 19)
-  local user, start, checkout_ms = ARGV[6], ARGV[7] == '1', tonumber(ARGV[8])
-  local app_ms, opens_ms, prequeue_ms = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-  local kind, claim = ARGV[14], tonumber(ARGV[15])
-  local arrived_ms = tonumber(ARGV[18] or '')
-  local shop_ms = tonumber(ARGV[19] or '') or app_ms
+  local user, start, checkout_ms = ARGV[9], ARGV[10] == '1', tonumber(ARGV[11])
+  local app_ms, opens_ms, prequeue_ms = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+  local kind, claim = ARGV[17], tonumber(ARGV[18])
+  local arrived_ms = tonumber(ARGV[21] or '')
+  local shop_ms = tonumber(ARGV[22] or '') or app_ms
   -- A stamp's arrival in Redis time: as long ago as the shop's clock says it was, or (20) the
   -- caller's reading of it on Redis's clock (never after now).
   local arrived_us = arrived_ms and (now_us - math.max(0, shop_ms - arrived_ms) * 1000) or now_us
-  local given_us = tonumber(ARGV[20] or '')
+  local given_us = tonumber(ARGV[23] or '')
   if arrived_ms and given_us then arrived_us = math.min(now_us, given_us) end
   -- A line made after its opening may be one Redis lost: let nobody through for `hold` ms
   -- (17) while the caller asks MySQL whether this drop had a line before (then buyers come
   -- back with their tickets meanwhile) or not (then it releases the hold at once).
   if redis.call('HGET', M, 'opened') ~= '1' and app_ms < opens_ms - prequeue_ms then return {'not_open'} end
+  if lag_ms and lag_ms >= recent_lag_ms() then redis.call('HSET', M, 'lag', lag_ms, 'lag_at', now_ms) end
   local born = 0
   if redis.call('HSETNX', M, 'born', num(now_us)) == 1 then
     born = 1
-    if app_ms >= opens_ms + 2000 then redis.call('HSET', M, 'hold', now_ms + tonumber(ARGV[17])) end
+    if app_ms >= opens_ms + 2000 then redis.call('HSET', M, 'hold', now_ms + tonumber(ARGV[20])) end
   end
   if redis.call('HGET', M, 'opened') ~= '1' then
     if app_ms < opens_ms then
       local order = redis.call('ZSCORE', P, user)
       if not order then
         if kind == 'q' and claim then order = claim
-        elseif ARGV[12] == '1' then order = arrived_us
-        else order = tonumber(ARGV[13]) end
+        elseif ARGV[15] == '1' then order = arrived_us
+        else order = tonumber(ARGV[16]) end
         redis.call('ZADD', P, 'NX', num(order), user)
       end
       touch()
@@ -157,8 +176,8 @@ if op == 'join' then
       -- told busy before (a signed stamp): the place of its first arrival. One that came in the
       -- pre-queue's window takes a place right after the pre-queue, shuffled (or in its order).
       if arrived_ms < opens_ms then
-        local offset = tonumber(ARGV[13]) % 1000
-        if ARGV[12] == '1' then offset = math.floor((arrived_ms - opens_ms + prequeue_ms) * 999 / math.max(1, prequeue_ms)) end
+        local offset = tonumber(ARGV[16]) % 1000
+        if ARGV[15] == '1' then offset = math.floor((arrived_ms - opens_ms + prequeue_ms) * 999 / math.max(1, prequeue_ms)) end
         place = opens_ms * 1000 + offset
       else
         place = arrived_us
@@ -208,7 +227,7 @@ if op == 'join' then
     end
   end
   local need_units = 0
-  if now_ms - (field('units_at') or 0) >= tonumber(ARGV[16]) then
+  if now_ms - (field('units_at') or 0) >= tonumber(ARGV[19]) then
     redis.call('HSET', M, 'units_at', now_ms)  -- this caller refreshes them; the others need not
     need_units = 1
   end
@@ -218,9 +237,9 @@ if op == 'join' then
           rate_milli(), need_units, redis.call('ZCARD', W), born}
 elseif op == 'finish' then
   -- 6 user, 7 outcome: 'done' (answered: placed or refused) or 'retry' (keeps its turn)
-  local user = ARGV[6]
+  local user = ARGV[9]
   if redis.call('HGET', S, user) ~= 's' then return 0 end  -- lapsed meanwhile, or counted already
-  if ARGV[7] == 'retry' then
+  if ARGV[10] == 'retry' then
     redis.call('HSET', S, user, 'a')
     redis.call('ZADD', T, now_ms + turn_ms, user)
   else
@@ -233,12 +252,12 @@ elseif op == 'finish' then
   return 1
 elseif op == 'units' then
   -- 6 units the line can still sell (stock + unpaid reservations), 7 the stock (MySQL, just read)
-  redis.call('HSET', M, 'units', ARGV[6], 'stock', ARGV[7], 'units_at', now_ms)
+  redis.call('HSET', M, 'units', ARGV[9], 'stock', ARGV[10], 'units_at', now_ms)
   touch()
   return 1
 elseif op == 'stock' then
   -- 6 the stock the checkout's writer left (after its COMMIT)
-  redis.call('HSET', M, 'stock', ARGV[6])
+  redis.call('HSET', M, 'stock', ARGV[9])
   advance()
   touch()
   return 1
