@@ -752,6 +752,9 @@ class ShopWorker(ThreadWorker):
                     self._held = [entry for entry in held if _product_of(entry[2].door_key) not in gone]
                     heapq.heapify(self._held)
         for conn in due:
+            # A retry of a token that has its place: dated now, so the door's lag (how late new
+            # places reach the line, shop/line/door.py) counts only requests that may take one.
+            conn.kernel_at = 0.0
             self._triage(conn)
 
     def wait_for_and_dispatch_events(self, timeout: float) -> None:

@@ -82,11 +82,10 @@ DEFAULTS: dict[str, Any] = {
     "LINE_TURN": 8.0,
     "LINE_RETRY_MAX": 5,
     "LINE_DEFAULT_RATE": 50.0,
-    # While the line's doors lag behind their backlogs (at least LINE_SETTLE_FROM seconds), the
-    # last LINE_SETTLE_UNITS units of a drop go only to places older than that lag, so an earlier
-    # arrival a lagging door has not registered yet is not cut behind later buyers (0: off).
-    "LINE_SETTLE_UNITS": 64,
-    "LINE_SETTLE_FROM": 0.05,
+    # While the line's doors lag behind their backlogs by LINE_SETTLE_FROM seconds or more (a
+    # crowd), a line lets through only places older than that lag, so an earlier arrival a
+    # lagging door has not registered yet is not overtaken by later buyers (0 or None: never).
+    "LINE_SETTLE_FROM": 0.1,
     "LINE_REFRESH": 1.0,
     "LINE_UNITS_REFRESH": 1.0,
     # Payment: a new order awaits payment this long (seconds) with its stock reserved;

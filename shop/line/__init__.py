@@ -186,8 +186,8 @@ def _run(config: LineConfig, op: str, *args: object, on=None, lag_ms: int | None
     """line.lua's `op` on this line; `on`: a pipeline to queue it on (its reply comes with the rest);
     `lag_ms`: how long the caller's oldest request took from its arrival to this call (the door)."""
     head = [op, TTL, int(shop_settings.LINE_WINDOW), int(float(shop_settings.LINE_TURN) * 1000),
-            1 if config.paused else 0, int(shop_settings.LINE_SETTLE_UNITS),
-            int(float(shop_settings.LINE_SETTLE_FROM) * 1000), "" if lag_ms is None else lag_ms]
+            1 if config.paused else 0, int(float(shop_settings.LINE_SETTLE_FROM or 0) * 1000),
+            "" if lag_ms is None else lag_ms]
     return _script()(keys=keys(config.product_id, config.drop), args=[*head, *args], client=on or client())
 
 

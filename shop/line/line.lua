@@ -8,12 +8,12 @@
 --       back from a ticket), 6 pre-queue (zset user -> order),
 --       7 the product's sold-out marker
 -- ARGV: 1 op (join | finish | units | release | status), 2 ttl s, 3 window, 4 turn ms, 5 paused (0/1),
---       6 settle units, 7 settle from ms (see `advance`), 8 the caller's door lag ms ('' if none),
---       then the op's (numbered below from 6 as they always were: an op's argument n is ARGV[n + 3]).
+--       6 settle from ms ('' or 0: never; see `advance`), 7 the caller's door lag ms ('' if none),
+--       then the op's (numbered below from 6 as they always were: an op's argument n is ARGV[n + 2]).
 local M, Q, W, T, S, P, MARK = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local op, ttl, window, turn_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local paused = ARGV[5] == '1'
-local settle_units, settle_from_ms, lag_ms = tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0, tonumber(ARGV[8] or '')
+local settle_from_ms, lag_ms = tonumber(ARGV[6] or '') or 0, tonumber(ARGV[7] or '')
 
 local clock = redis.call('TIME')
 local now_s = tonumber(clock[1])
@@ -73,9 +73,9 @@ end
 
 -- Let the head of the line through while fewer than `window` turns are open, up to the cut-off,
 -- and no more buyers at once than the stock has units. Not while paused, held or sold out.
--- While the doors lag (a crowd: at least `settle_from_ms`), the last `settle_units` units not yet
--- promised go only to places older than that lag: an earlier arrival still at a door behind its
--- backlog then comes before them, instead of finding the units promised to buyers who came later.
+-- While the doors lag (a crowd: at least `settle_from_ms`), only places older than that lag are
+-- let through: an earlier arrival still at a door behind its backlog then comes before them,
+-- instead of finding its turn taken by buyers who came later but reached a quicker door.
 local function advance()
   if paused or (field('hold') or 0) > now_ms or redis.call('EXISTS', MARK) == 1 then return end
   local cut, units, stock = field('cut'), field('units'), field('stock')
@@ -88,14 +88,14 @@ local function advance()
   if busy >= window then return end
   local settled_us = nil
   local lag = recent_lag_ms()
-  if settle_units > 0 and lag > 0 and lag >= settle_from_ms then settled_us = now_us - lag * 1000 end
+  if settle_from_ms > 0 and lag >= settle_from_ms then settled_us = now_us - lag * 1000 end
   local head = redis.call('ZRANGE', W, 0, window - busy - 1, 'WITHSCORES')
   local front = field('front') or 0
   local moved = false
   for i = 1, #head, 2 do
     local user, place = head[i], tonumber(head[i + 1])
     if (cut and place >= cut) or (stock and busy >= stock) then break end
-    if settled_us and stock and stock - busy <= settle_units and place > settled_us then break end
+    if settled_us and place > settled_us then break end
     redis.call('ZREM', W, user)
     redis.call('ZADD', T, now_ms + turn_ms, user)
     redis.call('HSET', S, user, 'a')
@@ -131,15 +131,15 @@ if op == 'join' then
   -- the caller, shop/line/arrivals.py), 19 the shop's time ms, its best estimate (9 is the
   -- latest it may be, for "not open yet"; this one dates an arrival), 20 the same arrival as 18
   -- on Redis's clock in µs ('' if not known: then dated from 18 and 19)
-  local user, start, checkout_ms = ARGV[9], ARGV[10] == '1', tonumber(ARGV[11])
-  local app_ms, opens_ms, prequeue_ms = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-  local kind, claim = ARGV[17], tonumber(ARGV[18])
-  local arrived_ms = tonumber(ARGV[21] or '')
-  local shop_ms = tonumber(ARGV[22] or '') or app_ms
+  local user, start, checkout_ms = ARGV[8], ARGV[9] == '1', tonumber(ARGV[10])
+  local app_ms, opens_ms, prequeue_ms = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+  local kind, claim = ARGV[16], tonumber(ARGV[17])
+  local arrived_ms = tonumber(ARGV[20] or '')
+  local shop_ms = tonumber(ARGV[21] or '') or app_ms
   -- A stamp's arrival in Redis time: as long ago as the shop's clock says it was, or (20) the
   -- caller's reading of it on Redis's clock (never after now).
   local arrived_us = arrived_ms and (now_us - math.max(0, shop_ms - arrived_ms) * 1000) or now_us
-  local given_us = tonumber(ARGV[23] or '')
+  local given_us = tonumber(ARGV[22] or '')
   if arrived_ms and given_us then arrived_us = math.min(now_us, given_us) end
   -- A line made after its opening may be one Redis lost: let nobody through for `hold` ms
   -- (17) while the caller asks MySQL whether this drop had a line before (then buyers come
@@ -149,15 +149,15 @@ if op == 'join' then
   local born = 0
   if redis.call('HSETNX', M, 'born', num(now_us)) == 1 then
     born = 1
-    if app_ms >= opens_ms + 2000 then redis.call('HSET', M, 'hold', now_ms + tonumber(ARGV[20])) end
+    if app_ms >= opens_ms + 2000 then redis.call('HSET', M, 'hold', now_ms + tonumber(ARGV[19])) end
   end
   if redis.call('HGET', M, 'opened') ~= '1' then
     if app_ms < opens_ms then
       local order = redis.call('ZSCORE', P, user)
       if not order then
         if kind == 'q' and claim then order = claim
-        elseif ARGV[15] == '1' then order = arrived_us
-        else order = tonumber(ARGV[16]) end
+        elseif ARGV[14] == '1' then order = arrived_us
+        else order = tonumber(ARGV[15]) end
         redis.call('ZADD', P, 'NX', num(order), user)
       end
       touch()
@@ -176,8 +176,8 @@ if op == 'join' then
       -- told busy before (a signed stamp): the place of its first arrival. One that came in the
       -- pre-queue's window takes a place right after the pre-queue, shuffled (or in its order).
       if arrived_ms < opens_ms then
-        local offset = tonumber(ARGV[16]) % 1000
-        if ARGV[15] == '1' then offset = math.floor((arrived_ms - opens_ms + prequeue_ms) * 999 / math.max(1, prequeue_ms)) end
+        local offset = tonumber(ARGV[15]) % 1000
+        if ARGV[14] == '1' then offset = math.floor((arrived_ms - opens_ms + prequeue_ms) * 999 / math.max(1, prequeue_ms)) end
         place = opens_ms * 1000 + offset
       else
         place = arrived_us
@@ -227,7 +227,7 @@ if op == 'join' then
     end
   end
   local need_units = 0
-  if now_ms - (field('units_at') or 0) >= tonumber(ARGV[19]) then
+  if now_ms - (field('units_at') or 0) >= tonumber(ARGV[18]) then
     redis.call('HSET', M, 'units_at', now_ms)  -- this caller refreshes them; the others need not
     need_units = 1
   end
@@ -237,9 +237,9 @@ if op == 'join' then
           rate_milli(), need_units, redis.call('ZCARD', W), born}
 elseif op == 'finish' then
   -- 6 user, 7 outcome: 'done' (answered: placed or refused) or 'retry' (keeps its turn)
-  local user = ARGV[9]
+  local user = ARGV[8]
   if redis.call('HGET', S, user) ~= 's' then return 0 end  -- lapsed meanwhile, or counted already
-  if ARGV[10] == 'retry' then
+  if ARGV[9] == 'retry' then
     redis.call('HSET', S, user, 'a')
     redis.call('ZADD', T, now_ms + turn_ms, user)
   else
@@ -252,12 +252,12 @@ elseif op == 'finish' then
   return 1
 elseif op == 'units' then
   -- 6 units the line can still sell (stock + unpaid reservations), 7 the stock (MySQL, just read)
-  redis.call('HSET', M, 'units', ARGV[9], 'stock', ARGV[10], 'units_at', now_ms)
+  redis.call('HSET', M, 'units', ARGV[8], 'stock', ARGV[9], 'units_at', now_ms)
   touch()
   return 1
 elseif op == 'stock' then
   -- 6 the stock the checkout's writer left (after its COMMIT)
-  redis.call('HSET', M, 'stock', ARGV[9])
+  redis.call('HSET', M, 'stock', ARGV[8])
   advance()
   touch()
   return 1

@@ -253,12 +253,12 @@ def test_redis_offset_reads_redis_time_with_the_smallest_round_trip():
     assert abs(seconds + micros / 1e6 - (time.monotonic() + offset)) < 0.05
 
 
-def test_while_the_doors_lag_the_last_units_wait_for_the_earlier_arrivals_still_at_a_door(settings, drop):
-    """A door 400 ms behind its backlog registers A (who came 400 ms ago). B comes now; the last
-    units are held for places older than the doors' lag, so B waits instead of being let through
-    at once. Then a lagging door registers C, who came before B: once the lag has passed, C is let
-    through first and B, behind the 2 units, is told so: first come, first served."""
-    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 8, "LINE_SETTLE_UNITS": 2, "LINE_SETTLE_FROM": 0.05}
+def test_while_the_doors_lag_turns_wait_for_the_earlier_arrivals_still_at_a_door(settings, drop):
+    """A door 400 ms behind its backlog registers A (who came 400 ms ago) and lets it through. B
+    comes now: only places older than the doors' lag are let through, so B waits instead of taking
+    the last unit at once. Then a lagging door registers C, who came before B: once the lag has
+    passed, C is let through first and B, behind the 2 units, is told so: first come, first served."""
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 8, "LINE_SETTLE_FROM": 0.05}
     p = drop(stock=2)
     config = line.config_of(p)
     a, b, c = helpers.make_users(3, prefix="settle")
@@ -270,7 +270,7 @@ def test_while_the_doors_lag_the_last_units_wait_for_the_earlier_arrivals_still_
                                             arrived_ms=now_ms, arrived_us=now_us - age_us, lag_ms=lag_ms)])[0]
 
     assert join(a, age_us=400_000, lag_ms=400).state == line.ADMITTED
-    assert join(b, age_us=0).state == line.WAITING  # the last unit: B's place is younger than the lag
+    assert join(b, age_us=0).state == line.WAITING  # B's place is younger than the lag
     early = join(c, age_us=300_000, lag_ms=300)
     assert early.state == line.WAITING and early.place == 2  # before B
     time.sleep(0.45)
@@ -278,8 +278,8 @@ def test_while_the_doors_lag_the_last_units_wait_for_the_earlier_arrivals_still_
     assert join(c, age_us=0).state == line.ADMITTED
 
 
-def test_without_a_lagging_door_the_last_units_go_at_once(settings, drop):
-    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 8, "LINE_SETTLE_UNITS": 2, "LINE_SETTLE_FROM": 0.05}
+def test_without_a_lagging_door_turns_go_at_once(settings, drop):
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 8, "LINE_SETTLE_FROM": 0.05}
     p = drop(stock=2)
     config = line.config_of(p)
     a, b = helpers.make_users(2, prefix="nosettle")
