@@ -464,6 +464,7 @@ class ShopWorker(ThreadWorker):
 
         def stamped(environ, start_response):
             environ["shop.arrived"] = getattr(arrival, "at", None) or time.monotonic()
+            environ["shop.received"] = getattr(arrival, "received", None) or environ["shop.arrived"]
             return app(environ, start_response)
 
         self.wsgi = stamped
@@ -1023,11 +1024,12 @@ class ShopWorker(ThreadWorker):
         if self._observe is not None:
             self._observe(waited)
         self._arrival.at = queued_at
+        self._arrival.received = getattr(conn, "arrived_at", 0.0) or queued_at  # the kernel's receive time
         conn.request = b""  # its parser has them
         try:
             return super().handle(conn)
         finally:
-            self._arrival.at = None
+            self._arrival.at = self._arrival.received = None
 
     def _is_order_to_refuse(self, conn) -> bool:
         """An order, and not only of products known sold out (its bytes, as the main loop read them)."""

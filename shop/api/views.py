@@ -192,11 +192,11 @@ def orders(request: HttpRequest) -> JsonResponse:
         except errors.InvalidInput as exc:
             exc.details = {"Idempotency-Key": exc.details.get("idempotency_key", "invalid")}
             raise
-    arrived = arrivals.brought(request)
+    arrived, arrived_us = arrivals.arrived(request)
     try:
         placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key,
                              deadline=deadlines.of_request(request), line_ticket=request.headers.get("Line-Ticket"),
-                             arrived_ms=arrived)
+                             arrived_ms=arrived, arrived_us=arrived_us)
     except errors.InLine as waiting:
         return line_response(waiting, credential=arrivals.of_request(request))
     except errors.Busy as busy:

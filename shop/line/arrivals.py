@@ -19,6 +19,7 @@ import base64
 import hashlib
 import hmac
 import re
+import time
 from functools import cache
 
 from django.conf import settings
@@ -80,3 +81,26 @@ def brought(request) -> int | None:
     """The time of the arrival stamp a Django request brought (header, else cookie), if valid."""
     text = request.META.get("HTTP_LINE_ARRIVAL") or request.COOKIES.get(COOKIE)
     return read(text, credential=of_request(request)) if text else None
+
+
+def arrived(request) -> tuple[int | None, int | None]:
+    """When a Django request came, for a new place in a line: (the shop's clock in ms, Redis's
+    clock in µs or None). A valid stamp it brought (it was told `busy` before): that time. Else
+    when its bytes reached the machine, as the shop's worker read it (`environ["shop.received"]`,
+    the kernel's receive time as a time.monotonic()), so a buyer through the app is dated as one
+    through the line's door is. (None, None) without either: the line dates it as it joins."""
+    if (stamp := brought(request)) is not None:
+        return stamp, None
+    received = request.META.get("shop.received")
+    if received is None:
+        return None, None
+    from redis.exceptions import RedisError
+
+    from shop import line
+    from shop.plumbing import clock
+
+    at_ms = int((received + clock.now().timestamp() - time.monotonic()) * 1000)
+    try:
+        return at_ms, int((received + line.redis_offset()) * 1_000_000)
+    except RedisError:
+        return at_ms, None

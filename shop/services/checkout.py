@@ -61,6 +61,7 @@ def place_order(
     deadline: float | None = None,
     line_ticket: str | None = None,
     arrived_ms: int | None = None,
+    arrived_us: int | None = None,
 ) -> Receipt:
     """Place an order, all or nothing.
 
@@ -70,8 +71,9 @@ def place_order(
     wait, or the deadline has passed), `lock_timeout` when it waited in line until its deadline,
     `in_line` (not a failure: 202) when a product is in a drop's line and it is not this buyer's
     turn yet. `line_ticket`: the Line-Ticket the buyer was given (refused if not its own).
-    `arrived_ms`: the time of the buyer's arrival stamp (shop/line/arrivals.py, already checked):
-    a place it takes in a line dates from then.
+    `arrived_ms`: when the buyer came (its arrival stamp, already checked, or when its request
+    reached the machine: shop/line/arrivals.py `arrived`), and `arrived_us` the same on Redis's
+    clock if known: a place it takes in a line dates from then.
     """
     refuse_outer_transaction("place_order")
     if deadline is None:
@@ -136,7 +138,7 @@ def place_order(
     if not configs:
         return served(gate=True)
     turns = _take_turns(configs, user=user, lines=lines, deadline=deadline, ticket=line_ticket, fast_path=fast_path,
-                        arrived_ms=arrived_ms)
+                        arrived_ms=arrived_ms, arrived_us=arrived_us)
     if isinstance(turns, Receipt):
         return turns
     if not turns:
@@ -158,7 +160,7 @@ def place_order(
 
 def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[int, int]], deadline: float,
                 ticket: str | None, fast_path: Callable[[], Receipt | None],
-                arrived_ms: int | None = None) -> list[line.Position] | Receipt:
+                arrived_ms: int | None = None, arrived_us: int | None = None) -> list[line.Position] | Receipt:
     """This buyer's turn in the line of each lined product of its order (the turns begun), or the
     answer it gets instead: in line (InLine), sold out, a replay of its key's order."""
     mine = None
@@ -173,7 +175,7 @@ def _take_turns(configs: dict[int, line.LineConfig], *, user, lines: list[tuple[
                 continue
             try:
                 position = line.join(config=config, user_id=user.pk, start=True, until=deadline, ticket=mine,
-                                     arrived_ms=arrived_ms)
+                                     arrived_ms=arrived_ms, arrived_us=arrived_us)
             except RedisError as exc:
                 raise errors.LockUnavailable(details={"redis": "unreachable"}) from exc
             if position.state == line.STARTED:

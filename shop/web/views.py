@@ -238,6 +238,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
     elif any(r.problem for r in rows):  # the page says so above the lines (#fix-first): once
         status = 409
     else:
+        arrived_ms, arrived_us = arrivals.arrived(request)
         try:
             placed = place_order(
                 user=request.user,
@@ -246,7 +247,8 @@ def checkout(request: HttpRequest) -> HttpResponse:
                 idempotency_key=form.cleaned_data["idempotency_key"],
                 deadline=deadlines.of_request(request),
                 line_ticket=_line_ticket(request),
-                arrived_ms=arrivals.brought(request),
+                arrived_ms=arrived_ms,
+                arrived_us=arrived_us,
             )
         except errors.ShopError as exc:
             if exc.status in (202, 503):  # in line, or retryable: the same key, so a resubmit never orders twice

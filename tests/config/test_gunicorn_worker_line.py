@@ -312,14 +312,17 @@ def _worker(server: appservers.AppServer) -> int:
     return int(pid)
 
 
-def test_a_place_is_dated_when_the_request_reached_the_machine_not_when_a_worker_read_it(window_of_one):
+@pytest.mark.parametrize("door", ["door", "app"])
+def test_a_place_is_dated_when_the_request_reached_the_machine_not_when_a_worker_read_it(window_of_one, door):
     """Server A's worker is stopped (short of CPU, behind its backlog) when buyer X's order reaches
     it; buyer Y orders 0.5 s later from idle server B and is placed at once. Once A goes on, X's
-    place is before Y's: dated by the kernel's receive time, not by when A got to read it."""
+    place is before Y's: dated by the kernel's receive time, not by when A got to read it, whether
+    the line's door or the app (a web checkout's path; here the door turned off) takes it."""
     p = _drop(stock=5)
     first, x, y = helpers.make_users(3, prefix="wkernel")
     tokens = {u.pk: ApiToken.issue(user_id=u.pk, name="line") for u in (x, y)}
-    with appservers.running(2, workers=1, threads=2, env=window_of_one) as servers:
+    env = {**window_of_one, "SHOP_LINE_DOOR": "true" if door == "door" else "false"}
+    with appservers.running(2, workers=1, threads=2, env=env) as servers:
         a, b = servers[0], servers[1]
         line.join(config=line.config_of(p), user_id=first.pk, start=True, until=time.monotonic() + 120)
         time.sleep(1.0)  # the workers know the drop's line
