@@ -85,7 +85,7 @@ DEFAULTS: dict[str, Any] = {
     # While the line's doors lag behind their backlogs by LINE_SETTLE_FROM seconds or more (a
     # crowd), a line lets through only places older than that lag, so an earlier arrival a
     # lagging door has not registered yet is not overtaken by later buyers (0 or None: never).
-    "LINE_SETTLE_FROM": 0.1,
+    "LINE_SETTLE_FROM": 0.05,
     "LINE_REFRESH": 1.0,
     "LINE_UNITS_REFRESH": 1.0,
     # Payment: a new order awaits payment this long (seconds) with its stock reserved;
