@@ -846,8 +846,7 @@ class ShopWorker(ThreadWorker):
         loop (`method_queue`: the main loop owns the connections' bookkeeping)."""
         from django.db import close_old_connections
 
-        from shop import line
-        from shop.line import door
+        from shop.line import door, redis_clock
         from shop.plumbing import clock
 
         while True:  # also while the worker stops: what waits at the door is still answered
@@ -860,7 +859,7 @@ class ShopWorker(ThreadWorker):
                 # The same on Redis's clock, where the places are dated: exact however long the
                 # batch waits on its way there.
                 offset = clock.now().timestamp() - time.monotonic()
-                on_redis = line.redis_offset()
+                on_redis = redis_clock.offset()
                 verdicts = door.doors([(bytes(c.request), int((c.arrived_at + offset) * 1000),
                                         int((c.arrived_at + on_redis) * 1_000_000)) for c in batch],
                                       until=batch[0].queued_at + self.door_budget)

@@ -224,7 +224,7 @@ class Joining:
     ticket: Ticket | None = None
     counted: bool = True
     arrived_ms: int | None = None
-    # The same arrival on Redis's clock in µs (`redis_offset`), when the caller knows it exactly
+    # The same arrival on Redis's clock in µs (`redis_clock.offset`), when the caller knows it exactly
     # (the door: the kernel's receive time): the place is dated by it, however long the call
     # waits before it reaches Redis (its batch's other calls, a pipeline behind others).
     arrived_us: int | None = None
@@ -294,29 +294,6 @@ def _join(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: int,
                 int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000,
                 arrived if arrived is not None else "", now_ms,
                 j.arrived_us if arrived is not None and j.arrived_us is not None else "", on=on, lag_ms=j.lag_ms)
-
-
-# Redis's clock (where places are dated) as an offset to this process's monotonic clock: the
-# reading with the smallest round trip of the last REDIS_CLOCK_READINGS (one every
-# REDIS_CLOCK_REFRESH s), so its error is at most half that round trip (a CPU-starved process's
-# slow readings are passed over), plus the clocks' drift since (NTP: at most 500 ppm).
-REDIS_CLOCK_REFRESH, REDIS_CLOCK_READINGS = 0.5, 8
-_redis_readings: list[tuple[float, float, float]] = []  # (half round trip s, offset s, read at)
-
-
-def redis_offset() -> float:
-    """Redis's time (TIME, seconds) minus time.monotonic(), as of the best recent reading (one
-    TIME round trip every REDIS_CLOCK_REFRESH s). Raises RedisError if Redis cannot be reached."""
-    global _redis_readings
-    readings = _redis_readings
-    if not readings or time.monotonic() - readings[-1][2] >= REDIS_CLOCK_REFRESH:
-        sent = time.monotonic()
-        seconds, micros = client().time()
-        back = time.monotonic()
-        reading = ((back - sent) / 2, seconds + micros / 1e6 - (sent + back) / 2, back)
-        readings = [*readings[-(REDIS_CLOCK_READINGS - 1):], reading]
-        _redis_readings = readings  # swapped whole: other threads read it meanwhile
-    return min(readings)[1]
 
 
 def hold_seconds() -> int:

@@ -96,11 +96,11 @@ def arrived(request) -> tuple[int | None, int | None]:
         return None, None
     from redis.exceptions import RedisError
 
-    from shop import line
+    from shop.line import redis_clock
     from shop.plumbing import clock
 
     at_ms = int((received + clock.now().timestamp() - time.monotonic()) * 1000)
     try:
-        return at_ms, int((received + line.redis_offset()) * 1_000_000)
+        return at_ms, int((received + redis_clock.offset()) * 1_000_000)
     except RedisError:
         return at_ms, None

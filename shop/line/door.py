@@ -20,7 +20,7 @@ from typing import Literal
 from shop import errors, line, validation
 from shop.api import tokens
 from shop.edge import account_age, order_requests
-from shop.line import arrivals, tickets
+from shop.line import arrivals, redis_clock, tickets
 from shop.ops import metrics
 from shop.plumbing import redis_keys, soldout
 
@@ -54,7 +54,7 @@ Verdict = Answer | Literal["app", "turn"]
 
 def door(request: bytes, *, arrived_ms: int, until: float, arrived_us: int | None = None) -> Verdict:
     """What to do with an API order's bytes (come whole at `arrived_ms`, the shop's clock, and at
-    `arrived_us` on Redis's clock if known: `line.redis_offset`): the answer to send (202 in line,
+    `arrived_us` on Redis's clock if known: `redis_clock.offset`): the answer to send (202 in line,
     409 cut, 503 in the checkout), TURN (it is this buyer's turn: on to the app, which starts it),
     or APP (the app decides). Raises on I/O trouble (the caller sends it to the app)."""
     return doors([(request, arrived_ms, arrived_us)], until=until)[0]
@@ -96,7 +96,7 @@ def doors(requests: list[tuple[bytes, int, int | None]], *, until: float) -> lis
     # How late these places reach the line (the oldest arrival's age now): the line holds its last
     # units for arrivals this late (shop/line/line.lua, `advance`).
     known = [j.arrived_us for *_, j in joining if j.arrived_us is not None]
-    lag_ms = (max(0, int((time.monotonic() + line.redis_offset()) * 1000) - min(known) // 1000)
+    lag_ms = (max(0, int((time.monotonic() + redis_clock.offset()) * 1000) - min(known) // 1000)
               if known else None)
     positions = line.join_many([replace(j, lag_ms=lag_ms) for *_, j in joining]) if joining else []
     sold_out = []

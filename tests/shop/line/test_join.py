@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from shop import errors, line
-from shop.line import tickets
+from shop.line import redis_clock, tickets
 from shop.models import Product
 from shop.services import place_order
 from shop.services.lines import line_places
@@ -226,7 +226,7 @@ def test_a_late_registered_earlier_arrival_the_units_cannot_reach_is_told_alone(
 
 
 def test_an_arrival_given_on_redis_clock_is_dated_by_it_whenever_its_call_reaches_redis(settings, drop):
-    """The door dates each arrival on Redis's clock (`line.redis_offset`): places follow those
+    """The door dates each arrival on Redis's clock (`redis_clock.offset`): places follow those
     arrivals, not the order or the moment their calls ran (a batch that waited, a pipeline behind
     others), and a date after Redis's now counts as now."""
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
@@ -235,7 +235,7 @@ def test_an_arrival_given_on_redis_clock_is_dated_by_it_whenever_its_call_reache
     first, a, b, c = helpers.make_users(4, prefix="redisclock")
     line.join(config=config, user_id=first.pk, start=True, until=time.monotonic() + 30)
     time.sleep(0.1)  # the others arrive after it
-    now_us = int((time.monotonic() + line.redis_offset()) * 1_000_000)
+    now_us = int((time.monotonic() + redis_clock.offset()) * 1_000_000)
     now_ms = int(time.time() * 1000)
     joined = {}
     for user, age_us in ((a, 30_000), (b, 40_000), (c, -5_000_000)):  # b came before a; c "in the future"
@@ -243,12 +243,12 @@ def test_an_arrival_given_on_redis_clock_is_dated_by_it_whenever_its_call_reache
                                     arrived_ms=now_ms, arrived_us=now_us - age_us)
     assert joined[b.pk].score == now_us - 40_000 and joined[a.pk].score == now_us - 30_000
     assert joined[b.pk].place == 2 and line.status(config).waiting == 3
-    assert now_us < joined[c.pk].score <= int((time.monotonic() + line.redis_offset()) * 1_000_000) + 1000
+    assert now_us < joined[c.pk].score <= int((time.monotonic() + redis_clock.offset()) * 1_000_000) + 1000
     assert line_places(product=p) == [first.pk, b.pk, a.pk, c.pk]
 
 
-def test_redis_offset_reads_redis_time_with_the_smallest_round_trip():
-    offset = line.redis_offset()
+def test_redis_clock_reads_redis_time_with_the_smallest_round_trip():
+    offset = redis_clock.offset()
     seconds, micros = line.client().time()
     assert abs(seconds + micros / 1e6 - (time.monotonic() + offset)) < 0.05
 
@@ -265,7 +265,7 @@ def test_while_the_doors_lag_turns_wait_for_the_earlier_arrivals_still_at_a_door
     now_ms = int(time.time() * 1000)
 
     def join(user, *, age_us: int, lag_ms: int | None = None) -> line.Position:
-        now_us = int((time.monotonic() + line.redis_offset()) * 1_000_000)
+        now_us = int((time.monotonic() + redis_clock.offset()) * 1_000_000)
         return line.join_many([line.Joining(config=config, user_id=user.pk, start=False, until=time.monotonic() + 30,
                                             arrived_ms=now_ms, arrived_us=now_us - age_us, lag_ms=lag_ms)])[0]
 
