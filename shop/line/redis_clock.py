@@ -1,6 +1,6 @@
 """Redis's clock, where a line's places are dated, as an offset to this process's monotonic
 clock: the door (and the app, for a web checkout) dates an arrival on it itself, exactly, however
-long its call then waits on its way to Redis (docs/design.md, "The line's door").
+long its call then waits on its way to Redis (docs/design.md, "The line").
 
 The reading kept is the one with the smallest round trip of the last READINGS (one every
 REFRESH s), so its error is at most half that round trip (a CPU-starved process's slow readings
