@@ -587,8 +587,8 @@ class ShopWorker(ThreadWorker):
         try:
             if self._stamped:
                 chunk, stamp, _, _ = conn.sock.recvmsg(RECV_SIZE, _STAMP_SPACE)
-                if stamp:  # when the last of these bytes came (the kernel's clock: time.time())
-                    seconds, nanoseconds = _STAMP.unpack(stamp[0][2])
+                if stamp and len(stamp[0][2]) >= _STAMP.size:  # when these bytes came (time.time())
+                    seconds, nanoseconds = _STAMP.unpack_from(stamp[0][2])
                     conn.kernel_at = seconds + nanoseconds * 1e-9
             else:
                 chunk = conn.sock.recv(RECV_SIZE)
@@ -707,11 +707,10 @@ class ShopWorker(ThreadWorker):
         request of the token at the door now (answered with it), or to the door."""
         conn.door_key = key
         kept = self._door_kept.get(key)
-        if conn.follower and kept is not None and kept[0] > now:
-            self._answer_and_close(conn, kept[1])  # came before that answer: it is this one's too
-            self._door_counted("door:kept")
-        elif (not conn.held and (told := self._door_told.get(key, 0.0)) > now
-              and len(self._held) < self.hold_room):
+        # Held once at most, and never one that came behind another at the door: it came before
+        # that one's answer (then it gets it).
+        if (not (conn.held or conn.follower) and (told := self._door_told.get(key, 0.0)) > now
+                and len(self._held) < self.hold_room):
             conn.held = True
             heapq.heappush(self._held, (min(told, now + HOLD_MAX), next(self._held_seq), conn))
             self._door_counted("door:held")
@@ -887,7 +886,7 @@ class ShopWorker(ThreadWorker):
                 at = time.monotonic()
                 if verdict.keep > 0:
                     kept[conn.door_key] = (at + verdict.keep, answer)
-                if verdict.retry_after and verdict.status != b"409 Conflict":  # "later", not "no"
+                if verdict.retry_after:  # "later" (in line, in the checkout), not "no" (cut, sold out)
                     told[conn.door_key] = at + verdict.retry_after
                 with contextlib.suppress(OSError):  # a few hundred bytes: the socket's buffer takes them
                     conn.sock.settimeout(0.5)
