@@ -413,28 +413,30 @@ def fronts(configs: Iterable[LineConfig]) -> dict[int, Front]:
     pipe.time()
     for config in configs:
         meta, places, waiting, turns = keys(config.product_id, config.drop)[:4]
-        pipe.hmget(meta, "opened", "front", "last", "cut", "opened_s", *ring)
+        pipe.hmget(meta, "opened", "front", "last", "cut", "opened_ms", "opened_s", *ring)
         pipe.zcard(places)
         pipe.zcard(waiting)
         pipe.zcard(turns)
         pipe.zrange(waiting, 0, 0, withscores=True)
     replies = pipe.execute()
     now_s = int(replies[0][0])
+    now_ms = now_s * 1000 + int(replies[0][1]) // 1000
     found = {}
     for n, config in enumerate(configs):
         meta, places, waiting, turns, first = replies[1 + 5 * n:6 + 5 * n]
         if meta[0] not in (b"1", "1"):
             continue  # not open yet: the pre-queue is the app's
-        fields = [int(float(v)) if v is not None else None for v in meta[1:5]]
-        front, last, cut, opened_s = fields
-        slots = dict(zip(ring, [int(v) if v is not None else None for v in meta[5:]], strict=True))
-        done = sum(slots[f"r{(now_s - i) % _RING}"] or 0 for i in range(1, _SPAN + 1)
+        fields = [int(float(v)) if v is not None else None for v in meta[1:6]]
+        front, last, cut, opened_ms, opened_s = fields
+        opened_ms = opened_ms or (opened_s or now_s) * 1000  # a line opened before opened_ms was kept
+        slots = dict(zip(ring, [int(v) if v is not None else None for v in meta[6:]], strict=True))
+        done = sum(slots[f"r{(now_s - i) % _RING}"] or 0 for i in range(_SPAN + 1)
                    if slots[f"t{(now_s - i) % _RING}"] == now_s - i)
-        span = max(1, min(_SPAN, now_s - (opened_s or now_s)))
+        span_ms = max(100, now_ms - max(opened_ms, (now_s - _SPAN) * 1000))  # as line.lua's rate_milli
         found[config.product_id] = Front(
             product_id=config.product_id, drop=config.drop, serving=front or 0, let_through=places - waiting,
             in_turn=turns, waiting=waiting, first_waiting=int(first[0][1]) if first else 0, last=last or 0, cut=cut,
-            rate=int(done * 1000 / span) / 1000, window=int(shop_settings.LINE_WINDOW),
+            rate=int(done * 1_000_000 / span_ms) / 1000, window=int(shop_settings.LINE_WINDOW),
             default_rate=float(shop_settings.LINE_DEFAULT_RATE), retry_max=int(shop_settings.LINE_RETRY_MAX))
     return found
 

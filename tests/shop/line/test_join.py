@@ -287,3 +287,31 @@ def test_without_a_lagging_door_turns_go_at_once(settings, drop):
         found = line.join_many([line.Joining(config=config, user_id=user.pk, start=False,
                                              until=time.monotonic() + 30, lag_ms=10)])[0]
         assert found.state == line.ADMITTED
+
+
+def test_the_drain_rate_counts_the_time_since_the_opening_not_whole_seconds(settings, drop):
+    """The estimate a waiting buyer is told comes from the line's drain rate. A line opened late
+    in a second that then finished 20 turns in a fifth of a second drains at about 100 a second,
+    not 20 (its finished turns over a whole second): an estimate five times too long told the
+    last places of a drop to come back in 5 s, and the units waited for them (sale tails)."""
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1}
+    p = drop(stock=100)
+    config = line.config_of(p)
+    users = helpers.make_users(23, prefix="rate")
+    redis = line.client()
+    while not 0.80 <= (frac := redis.time()[1] / 1e6) <= 0.84:  # open the line late in a second
+        time.sleep(max(0.001, (0.80 - frac) % 1.0))
+    opened = time.monotonic()
+    for user in users[:20]:
+        taken = helpers.take_turn(p, user.pk)
+        line.finish([taken], outcome=line.DONE, user_id=user.pk, lines={p.pk: config})
+    seconds = redis.time()[0]
+    while redis.time()[0] == seconds:  # into the next second: the last one holds all 20
+        time.sleep(0.005)
+    helpers.take_turn(p, users[20].pk)
+    waiting = line.join(config=config, user_id=users[21].pk, start=False, until=time.monotonic() + 30)
+    elapsed = time.monotonic() - opened
+    assert waiting.state == line.WAITING
+    assert elapsed < 0.5 and waiting.rate >= 20 / 0.5, (elapsed, waiting.rate)
+    front = line.fronts([config])[p.pk]  # the worker's "not yet" answer estimates alike
+    assert front.rate >= 20 / 0.5, front.rate
