@@ -95,7 +95,7 @@ class Position:
     ahead: int = 0  # buyers before this one not answered yet
     now_serving: int = 0  # the last place let through
     serving: int = 0  # its score (what `tickets.not_yet` compares with)
-    rate: float = 0.0  # turns finished per second, last few seconds
+    rate: float = 0.0  # the drain rate its estimate divides by (`drain_rate`)
     prequeue_size: int = 0
     opens_at: datetime | None = None
     ticket: str = ""
@@ -277,7 +277,8 @@ def _joined(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: in
         metrics.line_let_through(config.product_id)
     return _ticketed(Position(state=state, product_id=config.product_id, drop=config.drop, score=int(reply[1]),
                               place=int(reply[2]), ahead=int(reply[3]), now_serving=int(reply[4]),
-                              serving=int(reply[5]), rate=int(reply[6]) / 1000, opens_at=config.opens_at),
+                              serving=int(reply[5]), rate=drain_rate(int(reply[10]), int(reply[11])),
+                              opens_at=config.opens_at),
                      PLACE, user_id)
 
 
@@ -401,6 +402,18 @@ class Front:
 
 
 _RING, _SPAN = 8, 5  # line.lua's ring of finished turns per second, and the seconds its rate spans
+RATE_PRIOR = 0.5  # seconds of LINE_DEFAULT_RATE that a line's early drain rate leans on
+
+
+def drain_rate(finished: int, span_ms: int) -> float:
+    """Turns finished a second lately, what a waiting buyer's estimate divides by. A line's first
+    few turns over a tenth of a second say little (one finished in 0.1 s is not 10 a second: that
+    told its last places to come back in 5 s, and their units waited), so the estimate starts
+    from LINE_DEFAULT_RATE, weighed as RATE_PRIOR seconds of it, and follows the line as it drains."""
+    default = float(shop_settings.LINE_DEFAULT_RATE)
+    if finished <= 0:
+        return default
+    return round((finished + default * RATE_PRIOR) / (span_ms / 1000 + RATE_PRIOR), 3)
 
 
 def fronts(configs: Iterable[LineConfig]) -> dict[int, Front]:
@@ -432,11 +445,11 @@ def fronts(configs: Iterable[LineConfig]) -> dict[int, Front]:
         slots = dict(zip(ring, [int(v) if v is not None else None for v in meta[6:]], strict=True))
         done = sum(slots[f"r{(now_s - i) % _RING}"] or 0 for i in range(_SPAN + 1)
                    if slots[f"t{(now_s - i) % _RING}"] == now_s - i)
-        span_ms = max(100, now_ms - max(opened_ms, (now_s - _SPAN) * 1000))  # as line.lua's rate_milli
+        span_ms = max(1, now_ms - max(opened_ms, (now_s - _SPAN) * 1000))  # as line.lua's finished_lately
         found[config.product_id] = Front(
             product_id=config.product_id, drop=config.drop, serving=front or 0, let_through=places - waiting,
             in_turn=turns, waiting=waiting, first_waiting=int(first[0][1]) if first else 0, last=last or 0, cut=cut,
-            rate=int(done * 1_000_000 / span_ms) / 1000, window=int(shop_settings.LINE_WINDOW),
+            rate=drain_rate(done, span_ms), window=int(shop_settings.LINE_WINDOW),
             default_rate=float(shop_settings.LINE_DEFAULT_RATE), retry_max=int(shop_settings.LINE_RETRY_MAX))
     return found
 

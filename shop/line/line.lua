@@ -40,17 +40,22 @@ local function count_finished(n)
   redis.call('HINCRBY', M, 'finished', n)
 end
 
-local function rate_milli()
-  -- Over the time since the opening (at most the last SPAN s and this one so far), not whole
-  -- seconds: a line opened late in a second that finished 20 turns in 0.2 s drains 100 a second.
+-- Turns finished since the opening (at most the last SPAN s and this one so far), and over how
+-- many ms: not whole seconds (a line opened late in a second that finished 20 turns in 0.2 s
+-- drains 100 a second). The caller weighs them with a prior (shop/line `drain_rate`).
+local function finished_lately()
   local total = 0
   for i = 0, SPAN do
     local second = now_s - i
     if field('t' .. (second % RING)) == second then total = total + (field('r' .. (second % RING)) or 0) end
   end
   local opened_ms = field('opened_ms') or (field('opened_s') or now_s) * 1000
-  local span_ms = math.max(100, now_ms - math.max(opened_ms, (now_s - SPAN) * 1000))
-  return math.floor(total * 1000000 / span_ms)
+  return total, math.max(1, now_ms - math.max(opened_ms, (now_s - SPAN) * 1000))
+end
+
+local function rate_milli()
+  local total, span_ms = finished_lately()
+  return math.floor(total * 1000000 / math.max(100, span_ms))
 end
 
 -- The doors' recent lag: the longest a door took, in the last 2 s, from a request's arrival to its
@@ -236,8 +241,9 @@ if op == 'join' then
   end
   touch()
   local front, serving_rank = serving()
+  local finished, span_ms = finished_lately()
   return {answer, num(place), redis.call('ZRANK', Q, user) + 1, ahead, serving_rank, num(front),
-          rate_milli(), need_units, redis.call('ZCARD', W), born}
+          rate_milli(), need_units, redis.call('ZCARD', W), born, finished, span_ms}
 elseif op == 'finish' then
   -- 6 user, 7 outcome: 'done' (answered: placed or refused) or 'retry' (keeps its turn)
   local user = ARGV[8]

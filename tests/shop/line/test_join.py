@@ -315,3 +315,18 @@ def test_the_drain_rate_counts_the_time_since_the_opening_not_whole_seconds(sett
     assert elapsed < 0.5 and waiting.rate >= 20 / 0.5, (elapsed, waiting.rate)
     front = line.fronts([config])[p.pk]  # the worker's "not yet" answer estimates alike
     assert front.rate >= 20 / 0.5, front.rate
+
+
+def test_a_lines_first_turn_does_not_make_the_estimate_of_the_ones_behind_long(settings, drop):
+    """One turn finished a few ms after the opening says little about how fast the line drains:
+    the estimate leans on LINE_DEFAULT_RATE until the line has shown its own."""
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 1, "LINE_DEFAULT_RATE": 50.0}
+    p = drop(stock=100)
+    config = line.config_of(p)
+    first, second, third = helpers.make_users(3, prefix="prior")
+    taken = helpers.take_turn(p, first.pk)
+    line.finish([taken], outcome=line.DONE, user_id=first.pk, lines={p.pk: config})
+    helpers.take_turn(p, second.pk)
+    waiting = line.join(config=config, user_id=third.pk, start=False, until=time.monotonic() + 30)
+    assert waiting.state == line.WAITING and waiting.rate >= 25, waiting.rate
+    assert line.fronts([config])[p.pk].rate >= 25
