@@ -64,6 +64,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import queue
 import re
 import selectors
@@ -848,6 +849,7 @@ class ShopWorker(ThreadWorker):
         from shop.line import door, redis_clock
         from shop.plumbing import clock
 
+        marks = door.Watermarks(name=f"{socket.gethostname()}:{os.getpid()}")
         while True:  # also while the worker stops: what waits at the door is still answered
             batch = [self._door_inbox.get()]  # then what else came meanwhile: one token read for all
             while len(batch) < DOOR_BATCH and not self._door_inbox.empty():
@@ -861,7 +863,7 @@ class ShopWorker(ThreadWorker):
                 on_redis = redis_clock.offset()
                 verdicts = door.doors([(bytes(c.request), int((c.arrived_at + offset) * 1000),
                                         int((c.arrived_at + on_redis) * 1_000_000)) for c in batch],
-                                      until=batch[0].queued_at + self.door_budget)
+                                      until=batch[0].queued_at + self.door_budget, marks=marks)
             except Exception:
                 self.log.warning("the line's door failed; the app answers", exc_info=True)
                 close_old_connections()
@@ -893,6 +895,8 @@ class ShopWorker(ThreadWorker):
                     conn.sock.sendall(answer)
                     conn.sock.shutdown(socket.SHUT_WR)
                 self.method_queue.defer(self._door_answered, conn)
+            if self._door_inbox.empty():
+                marks.caught_up()  # lines that its lag held back may move on
 
     def _door_answered(self, conn) -> None:
         self._close(conn)

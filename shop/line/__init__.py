@@ -52,7 +52,7 @@ from shop.plumbing import clock, redis_keys
 from shop.reads import selectors
 
 __all__ = ["Front", "Joining", "LineConfig", "Position", "Status", "Ticket", "every_line", "finish", "forget", "fronts",
-           "join", "join_many", "lined", "not_yet", "now_serving", "read_ticket", "status"]
+           "join", "join_many", "lined", "not_yet", "now_serving", "read_ticket", "report_doors", "status"]
 
 log = logging.getLogger("shop")
 
@@ -176,18 +176,19 @@ def client():
 
 def keys(product_id: int, drop: int) -> list[str]:
     """A line's keys, in line.lua's KEYS order: meta, places, waiting, turns, states, pre-queue,
-    and the product's sold-out marker."""
+    the product's sold-out marker, and the doors' watermarks."""
     base = redis_keys.line(product_id, drop)
     return [base, f"{base}:places", f"{base}:waiting", f"{base}:turns", f"{base}:states", f"{base}:prequeue",
-            redis_keys.sold_out_marker(product_id)]
+            redis_keys.sold_out_marker(product_id), f"{base}:doors"]
 
 
-def _run(config: LineConfig, op: str, *args: object, on=None, lag_ms: int | None = None) -> list | int:
+def _run(config: LineConfig, op: str, *args: object, on=None, lag_ms: int | None = None, door: str = "") -> list | int:
     """line.lua's `op` on this line; `on`: a pipeline to queue it on (its reply comes with the rest);
-    `lag_ms`: how long the caller's oldest request took from its arrival to this call (the door)."""
+    `lag_ms`: the age of the oldest arrival the caller (`door`, a process's line door) holds and has
+    not brought to the line yet (0: caught up)."""
     head = [op, TTL, int(shop_settings.LINE_WINDOW), int(float(shop_settings.LINE_TURN) * 1000),
             1 if config.paused else 0, int(float(shop_settings.LINE_SETTLE_FROM or 0) * 1000),
-            "" if lag_ms is None else lag_ms]
+            "" if lag_ms is None else f"{max(0, int(lag_ms))}/{door}"]
     return _script()(keys=keys(config.product_id, config.drop), args=[*head, *args], client=on or client())
 
 
@@ -229,6 +230,7 @@ class Joining:
     # waits before it reaches Redis (its batch's other calls, a pipeline behind others).
     arrived_us: int | None = None
     lag_ms: int | None = None  # the door's lag (`_run`)
+    door: str = ""  # the door's name (`_run`)
 
 
 def join_many(joinings: list[Joining]) -> list[Position]:
@@ -294,7 +296,17 @@ def _join(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: int,
                 secrets.randbits(52), claim.kind if claim else "", claim.score if claim else "",
                 int(float(shop_settings.LINE_UNITS_REFRESH) * 1000), hold_seconds() * 1000,
                 arrived if arrived is not None else "", now_ms,
-                j.arrived_us if arrived is not None and j.arrived_us is not None else "", on=on, lag_ms=j.lag_ms)
+                j.arrived_us if arrived is not None and j.arrived_us is not None else "", on=on, lag_ms=j.lag_ms,
+                door=j.door)
+
+
+def report_doors(configs: Iterable[LineConfig], *, lag_ms: int, door: str) -> None:
+    """Tell these lines how far behind this door is without a buyer to join (0: caught up, the
+    line may let places through that its last lag held back). One round trip."""
+    pipe = client().pipeline(transaction=False)
+    for config in configs:
+        _run(config, "door", on=pipe, lag_ms=lag_ms, door=door)
+    pipe.execute()
 
 
 def hold_seconds() -> int:

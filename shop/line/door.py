@@ -13,16 +13,20 @@ refuse as bad input gets no place (it goes to the app, which refuses it).
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from shop import errors, line, validation
 from shop.api import tokens
+from shop.conf import shop_settings
 from shop.edge import account_age, order_requests
 from shop.line import arrivals, redis_clock, tickets
 from shop.ops import metrics
 from shop.plumbing import redis_keys, soldout
+
+log = logging.getLogger("shop")
 
 APP, TURN = "app", "turn"
 # How long the worker may give the same answer again to the same token's retries (scripts send
@@ -60,9 +64,45 @@ def door(request: bytes, *, arrived_ms: int, until: float, arrived_us: int | Non
     return doors([(request, arrived_ms, arrived_us)], until=until)[0]
 
 
-def doors(requests: list[tuple[bytes, int, int | None]], *, until: float) -> list[Verdict]:
+@dataclass
+class Watermarks:
+    """What one door (a process's: `name`) told which lines of how far behind it is, so that it
+    can tell them again with its next batch, and that it caught up (shop/line/line.lua, `advance`:
+    a lagging door's watermark holds later places back until the door says more)."""
+
+    name: str = ""
+    # product -> (when it told it, the lag it told, its line)
+    told: dict[int, tuple[float, int, line.LineConfig]] = field(default_factory=dict)
+
+    def others(self, now: float, product_ids: set[int]) -> list[line.LineConfig]:
+        """The lines told within LIVE s that this batch does not join: they hear its lag too."""
+        return [config for pid, (at, _, config) in self.told.items() if pid not in product_ids and now - at <= LIVE]
+
+    def caught_up(self) -> None:
+        """The door's queue is empty: lines still holding places behind its last lag may move on
+        (one round trip, only if it lagged; never raises: the door's thread)."""
+        settle_ms = int(float(shop_settings.LINE_SETTLE_FROM or 0) * 1000)
+        now = time.monotonic()
+        lagged = [config for at, lag, config in self.told.values() if lag >= settle_ms and now - at <= LIVE]
+        self.told = {pid: told for pid, told in self.told.items() if now - told[0] <= LIVE and told[1] < settle_ms}
+        if lagged and settle_ms > 0:
+            try:
+                line.report_doors(lagged, lag_ms=0, door=self.name)
+            except Exception:
+                log.warning("the line's door could not say it caught up; its watermark lapses", exc_info=True)
+                return
+            for config in lagged:
+                self.told[config.product_id] = (now, 0, config)
+
+
+LIVE = 2.0  # seconds a line keeps a door's watermark (line.lua's DOOR_LIVE)
+
+
+def doors(requests: list[tuple[bytes, int, int | None]], *, until: float,
+          marks: Watermarks | None = None) -> list[Verdict]:
     """`door` for several requests at once, in the order given (the order they were read): one
-    read of their tokens, one round trip for their places."""
+    read of their tokens, one round trip for their places. `marks`: this door's watermarks, told
+    with the places (and to the lines it told before, which this batch does not join)."""
     orders = [_order(request) for request, *_ in requests]
     users = tokens.users_for_tokens(sorted({found[2] for found in orders if found is not None}))
     verdicts: list[Verdict] = [APP] * len(requests)
@@ -98,7 +138,16 @@ def doors(requests: list[tuple[bytes, int, int | None]], *, until: float) -> lis
     known = [j.arrived_us for *_, j in joining if j.arrived_us is not None]
     lag_ms = (max(0, int((time.monotonic() + redis_clock.offset()) * 1000) - min(known) // 1000)
               if known else None)
-    positions = line.join_many([replace(j, lag_ms=lag_ms) for *_, j in joining]) if joining else []
+    door_name = marks.name if marks is not None else ""
+    positions = line.join_many([replace(j, lag_ms=lag_ms, door=door_name) for *_, j in joining]) if joining else []
+    if marks is not None and lag_ms is not None:
+        now = time.monotonic()
+        joined = {j.config.product_id: j.config for *_, j in joining}
+        if others := marks.others(now, set(joined)):
+            line.report_doors(others, lag_ms=lag_ms, door=door_name)
+            joined.update((config.product_id, config) for config in others)
+        for pid, config in joined.items():
+            marks.told[pid] = (now, lag_ms, config)
     sold_out = []
     for (n, product_id, quantity, key, j), position in zip(joining, positions, strict=True):
         if position.state == line.SOLD_OUT:

@@ -17,7 +17,7 @@ def line_violations(product: Product) -> list[str]:
     if config is None:
         return []
     client = line.client()
-    meta, places, waiting, _, states, _, _ = line.keys(config.product_id, config.drop)
+    meta, places, waiting, _, states = line.keys(config.product_id, config.drop)[:5]
     placed = dict((user.decode(), score) for user, score in client.zrange(places, 0, -1, withscores=True))
     queued = dict((user.decode(), score) for user, score in client.zrange(waiting, 0, -1, withscores=True))
     state = {k.decode(): v.decode() for k, v in client.hgetall(states).items()}

@@ -6,14 +6,16 @@
 --       4 turns (zset user -> deadline ms: let through, not answered yet), 5 states (hash user ->
 --       a let through | s in the checkout | d answered | l lapsed; r:<user> -> 1 if its place came
 --       back from a ticket), 6 pre-queue (zset user -> order),
---       7 the product's sold-out marker
--- ARGV: 1 op (join | finish | units | release | status), 2 ttl s, 3 window, 4 turn ms, 5 paused (0/1),
---       6 settle from ms ('' or 0: never; see `advance`), 7 the caller's door lag ms ('' if none),
+--       7 the product's sold-out marker, 8 doors (hash door -> "watermark µs, at ms, lag ms": see `advance`)
+-- ARGV: 1 op (join | finish | units | release | status | door), 2 ttl s, 3 window, 4 turn ms, 5 paused (0/1),
+--       6 settle from ms ('' or 0: never; see `advance`), 7 the caller's door: "lag ms/its name" ('' if none),
 --       then the op's (numbered below from 6 as they always were: an op's argument n is ARGV[n + 2]).
-local M, Q, W, T, S, P, MARK = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local M, Q, W, T, S, P, MARK, D = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local op, ttl, window, turn_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local paused = ARGV[5] == '1'
-local settle_from_ms, lag_ms = tonumber(ARGV[6] or '') or 0, tonumber(ARGV[7] or '')
+local settle_from_ms = tonumber(ARGV[6] or '') or 0
+local lag_text, door = string.match(ARGV[7] or '', '^(%d+)/?(.*)$')
+local lag_ms = tonumber(lag_text or '')
 
 local clock = redis.call('TIME')
 local now_s = tonumber(clock[1])
@@ -25,7 +27,7 @@ local function num(x) return string.format('%.0f', x) end
 local function field(name) return tonumber(redis.call('HGET', M, name) or '') end
 
 local function touch()
-  for _, key in ipairs({M, Q, W, T, S, P}) do redis.call('EXPIRE', key, ttl) end
+  for _, key in ipairs({M, Q, W, T, S, P, D}) do redis.call('EXPIRE', key, ttl) end
 end
 
 -- Finished turns per second, in a ring of 8 one-second slots: the drain rate of the last 5 s.
@@ -58,12 +60,35 @@ local function rate_milli()
   return math.floor(total * 1000000 / math.max(100, span_ms))
 end
 
--- The doors' recent lag: the longest a door took, in the last 2 s, from a request's arrival to its
--- call here (so an arrival not registered yet is at most about this old).
-local function recent_lag_ms()
-  local lag, at = field('lag'), field('lag_at')
-  if lag and at and now_ms - at <= 2000 then return lag end
-  return 0
+-- The doors' watermarks. Each door (a process's, shop/line/door.py) says with every call how far
+-- behind it is: the age of the oldest arrival it holds and has not brought here yet (its lag), so
+-- every arrival it may still bring came after its watermark (now - lag). It keeps that watermark
+-- until it says more (a later call, or "caught up": lag 0), for at most DOOR_LIVE ms (a door that
+-- died). While any door lags by `settle_from_ms` or more (a crowd), only places older than the
+-- lowest watermark of the lagging doors are let through: the watermark does not move on with the
+-- clock while its door is busy or stopped, so a door behind its backlog cannot be overtaken.
+local DOOR_LIVE = 2000
+local function note_door()
+  if lag_ms then
+    redis.call('HSET', D, door or '', num(now_us - lag_ms * 1000) .. ' ' .. now_ms .. ' ' .. lag_ms)
+  end
+end
+
+local function settled_before_us()
+  if settle_from_ms <= 0 then return nil end
+  local low, gone = nil, {}
+  local doors = redis.call('HGETALL', D)
+  for i = 1, #doors, 2 do
+    local wm, at, lag = string.match(doors[i + 1], '^(%d+) (%d+) (%d+)$')
+    wm, at, lag = tonumber(wm), tonumber(at), tonumber(lag)
+    if not at or now_ms - at > DOOR_LIVE then
+      gone[#gone + 1] = doors[i]
+    elseif lag >= settle_from_ms and (low == nil or wm < low) then
+      low = wm
+    end
+  end
+  if #gone > 0 then redis.call('HDEL', D, unpack(gone)) end
+  return low
 end
 
 -- Turns past their deadline lapse (never came, or died in the checkout): the line moves on.
@@ -81,9 +106,9 @@ end
 
 -- Let the head of the line through while fewer than `window` turns are open, up to the cut-off,
 -- and no more buyers at once than the stock has units. Not while paused, held or sold out.
--- While the doors lag (a crowd: at least `settle_from_ms`), only places older than that lag are
--- let through: an earlier arrival still at a door behind its backlog then comes before them,
--- instead of finding its turn taken by buyers who came later but reached a quicker door.
+-- While a door lags (a crowd), only places older than the lagging doors' watermarks are let
+-- through (`settled_before_us`): an earlier arrival still at a door behind its backlog then comes
+-- before them, instead of finding its turn taken by buyers who came later to a quicker door.
 local function advance()
   if paused or (field('hold') or 0) > now_ms or redis.call('EXISTS', MARK) == 1 then return end
   local cut, units, stock = field('cut'), field('units'), field('stock')
@@ -94,9 +119,7 @@ local function advance()
     cut = nil
   end
   if busy >= window then return end
-  local settled_us = nil
-  local lag = recent_lag_ms()
-  if settle_from_ms > 0 and lag >= settle_from_ms then settled_us = now_us - lag * 1000 end
+  local settled_us = settled_before_us()
   local head = redis.call('ZRANGE', W, 0, window - busy - 1, 'WITHSCORES')
   local front = field('front') or 0
   local moved = false
@@ -153,7 +176,7 @@ if op == 'join' then
   -- (17) while the caller asks MySQL whether this drop had a line before (then buyers come
   -- back with their tickets meanwhile) or not (then it releases the hold at once).
   if redis.call('HGET', M, 'opened') ~= '1' and app_ms < opens_ms - prequeue_ms then return {'not_open'} end
-  if lag_ms and lag_ms >= recent_lag_ms() then redis.call('HSET', M, 'lag', lag_ms, 'lag_at', now_ms) end
+  note_door()
   local born = 0
   if redis.call('HSETNX', M, 'born', num(now_us)) == 1 then
     born = 1
@@ -268,6 +291,15 @@ elseif op == 'stock' then
   -- 6 the stock the checkout's writer left (after its COMMIT)
   redis.call('HSET', M, 'stock', ARGV[8])
   advance()
+  touch()
+  return 1
+elseif op == 'door' then
+  -- a door says how far behind it is without a buyer (caught up: lag 0): the line may move on
+  note_door()
+  if redis.call('HGET', M, 'opened') == '1' then
+    sweep()
+    advance()
+  end
   touch()
   return 1
 elseif op == 'release' then

@@ -253,29 +253,65 @@ def test_redis_clock_reads_redis_time_with_the_smallest_round_trip():
     assert abs(seconds + micros / 1e6 - (time.monotonic() + offset)) < 0.05
 
 
-def test_while_the_doors_lag_turns_wait_for_the_earlier_arrivals_still_at_a_door(settings, drop):
-    """A door 400 ms behind its backlog registers A (who came 400 ms ago) and lets it through. B
-    comes now: only places older than the doors' lag are let through, so B waits instead of taking
-    the last unit at once. Then a lagging door registers C, who came before B: once the lag has
-    passed, C is let through first and B, behind the 2 units, is told so: first come, first served."""
+def _door_join(config, user, *, age_us: int, lag_ms: int | None = None, door: str = "") -> line.Position:
+    """A door's join: an arrival `age_us` ago, told by `door` with its lag."""
+    now_ms = int(time.time() * 1000)
+    now_us = int((time.monotonic() + redis_clock.offset()) * 1_000_000)
+    return line.join_many([line.Joining(config=config, user_id=user.pk, start=False, until=time.monotonic() + 30,
+                                        arrived_ms=now_ms, arrived_us=now_us - age_us, lag_ms=lag_ms,
+                                        door=door)])[0]
+
+
+def test_while_a_door_lags_turns_wait_for_the_earlier_arrivals_still_at_it(settings, drop):
+    """Door 1, 400 ms behind its backlog, registers A (who came 400 ms ago) and lets it through.
+    B comes now, to a quick door 2: only places older than door 1's watermark are let through, so
+    B waits instead of taking the last unit at once. Then door 1 registers C, who came before B,
+    and says it caught up: C is let through first and B, behind the 2 units, is told so: first
+    come, first served."""
     settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 8, "LINE_SETTLE_FROM": 0.05}
     p = drop(stock=2)
     config = line.config_of(p)
     a, b, c = helpers.make_users(3, prefix="settle")
-    now_ms = int(time.time() * 1000)
+    assert _door_join(config, a, age_us=400_000, lag_ms=400, door="d1").state == line.ADMITTED
+    assert _door_join(config, b, age_us=0, lag_ms=0, door="d2").state == line.WAITING  # younger than d1's mark
+    early = _door_join(config, c, age_us=300_000, lag_ms=300, door="d1")
+    assert early.state == line.WAITING and early.place == 2  # before B, and still behind d1's mark
+    line.report_doors([config], lag_ms=0, door="d1")  # d1's queue is empty
+    assert _door_join(config, b, age_us=0).state == line.CUT  # C was let through first: no unit can reach B
+    assert _door_join(config, c, age_us=0).state == line.ADMITTED
 
-    def join(user, *, age_us: int, lag_ms: int | None = None) -> line.Position:
-        now_us = int((time.monotonic() + redis_clock.offset()) * 1_000_000)
-        return line.join_many([line.Joining(config=config, user_id=user.pk, start=False, until=time.monotonic() + 30,
-                                            arrived_ms=now_ms, arrived_us=now_us - age_us, lag_ms=lag_ms)])[0]
 
-    assert join(a, age_us=400_000, lag_ms=400).state == line.ADMITTED
-    assert join(b, age_us=0).state == line.WAITING  # B's place is younger than the lag
-    early = join(c, age_us=300_000, lag_ms=300)
-    assert early.state == line.WAITING and early.place == 2  # before B
-    time.sleep(0.45)
-    assert join(b, age_us=0).state == line.CUT  # C was let through first: no unit can reach B
-    assert join(c, age_us=0).state == line.ADMITTED
+def test_a_lagging_doors_watermark_stands_until_it_says_more_not_as_the_clock_moves(settings, drop):
+    """A door that said it was 300 ms behind and then went quiet (stopped, starved of CPU) may
+    still hold arrivals from before its watermark: later places wait for it, however long, until
+    it says more or its watermark lapses (DOOR_LIVE, 2 s: a door that died)."""
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 8, "LINE_SETTLE_FROM": 0.05}
+    p = drop(stock=5)
+    config = line.config_of(p)
+    a, b = helpers.make_users(2, prefix="quietdoor")
+    assert _door_join(config, a, age_us=400_000, lag_ms=300, door="stopped").state == line.ADMITTED
+    time.sleep(0.5)  # B came 350 ms ago: after the mark, though 300 ms is long past
+    assert _door_join(config, b, age_us=350_000, lag_ms=0, door="quick").state == line.WAITING
+    time.sleep(1.8)  # the quiet door's mark lapses
+    assert _door_join(config, b, age_us=0, lag_ms=0, door="quick").state == line.ADMITTED
+
+
+def test_a_door_that_caught_up_holds_nothing_back(settings, drop):
+    """The worker's door says it caught up when its queue empties (`door.Watermarks.caught_up`):
+    its lag then holds nothing back."""
+    from shop.line import door
+
+    settings.SHOP = {**settings.SHOP, "LINE_WINDOW": 8, "LINE_SETTLE_FROM": 0.05}
+    p = drop(stock=5)
+    config = line.config_of(p)
+    a, b = helpers.make_users(2, prefix="caughtup")
+    marks = door.Watermarks(name="w1")
+    assert _door_join(config, a, age_us=400_000, lag_ms=300, door="w1").state == line.ADMITTED
+    marks.told[p.pk] = (time.monotonic(), 300, config)
+    assert _door_join(config, b, age_us=0, lag_ms=0, door="w2").state == line.WAITING
+    marks.caught_up()
+    assert _door_join(config, b, age_us=0, lag_ms=0, door="w2").state == line.ADMITTED
+    assert marks.told[p.pk][1] == 0
 
 
 def test_without_a_lagging_door_turns_go_at_once(settings, drop):
