@@ -101,6 +101,13 @@ DOOR_KEPT_MAX = 100_000  # answers the door keeps for retries (by token), at mos
 # Retrying sooner than told then buys nothing and costs the server nothing (docs/design.md).
 HOLD_MAX = 5.0
 HOLD_CHECK = 0.1
+# An order whose turn waits only for a lagging door's watermark (its place is near the front, but
+# an earlier arrival may still be at a door behind its backlog: shop/line/line.lua `advance`) is
+# held without a thread and brought to the door again every SOON_AGAIN s, for at most SOON_MAX s
+# from its first time there, instead of being told to come back in a second: a drop's first buyers
+# then buy in one request as soon as the doors catch up.
+SOON_AGAIN = 0.15
+SOON_MAX = 2.0
 # gthread tells the arbiter it is alive (a utime of a file) and asks whether its parent is (a
 # getppid) on every turn of its main loop, about twice a request under a crowd: here at most this
 # often (the arbiter's timeout is seconds).
@@ -368,6 +375,7 @@ class _Conn(TConn):
         self.polled = False
         self.drained = 0  # bytes read while lingering after the answer
         self.held = self.follower = False  # held once until its token's told time; came behind one at the door
+        self.door_first = 0.0  # when it first reached the door (monotonic; 0: never)
         self.door_key = b""
 
     def close(self, graceful: bool = False) -> None:
@@ -722,6 +730,7 @@ class ShopWorker(ThreadWorker):
             conn.follower = True
             pending[1].append(conn)
         elif self._door_inbox.qsize() < self.door_room:
+            conn.door_first = conn.door_first or now
             self._door_pending[key] = (now + self.door_budget + 1.0, [])
             self._door_inbox.put(conn)  # the door's thread answers it, or hands it back (`_after_door`)
         else:
@@ -884,8 +893,11 @@ class ShopWorker(ThreadWorker):
                     self._door_counted("door:turn" if verdict == door.TURN else "door:app")
                     self.method_queue.defer(self._after_door, conn, verdict == door.TURN)
                     continue
-                self._door_counted("door:answered")
                 at = time.monotonic()
+                if verdict.soon and at < conn.door_first + SOON_MAX:
+                    self.method_queue.defer(self._hold_for_turn, conn, answer)
+                    continue
+                self._door_counted("door:answered")
                 if verdict.keep > 0:
                     kept[conn.door_key] = (at + verdict.keep, answer)
                 if verdict.retry_after:  # "later" (in line, in the checkout), not "no" (cut, sold out)
@@ -897,6 +909,18 @@ class ShopWorker(ThreadWorker):
                 self.method_queue.defer(self._door_answered, conn)
             if self._door_inbox.empty():
                 marks.caught_up()  # lines that its lag held back may move on
+
+    def _hold_for_turn(self, conn, answer: bytes) -> None:
+        """Its turn waits only for a lagging door: held a moment, then to the door again (its place
+        stands); the door's answer now if the worker holds too many already."""
+        self._door_done(conn.door_key)
+        if len(self._held) < self.hold_room:
+            conn.held = True
+            heapq.heappush(self._held, (time.monotonic() + SOON_AGAIN, next(self._held_seq), conn))
+            self._door_counted("door:soon")
+        else:
+            self._answer_and_close(conn, answer)
+            self._door_counted("door:answered")
 
     def _door_answered(self, conn) -> None:
         self._close(conn)

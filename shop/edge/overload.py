@@ -32,6 +32,7 @@ ROWS = (
     ("door:answered", "The line's door answered an order itself (in line, cut, sold out)"),
     ("door:kept", "The line's door's answer given again to the same token's retry"),
     ("door:held", "A token's retry sooner than the door told it, held until then"),
+    ("door:soon", "An order whose turn waited only for a lagging door, held a moment and asked again"),
     ("door:turn", "The line's door let a buyer through to its turn"),
     ("door:app", "The line's door left an order to the app"),
     ("deadline:arrival", "Deadline passed before the order started"),

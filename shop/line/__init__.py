@@ -96,6 +96,7 @@ class Position:
     now_serving: int = 0  # the last place let through
     serving: int = 0  # its score (what `tickets.not_yet` compares with)
     rate: float = 0.0  # the drain rate its estimate divides by (`drain_rate`)
+    soon: bool = False  # waiting only for a lagging door's watermark (line.lua `advance`): ask again shortly
     prequeue_size: int = 0
     opens_at: datetime | None = None
     ticket: str = ""
@@ -280,7 +281,7 @@ def _joined(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: in
     return _ticketed(Position(state=state, product_id=config.product_id, drop=config.drop, score=int(reply[1]),
                               place=int(reply[2]), ahead=int(reply[3]), now_serving=int(reply[4]),
                               serving=int(reply[5]), rate=drain_rate(int(reply[10]), int(reply[11])),
-                              opens_at=config.opens_at),
+                              soon=state == WAITING and bool(int(reply[12])), opens_at=config.opens_at),
                      PLACE, user_id)
 
 

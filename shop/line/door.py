@@ -46,6 +46,9 @@ class Answer:
     keep: float
     retry_after: int | None = None
     ticket: str = ""
+    # Waiting only for a lagging door's watermark: the worker may hold the request and bring it
+    # to the door again shortly (its turn is near), instead of sending this answer.
+    soon: bool = False
 
     def headers(self) -> bytes:
         """Its header lines besides the worker's own."""
@@ -171,7 +174,7 @@ def _verdict(position: line.Position, *, product_id: int, quantity: int, credent
         metrics.line_answered(position.state)
         ticket = tickets.bound(position.ticket, credential=credential)
         return Answer(b"202 Accepted", {"line": {**position.details(), "ticket": ticket}}, KEEP_WAITING,
-                      retry_after=position.retry_after, ticket=ticket)
+                      retry_after=position.retry_after, ticket=ticket, soon=position.soon)
     if position.state == line.CUT:
         # The units left cannot reach this place, and it never had a turn (a buyer who had one is
         # `admitted` again, whatever the cut): no order of it to replay. The app's answer.

@@ -109,6 +109,8 @@ end
 -- While a door lags (a crowd), only places older than the lagging doors' watermarks are let
 -- through (`settled_before_us`): an earlier arrival still at a door behind its backlog then comes
 -- before them, instead of finding its turn taken by buyers who came later to a quicker door.
+local held_by_door = nil  -- the watermark `advance` held places back by, this call
+
 local function advance()
   if paused or (field('hold') or 0) > now_ms or redis.call('EXISTS', MARK) == 1 then return end
   local cut, units, stock = field('cut'), field('units'), field('stock')
@@ -120,6 +122,7 @@ local function advance()
   end
   if busy >= window then return end
   local settled_us = settled_before_us()
+  held_by_door = settled_us
   local head = redis.call('ZRANGE', W, 0, window - busy - 1, 'WITHSCORES')
   local front = field('front') or 0
   local moved = false
@@ -229,7 +232,7 @@ if op == 'join' then
     redis.call('ZADD', W, 'XX', num(place), user)
   end
   advance()
-  local state, answer, ahead = redis.call('HGET', S, user), 'waiting', 0
+  local state, answer, ahead, soon = redis.call('HGET', S, user), 'waiting', 0, 0
   local busy = redis.call('ZCARD', T)
   if redis.call('EXISTS', MARK) == 1 then
     answer = 'sold_out'
@@ -245,7 +248,9 @@ if op == 'join' then
     answer = 'in_checkout'
   else
     ahead = busy + redis.call('ZRANK', W, user)
-    local cut, units = field('cut'), field('units')
+    local cut, units, stock = field('cut'), field('units'), field('stock')
+    -- its turn would have come but for a door's watermark: the door may ask again in a moment
+    soon = (held_by_door and place > held_by_door and ahead < window and (stock == nil or ahead < stock)) and 1 or 0
     if cut and place >= cut then
       answer = 'cut'
     elseif units and ahead >= units then
@@ -266,7 +271,7 @@ if op == 'join' then
   local front, serving_rank = serving()
   local finished, span_ms = finished_lately()
   return {answer, num(place), redis.call('ZRANK', Q, user) + 1, ahead, serving_rank, num(front),
-          rate_milli(), need_units, redis.call('ZCARD', W), born, finished, span_ms}
+          rate_milli(), need_units, redis.call('ZCARD', W), born, finished, span_ms, soon}
 elseif op == 'finish' then
   -- 6 user, 7 outcome: 'done' (answered: placed or refused) or 'retry' (keeps its turn)
   local user = ARGV[8]

@@ -307,6 +307,35 @@ def test_a_tokens_retries_sooner_than_told_are_held_until_then_and_freed_when_it
         assert time.monotonic() - marked <= 1.5 < told - (marked - asked)  # freed (the spec: 1 s), not at its time
 
 
+def test_an_order_whose_turn_waits_only_for_a_lagging_door_is_held_and_placed_once_it_caught_up():
+    """Another process's door says it is 400 ms behind its backlog: an order that comes now must
+    not take its turn before an earlier arrival that door may still bring. Its worker holds it
+    (no thread, no answer) and brings it to the door again every few tenths of a second, so once
+    that door has caught up the buyer is placed in the same request, not told to come back in 1 s."""
+    p = _drop(stock=5)
+    (buyer,) = helpers.make_users(1, prefix="wsoon")
+    token = ApiToken.issue(user_id=buyer.pk, name="line")
+    config = line.config_of(p)
+    with appservers.running(1, workers=1, threads=4) as servers:
+        time.sleep(1.0)  # the worker knows the drop's line
+        before = overload.totals(60)
+        line.report_doors([config], lag_ms=400, door="slow")  # its watermark stands until it says more
+        answered: dict[str, tuple] = {}
+        sent = time.monotonic()
+        ordering = threading.Thread(target=lambda: answered.update(
+            answer=(*_order(servers[0].port, token, p.pk, **{"Idempotency-Key": "soon-1"}), time.monotonic())))
+        ordering.start()
+        time.sleep(0.5)
+        assert "answer" not in answered  # held, not told to come back
+        line.report_doors([config], lag_ms=0, door="slow")  # caught up
+        ordering.join(20)
+        status, _, body, at = answered["answer"]
+        assert status == 201, body
+        assert sent + 0.5 <= at <= sent + 1.5
+        time.sleep(1.5)  # the worker's counts reach Redis once a second
+        assert overload.totals(60)["door:soon"] - before.get("door:soon", 0) >= 2
+
+
 def _worker(server: appservers.AppServer) -> int:
     (pid,) = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
     return int(pid)
