@@ -274,7 +274,7 @@ def test_while_a_door_lags_turns_wait_for_the_earlier_arrivals_still_at_it(setti
     a, b, c = helpers.make_users(3, prefix="settle")
     assert _door_join(config, a, age_us=400_000, lag_ms=400, door="d1").state == line.ADMITTED
     assert _door_join(config, b, age_us=0, lag_ms=0, door="d2").state == line.WAITING  # younger than d1's mark
-    early = _door_join(config, c, age_us=300_000, lag_ms=300, door="d1")
+    early = _door_join(config, c, age_us=300_000, lag_ms=350, door="d1")  # d1 still holds one from 350 ms ago
     assert early.state == line.WAITING and early.place == 2  # before B, and still behind d1's mark
     line.report_doors([config], lag_ms=0, door="d1")  # d1's queue is empty
     assert _door_join(config, b, age_us=0).state == line.CUT  # C was let through first: no unit can reach B
