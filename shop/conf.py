@@ -68,7 +68,7 @@ DEFAULTS: dict[str, Any] = {
     # Retry-After it was given, LINE_RETRY_MAX, plus a few seconds); one who never comes
     # (or whose server died mid-checkout) lapses and the line moves on. Waiting buyers are told
     # to come back after their estimated wait, at most LINE_RETRY_MAX seconds (and at least 1);
-    # LINE_DEFAULT_RATE (buyers a second) estimates it before the line has finished anyone.
+    # LINE_DEFAULT_RATE (buyers a second) estimates it until the line has drained a while.
     # Each process reads which products have a line at most every LINE_REFRESH seconds (one
     # query); the units a line can still sell (stock plus unpaid reservations) at most every
     # LINE_UNITS_REFRESH seconds (one query per line, by one process).
@@ -82,9 +82,10 @@ DEFAULTS: dict[str, Any] = {
     "LINE_TURN": 8.0,
     "LINE_RETRY_MAX": 5,
     "LINE_DEFAULT_RATE": 50.0,
-    # While the line's doors lag behind their backlogs by LINE_SETTLE_FROM seconds or more (a
-    # crowd), a line lets through only places older than that lag, so an earlier arrival a
-    # lagging door has not registered yet is not overtaken by later buyers (0 or None: never).
+    # While a line's door lags behind its backlog by LINE_SETTLE_FROM seconds or more (a crowd),
+    # the line lets through only places older than that door's watermark (shop/line/line.lua,
+    # `advance`), so an earlier arrival it has not registered yet is not overtaken by later
+    # buyers (0 or None: never).
     "LINE_SETTLE_FROM": 0.05,
     "LINE_REFRESH": 1.0,
     "LINE_UNITS_REFRESH": 1.0,

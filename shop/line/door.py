@@ -136,8 +136,8 @@ def doors(requests: list[tuple[bytes, int, int | None]], *, until: float,
             arrived_ms=min(arrived_ms, stamped) if stamped is not None else arrived_ms,
             arrived_us=arrived_us if stamped is None or stamped >= arrived_ms else None)))
     account_age.signal_young_buyers(young)
-    # How late these places reach the line (the oldest arrival's age now): while doors lag, the
-    # line lets through only places older than that (shop/line/line.lua, `advance`).
+    # How late these places reach the line (the oldest arrival's age now): this door's watermark,
+    # which holds later places back while it lags (shop/line/line.lua, `advance`).
     known = [j.arrived_us for *_, j in joining if j.arrived_us is not None]
     lag_ms = (max(0, int((time.monotonic() + redis_clock.offset()) * 1000) - min(known) // 1000)
               if known else None)
