@@ -685,7 +685,8 @@ class ShopWorker(ThreadWorker):
         are full and it is an order, unless it orders only products known to be sold out (the app
         answers those at once); otherwise queued for a thread, whose parser gets its bytes back
         (gunicorn's Unreader reads what was unread first, then the socket)."""
-        now = conn.queued_at = time.monotonic()
+        now = time.monotonic()
+        conn.queued_at = conn.door_first or now  # held before its turn (`_hold_for_turn`): its first deadline
         conn.arrived_at = now
         if conn.kernel_at:
             conn.arrived_at -= min(max(time.time() - conn.kernel_at, 0.0), STAMP_MAX_AGE)
@@ -774,6 +775,7 @@ class ShopWorker(ThreadWorker):
         super().wait_for_and_dispatch_events(timeout)
 
     def _give_thread(self, conn) -> None:
+        conn.door_first = 0.0  # done with the door: a next request on this connection starts afresh
         if conn.parser is None:  # TConn.init() keeps a parser it finds
             conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
         conn.parser.unreader.unread(conn.request)
