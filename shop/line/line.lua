@@ -271,7 +271,8 @@ if op == 'join' then
   local front, serving_rank = serving()
   local finished, span_ms = finished_lately()
   return {answer, num(place), redis.call('ZRANK', Q, user) + 1, ahead, serving_rank, num(front),
-          rate_milli(), need_units, redis.call('ZCARD', W), born, finished, span_ms, soon}
+          math.floor(finished * 1000000 / math.max(100, span_ms)), need_units, redis.call('ZCARD', W), born,
+          finished, span_ms, soon}
 elseif op == 'finish' then
   -- 6 user, 7 outcome: 'done' (answered: placed or refused) or 'retry' (keeps its turn)
   local user = ARGV[8]
