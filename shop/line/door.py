@@ -147,8 +147,11 @@ def doors(requests: list[tuple[bytes, int, int | None]], *, until: float,
         now = time.monotonic()
         joined = {j.config.product_id: j.config for *_, j in joining}
         if others := marks.others(now, set(joined)):
-            line.report_doors(others, lag_ms=lag_ms, door=door_name)
-            joined.update((config.product_id, config) for config in others)
+            try:  # the places are taken: a lost report only lets its watermark stand a little longer
+                line.report_doors(others, lag_ms=lag_ms, door=door_name)
+                joined.update((config.product_id, config) for config in others)
+            except Exception:
+                log.warning("the line's door could not tell its other lines its lag", exc_info=True)
         for pid, config in joined.items():
             marks.told[pid] = (now, lag_ms, config)
     sold_out = []
