@@ -280,8 +280,8 @@ def _joined(j: Joining, *, claim: Ticket | None, arrived: int | None, now_ms: in
         metrics.line_let_through(config.product_id)
     return _ticketed(Position(state=state, product_id=config.product_id, drop=config.drop, score=int(reply[1]),
                               place=int(reply[2]), ahead=int(reply[3]), now_serving=int(reply[4]),
-                              serving=int(reply[5]), rate=drain_rate(int(reply[10]), int(reply[11])),
-                              soon=state == WAITING and bool(int(reply[12])), opens_at=config.opens_at),
+                              serving=int(reply[5]), rate=drain_rate(int(reply[6]), int(reply[10])),
+                              soon=state == WAITING and bool(int(reply[11])), opens_at=config.opens_at),
                      PLACE, user_id)
 
 

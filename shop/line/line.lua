@@ -55,8 +55,7 @@ local function finished_lately()
   return total, math.max(1, now_ms - math.max(opened_ms, (now_s - SPAN) * 1000))
 end
 
-local function rate_milli()
-  local total, span_ms = finished_lately()
+local function rate_milli(total, span_ms)  -- the operators' view: turns a second, as finished
   return math.floor(total * 1000000 / math.max(100, span_ms))
 end
 
@@ -270,9 +269,10 @@ if op == 'join' then
   touch()
   local front, serving_rank = serving()
   local finished, span_ms = finished_lately()
+  -- answer, place, its rank, ahead, serving's rank, front, turns finished lately (over span_ms:
+  -- `drain_rate`), units due, waiting, born, span_ms, soon
   return {answer, num(place), redis.call('ZRANK', Q, user) + 1, ahead, serving_rank, num(front),
-          math.floor(finished * 1000000 / math.max(100, span_ms)), need_units, redis.call('ZCARD', W), born,
-          finished, span_ms, soon}
+          finished, need_units, redis.call('ZCARD', W), born, span_ms, soon}
 elseif op == 'finish' then
   -- 6 user, 7 outcome: 'done' (answered: placed or refused) or 'retry' (keeps its turn)
   local user = ARGV[8]
@@ -316,7 +316,7 @@ elseif op == 'status' then
   local back = redis.call('ZRANGE', W, -1, -1, 'WITHSCORES')
   return {redis.call('ZCARD', Q), redis.call('ZCARD', W), redis.call('ZCARD', T), redis.call('ZCARD', P),
           num(front), serving_rank, num(field('cut') or -1), field('finished') or 0, field('lapsed') or 0,
-          rate_milli(), num(field('units') or -1), redis.call('HGET', M, 'opened') or '0',
+          rate_milli(finished_lately()), num(field('units') or -1), redis.call('HGET', M, 'opened') or '0',
           redis.call('EXISTS', MARK), redis.call('HGET', M, 'prequeued') or '0'}
 end
 return redis.error_reply('unknown op ' .. tostring(op))
