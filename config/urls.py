@@ -12,6 +12,7 @@ register_converter(CouponCodeConverter, "couponcode")
 api_patterns = [
     path("api/products/", api.products, name="api_products"),
     path("api/products/<int:product_id>/", api.product, name="api_product"),
+    path("api/ping/", api.ping, name="api_ping"),
     path("api/orders/", api.orders, name="api_orders"),
     path("api/orders/<int:order_id>/", api.order, name="api_order"),
     path("api/orders/<int:order_id>/pay/", api.pay, name="api_order_pay"),

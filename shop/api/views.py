@@ -175,6 +175,15 @@ def product(request: HttpRequest, product_id: int) -> JsonResponse:
     return JsonResponse(product_json(selectors.product_detail(id=product_id)))
 
 
+@api_view(("GET",))
+def ping(request: HttpRequest) -> JsonResponse:
+    """`{"ok": true}` to a signed-in caller, and nothing else: the request path's floor (the
+    middleware, the token or session check, a JSON answer) without any work of its own, no SQL or
+    Redis beyond what authentication does. `loadtest --compare-http` measures the checkout over
+    HTTP against it; unauthenticated it is answered as every signed-in route is (401)."""
+    return JsonResponse({"ok": True})
+
+
 @api_view(("GET", "POST"))
 def orders(request: HttpRequest) -> JsonResponse:
     if request.method in ("GET", "HEAD"):
