@@ -31,6 +31,11 @@ from django.db import connection
 
 from loadtest.servers.base import ServerProcess
 
+# The shipped server's workers and threads: the image's defaults (Dockerfile: `--workers
+# ${WEB_WORKERS:-4} --threads ${WEB_THREADS:-16}`; gunicorn.conf.py's threads default too).
+SHIPPED_WORKERS = 4
+SHIPPED_THREADS = 16
+
 
 def database_url() -> str:
     """This process's database as a DATABASE_URL (inside a test: the test database)."""
@@ -186,6 +191,11 @@ class AppServers:
     @property
     def urls(self) -> list[str]:
         return [s.url for s in self.servers]
+
+    @property
+    def groups(self) -> list[int]:
+        """The running servers' process groups (each master's pid: it leads its workers' group)."""
+        return [s.proc.pid for s in self.servers if s.proc is not None]
 
     def __getitem__(self, index: int) -> AppServer:
         return self.servers[index]

@@ -3,8 +3,10 @@
 A 2-core machine runs the buyers, MySQL and Redis on the same CPUs, so a strategy's orders/s is
 bounded by the CPU one order costs across all of them. Clients measure their own process time
 (every thread); the servers are read from /proc when they run on this machine (a remote server,
-or one whose /proc we may not read, is left out and reported as unknown). `--cpu-profile DIR`
-adds each worker's cProfile on the CPU clock, merged by the parent.
+or one whose /proc we may not read, is left out and reported as unknown). App servers this
+process started (loadtest/appservers.py) are read by their process group: the gunicorn master,
+its workers, and the workers that already exited (in the master's reaped children's time).
+`--cpu-profile DIR` adds each worker's cProfile on the CPU clock, merged by the parent.
 """
 
 from __future__ import annotations
@@ -36,6 +38,32 @@ def _proc_cpu_ms(pid: int) -> float | None:
     except (OSError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) * 1000 / TICKS  # utime, stime (all threads)
+
+
+def group_cpu_ms(groups: list[int]) -> float | None:
+    """CPU ms used so far by the process groups `groups` (each led by a gunicorn master started in
+    a session of its own), every thread: each live member's own time, and the leader's reaped
+    children's (a worker that exited and was waited for); None if no leader can be read."""
+    wanted, total, leaders = set(groups), 0.0, 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) not in wanted:  # pgrp
+            continue
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime
+        if int(entry) in wanted:
+            ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: its exited workers
+            leaders += 1
+        total += ticks * 1000 / TICKS
+    return total if leaders else None
 
 
 def _pids(names: tuple[str, ...], *, port: int | None = None) -> list[int]:
@@ -70,9 +98,12 @@ def _redis_port() -> int | None:
     return int(kwargs.get("port", 6379)) if host in LOCAL_HOSTS else None
 
 
-def server_cpu_ms() -> dict[str, float]:
-    """CPU ms used so far by the local MySQL server and the lock service's Redis (absent if not local)."""
+def server_cpu_ms(app_groups: list[int] | None = None) -> dict[str, float]:
+    """CPU ms used so far by the local MySQL server and the lock service's Redis (absent if not
+    local), and by the app servers of `app_groups` (process groups, `group_cpu_ms`)."""
     out: dict[str, float] = {}
+    if app_groups and (app := group_cpu_ms(app_groups)) is not None:
+        out["cpu_app_ms"] = app
     if str(connection.settings_dict.get("HOST") or "") in LOCAL_HOSTS:
         times = [t for pid in _pids(SERVER_NAMES["mysqld"]) if (t := _proc_cpu_ms(pid)) is not None]
         if times:
@@ -86,11 +117,12 @@ def server_cpu_ms() -> dict[str, float]:
 
 
 def per_order(*, client_cpu_s: float, server: dict[str, float], placed: int) -> dict[str, float]:
-    """CPU ms per placed order: clients, and each server that could be read."""
+    """CPU ms per placed order (or per any count given as `placed`): clients, and each server
+    that could be read (app servers, mysqld, redis)."""
     if not placed:
         return {}
     out = {"clients": client_cpu_s * 1000 / placed}
-    for key, name in (("cpu_mysqld_ms", "mysqld"), ("cpu_redis_ms", "redis")):
+    for key, name in (("cpu_app_ms", "app"), ("cpu_mysqld_ms", "mysqld"), ("cpu_redis_ms", "redis")):
         if key in server:
             out[name] = server[key] / placed
     out["total"] = sum(out.values())
@@ -98,7 +130,7 @@ def per_order(*, client_cpu_s: float, server: dict[str, float], placed: int) -> 
 
 
 def describe(cost: dict[str, float]) -> str:
-    parts = [f"{name} {cost[name]:.2f}" for name in ("clients", "mysqld", "redis") if name in cost]
+    parts = [f"{name} {cost[name]:.2f}" for name in ("clients", "app", "mysqld", "redis") if name in cost]
     missing = [name for name in ("mysqld", "redis") if name not in cost]
     text = "CPU per placed order (ms): " + ", ".join(parts) + f"; total {cost['total']:.2f}"
     return text + (f" ({' and '.join(missing)} not local: not counted)" if missing else "")

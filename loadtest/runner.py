@@ -71,6 +71,7 @@ class Plan:
     lines_per_order: int = 1
     lock_names: list[str] = field(default_factory=list)  # the service's lock names, for its stats
     cpu_profile: str | None = None  # a directory: each worker writes its cProfile (CPU clock) there
+    app_groups: list[int] = field(default_factory=list)  # app servers' process groups, for their CPU
     users_in_order: bool = False  # request k is made by user k mod users (each user in turn), not at random
     seed: int = 0
 
@@ -124,9 +125,10 @@ class _WorkerResult:
 MYSQL_STATUS = ("Questions", "Com_select", "Com_update", "Com_insert")
 
 
-def server_counters(lock_names: list[str]) -> dict[str, float]:
+def server_counters(lock_names: list[str], app_groups: list[int] | None = None) -> dict[str, float]:
     """MySQL global status (server-wide: includes other clients), the service's lock counters,
-    and the CPU the local mysqld and Redis used so far (loadtest/cpu.py).
+    and the CPU the local mysqld and Redis (and the app servers of `app_groups`) used so far
+    (loadtest/cpu.py).
 
     Lock acquisitions are the names' counts among their families' busiest names (exact while a
     run locks at most LOCKS["STATS_TOP_N"] names of a family); workers flush their lock stats
@@ -136,7 +138,7 @@ def server_counters(lock_names: list[str]) -> dict[str, float]:
         cursor.execute("SHOW GLOBAL STATUS WHERE Variable_name IN (%s, %s, %s, %s)", list(MYSQL_STATUS))
         out = {f"mysql_{name.lower()}": int(value) for name, value in cursor.fetchall()}
     out["lock_acquired"] = sum(lock_inspect.acquisitions(lock_names).values())
-    return {**out, **cpu.server_cpu_ms()}
+    return {**out, **cpu.server_cpu_ms(app_groups)}
 
 
 # --- the worker -----------------------------------------------------------------------------
@@ -292,7 +294,7 @@ def run(plan: Plan, progress: Callable[[Progress], None] | None = None, interval
     phase_runs: list[tuple[Phase, dict[str, float], dict[str, float]]] = []
     try:
         for number, phase in enumerate(plan.phases):
-            before = server_counters(plan.lock_names)
+            before = server_counters(plan.lock_names, plan.app_groups)
             workers.issued.value = 0
             base = list(workers.counts)
             workers.release_together()
@@ -311,12 +313,14 @@ def run(plan: Plan, progress: Callable[[Progress], None] | None = None, interval
                     progress(Progress(phase=phase, elapsed=now - started, counts=totals))
             if progress is not None:
                 progress(Progress(phase=phase, elapsed=time.monotonic() - started, counts=workers.totals(base)))
+            # The servers' CPU as the phase ends, not also their idle time in the wait below.
+            ended = cpu.server_cpu_ms(plan.app_groups)
             if plan.strategy == "http":
                 # The server's processes flush their lock counters every STATS_FLUSH_INTERVAL from
                 # a thread; read the phase's counters once its last acquisitions have landed, or
                 # they count in the next phase (a sell-out's last orders in the storm).
                 time.sleep(1.5 * float(locks_settings.STATS_FLUSH_INTERVAL))
-            phase_runs.append((phase, before, server_counters(plan.lock_names)))
+            phase_runs.append((phase, before, {**server_counters(plan.lock_names, plan.app_groups), **ended}))
         deadline = time.monotonic() + STALL_TIMEOUT
         while len(workers.reported) < n:
             workers.check(block=0.5)

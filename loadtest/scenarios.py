@@ -45,6 +45,15 @@ class LoadConfig:
     keep: bool = False
     seed: int = 0
     cpu_profile: str | None = None  # a directory for the workers' cProfiles (loadtest/cpu.py)
+    app_groups: list[int] = field(default_factory=list)  # the app servers' process groups (their CPU)
+
+    @property
+    def plan_strategy(self) -> str:
+        """What the workers run: the strategy, or with `url` the JSON API's order ("http"), unless
+        the strategy is one of the API's own (the floor, "http_ping")."""
+        if strategies.get(self.strategy).over_http:
+            return self.strategy
+        return strategies.Http.name if self.url else self.strategy
 
     def phases(self) -> list[Phase]:
         main = Phase("storm" if self.sellout else "main", requests=None if self.duration else self.requests,
@@ -190,10 +199,11 @@ def run_once(config: LoadConfig, progress: Callable[[Progress], None] | None = N
                           lock=config.lock,
                           user_ids=w.user_ids, pay=config.pay,
                           tokens=_tokens(w.user_ids) if config.url else {})
-        plan = Plan(strategy="http" if config.url else config.strategy, options=options,
+        plan = Plan(strategy=config.plan_strategy, options=options,
                     processes=config.processes, product_ids=w.product_ids, user_ids=w.user_ids,
                     phases=config.phases(), quantity=config.quantity, lines_per_order=config.lines_per_order,
-                    lock_names=workload.lock_names(w), seed=config.seed, cpu_profile=config.cpu_profile)
+                    lock_names=workload.lock_names(w), seed=config.seed, cpu_profile=config.cpu_profile,
+                    app_groups=config.app_groups)
         result = runner.run(plan, progress)
         summaries = [report.summarize(plan.strategy, ph) for ph in result.phases]
         violations, books = check(w, result), workload.books(w)

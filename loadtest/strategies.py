@@ -89,6 +89,7 @@ class Strategy:
     label: ClassVar[str]
     uses_lock: ClassVar[bool] = False  # takes a lock before touching MySQL
     oversells: ClassVar[bool] = False  # expected to oversell (the naive one)
+    over_http: ClassVar[bool] = False  # sends requests to app servers (needs `url` and `tokens`)
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -497,6 +498,7 @@ class Http(Strategy):
     name = "http"
     label = "ours over HTTP (POST /api/orders/)"
     uses_lock = True
+    over_http = True
 
     def __init__(self, options: Options) -> None:
         super().__init__(options)
@@ -568,6 +570,38 @@ class Http(Strategy):
                      "Authorization": f"Bearer {self.options.tokens[user_id]}"})
         with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(request, timeout=30):
             pass
+
+
+class Ping(Http):
+    """Not a checkout: GET {url}/api/ping/ with the buyer's Bearer token, the request path's floor
+    (the same middleware and token check as an order, a JSON answer, no work of its own). A 200
+    `{"ok": true}` counts as placed (no order id); a 503 busy (the worker's queue) as busy;
+    anything else raises, as an order's unexpected answer does."""
+
+    name = "http_ping"
+    label = "GET /api/ping/ (the request path's floor)"
+    uses_lock = False
+
+    def _place(self, user_id: int, lines: Lines) -> Result:
+        request = urllib.request.Request(
+            self.base + "/api/ping/", method="GET",
+            headers={"Accept": "application/json", "Authorization": f"Bearer {self.options.tokens[user_id]}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                status, raw = response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if status == 200 and data == {"ok": True}:
+            return PLACED, None
+        error = data.get("error") if isinstance(data, dict) else None
+        code = str(error.get("code") or "") if isinstance(error, dict) else ""
+        if outcome_of_code(code, status) == BUSY:
+            return BUSY, None
+        raise UnexpectedAnswer(f"HTTP {status} {raw[:120]!r}")
 
 
 class _OursWith(Ours):
@@ -664,9 +698,13 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
+# Not checkout strategies to compare: the JSON API's order, its floor, the coupon storm's claim.
+OTHERS: dict[str, type[Strategy]] = {cls.name: cls for cls in (Http, Ping, ClaimCoupon)}
+
+
 def get(name: str) -> type[Strategy]:
-    if name in (Http.name, ClaimCoupon.name):
-        return Http if name == Http.name else ClaimCoupon
+    if name in OTHERS:
+        return OTHERS[name]
     try:
         return STRATEGIES[name]
     except KeyError:

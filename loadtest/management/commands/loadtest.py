@@ -8,6 +8,8 @@
     manage.py loadtest --servers 3 --duration 10         start 3 gunicorn servers for the run, drive them
     manage.py loadtest --pay 0.7                         70% of buyers pay; the rest expire, stock must come back
     manage.py loadtest --compare --duration 5 --repeat 3 --json compare.json --plot compare.png
+    manage.py loadtest --compare-http --processes 16 --duration 5 --repeat 3 --json http.json
+                                                         in process vs over HTTP vs the floor (GET /api/ping/)
     manage.py loadtest --fault all                       inject each fault, check the books and liveness
     manage.py loadtest --url URL --profile drop --load 4 a drop's crowd at 4x C: who won, how soon, the books
 """
@@ -26,6 +28,7 @@ from loadtest import (
     extras,
     fault_harness,
     faults,
+    httpcompare,
     httpfaults,
     openloop,
     report,
@@ -70,10 +73,15 @@ class Command(BaseCommand):
         parser.add_argument("--servers", type=int, metavar="N",
                             help="start N gunicorn app servers on this database and Redis for the run and drive "
                                  "them as with --url (stopped at the end)")
-        parser.add_argument("--server-workers", type=int, default=2, help="--servers: gunicorn workers each (2)")
-        parser.add_argument("--server-threads", type=int, default=4, help="--servers: threads per worker (4)")
+        parser.add_argument("--server-workers", type=int,
+                            help="--servers: gunicorn workers each (2; --compare-http: the shipped "
+                                 f"{appservers.SHIPPED_WORKERS})")
+        parser.add_argument("--server-threads", type=int,
+                            help="--servers: threads per worker (4; --compare-http: the shipped "
+                                 f"{appservers.SHIPPED_THREADS})")
         parser.add_argument("--products", type=int, default=1, help="products in the run (default 1)")
-        parser.add_argument("--stock", type=int, help="stock per product (default 1000; 1,000,000 with --compare)")
+        parser.add_argument("--stock", type=int,
+                            help="stock per product (default 1000; 1,000,000 with --compare or --compare-http)")
         parser.add_argument("--requests", type=int, default=2000, help="requests in all (default 2000)")
         parser.add_argument("--duration", type=float, help="run for this many seconds instead of --requests")
         parser.add_argument("--processes", type=int, default=8, help="worker processes (default 8)")
@@ -142,14 +150,27 @@ class Command(BaseCommand):
         dr.add_argument("--load", type=float, metavar="X",
                         help="as many buyers as X x C arrivals over the arrival window (people and scripts in "
                              "the ratio of --people to --scripts)")
-        cmp = parser.add_argument_group("comparison (--compare)")
+        cmp = parser.add_argument_group("comparison (--compare, --compare-http)")
         cmp.add_argument("--compare", action="store_true", help="run several strategies side by side")
         cmp.add_argument("--strategies", default=",".join(names), help="comma-separated (default: all)")
         cmp.add_argument("--scenarios", default=",".join(scenarios.SCENARIOS),
                          help="comma-separated from hot, spread, sellout (default: all)")
-        cmp.add_argument("--repeat", type=int, default=3, help="runs per strategy and scenario (default 3)")
+        cmp.add_argument("--repeat", type=int, default=3,
+                         help="runs per strategy and scenario; --compare-http: rounds (default 3)")
         cmp.add_argument("--spread-products", type=int, default=8, help="products in 'spread' (default 8)")
         cmp.add_argument("--sellout-stock", type=int, default=50, help="stock in 'sellout' (default 50)")
+        cmp.add_argument("--compare-http", action="store_true",
+                         help="in one run, alternating --repeat rounds of --duration (default 5 s), the same "
+                              "--processes each: the checkout (ours) in process, the same checkout over HTTP "
+                              "(POST /api/orders/) and the request path's floor (GET /api/ping/) on app servers "
+                              "started with the shipped config (config/gunicorn.conf.py; --servers, default 1; "
+                              "--server-workers/--server-threads, default the image's "
+                              f"{appservers.SHIPPED_WORKERS} x {appservers.SHIPPED_THREADS}); orders or "
+                              "requests/s, p50, p99, CPU per request, HTTP / in process against the 0.85x "
+                              "target, HTTP / floor; the books checked after each run")
+        cmp.add_argument("--warmup", type=float, default=1.0, metavar="S",
+                         help="--compare-http: seconds of HTTP orders before the first round, not counted, so "
+                              "the app servers' workers are warm (default 1; 0: none)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         # Load-test buyers never pay: the unpaid-orders limit would refuse them after a few orders.
@@ -161,6 +182,11 @@ class Command(BaseCommand):
         if opts["fault"]:
             self._faults(opts)
             return
+        shipped = opts["compare_http"]
+        if opts["server_workers"] is None:
+            opts["server_workers"] = appservers.SHIPPED_WORKERS if shipped else 2
+        if opts["server_threads"] is None:
+            opts["server_threads"] = appservers.SHIPPED_THREADS if shipped else 4
         opts["url"] = self._urls(opts)
         if opts["profile"] or opts["rate"]:
             self._crowd(opts)
@@ -169,7 +195,9 @@ class Command(BaseCommand):
         if not workload.is_migrated():
             raise CommandError(workload.NOT_MIGRATED)
         try:
-            if opts["compare"]:
+            if opts["compare_http"]:
+                self._compare_http(config, opts)
+            elif opts["compare"]:
                 self._compare(config, opts)
             elif opts["servers"]:
                 self._on_servers(config, opts)
@@ -230,6 +258,11 @@ class Command(BaseCommand):
         bad = [u for u in urls if not u.startswith(("http://", "https://"))]
         if bad:
             raise CommandError(f"--url must start with http:// or https:// (got {bad[0]!r})")
+        if opts["compare_http"]:
+            if urls:
+                raise CommandError("--compare-http starts its own app servers: leave out --url")
+            if opts["compare"]:
+                raise CommandError("give --compare or --compare-http, not both")
         if opts["servers"] is not None:
             if urls:
                 raise CommandError("--servers starts its own app servers: leave out --url")
@@ -248,7 +281,7 @@ class Command(BaseCommand):
         except RuntimeError as exc:
             raise CommandError(f"an app server did not start: {exc}\n{servers.logs()}") from exc
         try:
-            config.url, config.urls = servers.urls[0], servers.urls
+            config.url, config.urls, config.app_groups = servers.urls[0], servers.urls, servers.groups
             self._single(config, opts)
         finally:
             servers.stop()
@@ -323,7 +356,7 @@ class Command(BaseCommand):
         if opts["pay"] is not None:
             if not 0 <= opts["pay"] <= 1:
                 raise CommandError("--pay P is a probability between 0 and 1")
-            if opts["compare"] or (not http and opts["strategy"] != "ours"):
+            if opts["compare"] or opts["compare_http"] or (not http and opts["strategy"] != "ours"):
                 raise CommandError("--pay works with a single run of --strategy ours or --url")
         if opts["no_lock"] and opts["strategy"] != "ours":
             raise CommandError("--no-lock applies to --strategy ours")
@@ -336,7 +369,7 @@ class Command(BaseCommand):
         if not http and opts["strategy"] == strategies.PythonRedisLock.name and not opts["compare"]:
             extras.require("redis_lock", package="python-redis-lock", needed_by="--strategy python_redis_lock",
                            instead="choose another --strategy")
-        default_stock = 1_000_000 if opts["compare"] else 1000
+        default_stock = 1_000_000 if opts["compare"] or opts["compare_http"] else 1000
         return LoadConfig(
             strategy=opts["strategy"], products=opts["products"],
             stock=default_stock if opts["stock"] is None else opts["stock"], users=opts["users"],
@@ -520,4 +553,106 @@ class Command(BaseCommand):
                     mid = sorted(outs, key=lambda o: o.summaries[-1].orders_per_s)[len(outs) // 2]
                     series[name] = report.timeline(r for w in mid.result.phases[-1].records for r in w)
             report.plot(opts["plot"], series, f"{scenario}: {comparison.base.processes} processes (median run each)")
+            self.stdout.write(f"plot written to {opts['plot']}")
+
+    # -- in process against over HTTP ----------------------------------------------------------
+    def _compare_http(self, base: LoadConfig, opts: dict[str, Any]) -> None:
+        refused = [name for name, given in (
+            ("--strategy (the checkout is ours)", base.strategy != strategies.Ours.name),
+            ("--sellout", base.sellout), ("--coupon", base.coupon_total is not None), ("--no-lock", not base.lock),
+            ("--cpu-profile", bool(base.cpu_profile))) if given]
+        if refused:
+            raise CommandError(f"--compare-http runs the shop's checkout as it ships, the same on both paths: "
+                               f"leave out {', '.join(refused)}")
+        n, w, t = opts["servers"] or 1, opts["server_workers"], opts["server_threads"]
+        if n < 1 or w < 1 or t < 1:
+            raise CommandError("--servers, --server-workers and --server-threads must be at least 1")
+        if opts["warmup"] < 0:
+            raise CommandError("--warmup cannot be negative")
+        if base.duration is None:
+            base.duration = 5.0  # a fixed time: orders/s is then like for like
+        comparison = httpcompare.HttpComparison(base=base, repeat=opts["repeat"], servers=n, workers=w, threads=t,
+                                                warmup=opts["warmup"])
+        total = len(httpcompare.MODES) * comparison.repeat
+        self.stdout.write(
+            f"loadtest --compare-http: in process, over HTTP and the floor (GET /api/ping/), {comparison.repeat} "
+            f"alternating round(s) = {total} runs of {base.duration:g} s, {base.processes} client processes each, "
+            f"{base.products} product(s) x {base.stock:,} stock, {base.users} users; {n} app server(s) with the "
+            f"shipped config (config/gunicorn.conf.py), {w} workers x {t} threads each")
+        if settings.DEBUG:
+            self.stdout.write(self.style.WARNING(
+                "DEBUG is on in this process: the in-process checkout keeps every SQL statement and runs slower "
+                "than the app servers (always DEBUG off); run with DEBUG=false for figures"))
+        servers = appservers.AppServers(n, workers=w, threads=t)
+        try:
+            servers.start()
+        except RuntimeError as exc:
+            raise CommandError(f"an app server did not start: {exc}\n{servers.logs()}") from exc
+        done = 0
+        progress = self._progress(opts, "compare-http", final=False)
+
+        def on_run(round_: int, mode: str, outcome: Outcome) -> None:
+            nonlocal done
+            done += 1
+            if progress:
+                progress.done()
+            s = outcome.summaries[-1]
+            rate = (f"{s.attempted / s.window if s.window else 0:,.0f} requests/s" if mode == httpcompare.FLOOR
+                    else f"{s.orders_per_s:,.0f} orders/s")
+            self.stderr.write(f"[{done}/{total}] round {round_ + 1} {mode}: {rate}, p99 {s.latency_ms['p99']:,.1f} ms, "
+                              f"{'PASS' if outcome.passed else 'FAIL'}")
+
+        if comparison.warmup:
+            self.stderr.write(f"warming the app servers up: {comparison.warmup:g} s of HTTP orders, not counted")
+        try:
+            httpcompare.run(comparison, urls=servers.urls, groups=servers.groups, progress=progress, on_run=on_run)
+        finally:
+            servers.stop()
+        if progress:
+            progress.done()
+        self._print_http_comparison(comparison, opts)
+        failed = comparison.failures()
+        if failed:
+            raise CommandError(f"invariant check FAILED for {', '.join(failed)}")
+
+    def _print_http_comparison(self, comparison: httpcompare.HttpComparison, opts: dict[str, Any]) -> None:
+        self.stdout.write("")
+        self.stdout.write(self.style.MIGRATE_HEADING(
+            f"the checkout in process, over HTTP, and the request path's floor (medians of {comparison.repeat})"))
+        self.stdout.write(httpcompare.table(comparison))
+        self.stdout.write(httpcompare.NOTE)
+        self.stdout.write("")
+        for line in httpcompare.verdict(comparison):
+            self.stdout.write(line)
+        for mode, outs in comparison.runs.items():
+            errors = [e for o in outs for e in o.result.errors]
+            if errors:
+                self.stdout.write(f"first errors ({mode}):")
+                for line in errors[:5]:
+                    self.stdout.write(f"  {line}")
+            worst = max((o.oversold for o in outs), default=0)
+            if worst:
+                self.stdout.write(self.style.ERROR(f"{mode} OVERSOLD: up to {worst:,} units more than the stock had"))
+        failed = comparison.failures()
+        runs = sum(map(len, comparison.runs.values())) + (comparison.warmed is not None)
+        if not failed:
+            self.stdout.write(self.style.SUCCESS(
+                f"invariants I1-I6: PASS (after each of the {runs} runs, the warm-up's included)"
+                if comparison.warmed is not None else f"invariants I1-I6: PASS (after each of the {runs} runs)"))
+        else:
+            self.stdout.write(self.style.ERROR("invariants I1-I6: FAIL"))
+            for mode, outs in failed.items():
+                for v in (v for o in outs for v in o.violations):
+                    self.stdout.write(self.style.ERROR(f"  {mode}: {v}"))
+        if opts["json"]:
+            report.write_json(opts["json"], comparison.as_dict())
+            self.stdout.write(f"JSON written to {opts['json']}")
+        if opts["plot"]:
+            series = {}
+            for mode, outs in comparison.runs.items():
+                if outs:  # the median run by requests/s
+                    mid = sorted(outs, key=lambda o: o.summaries[-1].attempted / (o.summaries[-1].window or 1))
+                    series[mode] = report.timeline(r for w in mid[len(mid) // 2].result.phases[-1].records for r in w)
+            report.plot(opts["plot"], series,
+                        f"in process / HTTP / floor: {comparison.base.processes} processes (median run each)")
             self.stdout.write(f"plot written to {opts['plot']}")

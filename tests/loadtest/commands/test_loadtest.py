@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from io import StringIO
 
 import pytest
@@ -364,3 +365,63 @@ def test_python_redis_lock_missing_is_refused_before_the_run_with_the_pip_comman
         run(*SMALL, "--duration", "0.5", *args)
     assert "(or " in str(exc.value) and "--strateg" in str(exc.value)  # the way round it
     assert not Order.objects.exists() and not Product.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "message"), [
+    (["--url", "http://127.0.0.1:1"], "--compare-http starts its own app servers: leave out --url"),
+    (["--compare"], "give --compare or --compare-http, not both"),
+    (["--strategy", "guarded"], "leave out --strategy"),
+    (["--sellout"], "leave out --sellout"),
+    (["--coupon", "5"], "leave out --coupon"),
+    (["--pay", "0.5"], "--pay works with a single run"),
+    (["--server-threads", "0"], "--server-threads must be at least 1"),
+    (["--warmup", "-1"], "--warmup cannot be negative"),
+])
+def test_compare_http_arguments_are_refused_before_any_server_starts(args, message):
+    with pytest.raises(CommandError, match=message):
+        run(*SMALL, "--compare-http", *args)
+    assert not Product.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compare_http_measures_in_process_http_and_the_floor_in_one_run(tmp_path):
+    """A short real run: the shipped server config (gunicorn.conf.py, the shop's worker) started
+    for it, one round of each mode; every figure positive, the books checked after every run."""
+    out = run("--compare-http", "--duration", "1", "--processes", "2", "--repeat", "1", "--warmup", "0.5",
+              "--server-workers", "2", "--server-threads", "4", "--users", "5", "--no-progress",
+              "--json", str(tmp_path / "h.json"))
+    assert "config/gunicorn.conf.py), 2 workers x 4 threads" in out
+    header = next(line for line in out.splitlines() if line.startswith("mode"))
+    for column in ("orders/s", "requests/s", "p50 ms", "p99 ms", "CPU ms/request", "app", "invariants"):
+        assert column in header
+    rows = {mode: next(line for line in out.splitlines() if line.startswith(f"{mode} ")) for mode in
+            ("in-process", "http", "floor")}
+    assert "place_order" in rows["in-process"] and "POST /api/orders/" in rows["http"]
+    assert "GET /api/ping/" in rows["floor"]
+    assert all(row.rstrip().endswith("PASS") for row in rows.values()), out
+    assert re.search(r"HTTP / in-process: \d+\.\d\dx orders/s \(target >= 0\.85x: (met|missed)\)", out), out
+    assert re.search(r"floor: [\d,]+ requests/s on the same servers; HTTP orders/s / floor requests/s: \d", out), out
+    assert "invariants I1-I6: PASS (after each of the 4 runs, the warm-up's included)" in out
+
+    data = json.loads((tmp_path / "h.json").read_text())
+    assert set(data["modes"]) == {"in-process", "http", "floor"}
+    assert data["app_servers"] == {"count": 1, "workers": 2, "threads": 4, "config": "config/gunicorn.conf.py"}
+    for mode, figures in data["modes"].items():
+        assert figures["rounds"] == 1 and figures["invariants"] == "PASS" and figures["errors"] == 0, mode
+        assert figures["requests_per_s"] > 0 and figures["p50_ms"] > 0 and figures["p99_ms"] >= figures["p50_ms"]
+        assert figures["cpu_ms"]["total"] > 0 and figures["cpu_ms"]["clients"] > 0, mode
+        (run_,) = figures["runs"]
+        assert run_["invariants"] == "PASS" and all(b["oversold"] == 0 for b in run_["books"])
+    inproc, http, floor = (data["modes"][m] for m in ("in-process", "http", "floor"))
+    assert inproc["orders_per_s"] > 0 and http["orders_per_s"] > 0 and floor["orders_per_s"] is None
+    assert http["cpu_ms"]["app"] > 0 and floor["cpu_ms"]["app"] > 0  # the servers' own CPU, read from /proc
+    assert "app" not in inproc["cpu_ms"]  # in process the clients run the checkout
+    assert http["runs"][0]["strategy"] == "http" and floor["runs"][0]["strategy"] == "http_ping"
+    assert sum(b["sold"] for b in http["runs"][0]["books"]) == http["runs"][0]["phases"][0]["counts"]["placed"] > 0
+    ratios = data["ratios"]
+    assert ratios["http_vs_in_process"] == pytest.approx(http["orders_per_s"] / inproc["orders_per_s"])
+    assert ratios["target"] == 0.85 and ratios["met"] == (ratios["http_vs_in_process"] >= 0.85)
+    assert ratios["http_vs_floor"] == pytest.approx(http["orders_per_s"] / floor["requests_per_s"])
+    assert data["warmup"] == {"seconds": 0.5, "invariants": "PASS"}
+    assert not Product.objects.exists() and not Order.objects.exists()  # every run cleaned up after itself
