@@ -18,6 +18,23 @@ request, and a batch is exactly what queued while the previous one was being ser
 
 (or, where a lost lock is not an error, end the turn with `turn.finish()`, once.)
 
+A request may need other locks held while it is served (a checkout lane's batch needs each of
+its products' locks): `submit(lock, payload, needs=[names])`, and the combiner takes them with
+its batch, in the same round trip on one Redis server:
+
+    outcome = combining.submit(lane, payload, needs=["product:7"])
+    with outcome as turn:
+        batch = turn.take(limit=31, lock_of=Lock)   # and every free lock the batch needs
+        turn.also                                   # name -> Hold of those it got
+        ...serve the requests whose locks are all in turn.also...
+        lost = turn.reply({...})                    # releases turn.also in the same call
+
+Each is taken as a non-blocking acquire of that lock would take it: a fence of its own, only if
+free and nobody queued for it (FIFO: a queued waiter is handed it instead), renewed like any
+hold of `lock_of(name)`, and released (with its hand-off) by `reply`, which tells which were
+lost meanwhile. A needed lock that is busy is simply not taken: the caller decides what its
+requests do (the checkout hands them back: they take that lock themselves, in its own line).
+
 This is the public API of an optional backend capability (locks/backends/base.py: a backend
 with `supports_combining` implements `submit`, `take` and `reply`). The Redis backend has it:
 no polling and no lost wake-ups, a waiter BLPOPs its own list, where either the lock (a
@@ -38,12 +55,15 @@ nothing of what requests mean.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Callable, Sequence
 
-from locks.backends import QueuedRequest
-from locks.exceptions import LockNotOwned
-from locks.hold import Guarded, Hold, Served
-from locks.lock import Lock
+from locks.backends import Also, QueuedRequest
+from locks.exceptions import LockNotOwned, LockUnavailable
+from locks.hold import Guarded, Hold, Served, current_holder
+from locks.keys import validate_needs
+from locks.lock import _HOST, Lock, _lock_of, release_all
 from locks.stats import recorder
 
 __all__ = ["Guarded", "QueuedRequest", "Served", "Turn", "submit"]
@@ -52,33 +72,67 @@ __all__ = ["Guarded", "QueuedRequest", "Served", "Turn", "submit"]
 class Turn:
     """The combiner's turn: the lock is held (`hold`); serve the batch, reply, release."""
 
-    def __init__(self, lock: Lock, hold: Hold) -> None:
+    def __init__(self, lock: Lock, hold: Hold, *, needs: Sequence[str] = ()) -> None:
         self.lock = lock
         self.hold = hold
+        self.needs = tuple(needs)  # the locks our own request needs
         self.taken: list[QueuedRequest] = []
+        self.also: dict[str, Hold] = {}  # other locks taken with the batch, by name
         self._recorded = False
 
-    def take(self, limit: int) -> list[QueuedRequest]:
-        """Take up to `limit` requests queued behind us (FIFO; the first plain waiter stops it)."""
-        if limit <= 0:
-            return []
-        batch = self.lock._backend.take(self.lock, token=self.hold.token, limit=int(limit))
+    def take(self, limit: int, *, lock_of: Callable[[str], Lock] | None = None) -> list[QueuedRequest]:
+        """Take up to `limit` requests queued behind us (FIFO; the first plain waiter stops it).
+        With `lock_of`: also every free lock the batch needs (our own request's `needs` and the
+        taken requests'), `lock_of(name)` each, into `self.also` (the module docstring)."""
+        if lock_of is None:
+            if limit <= 0:
+                return []
+            batch = self.lock._backend.take(self.lock, token=self.hold.token, limit=int(limit))
+            self.taken.extend(batch)
+            return batch
+        holder, started = current_holder(), time.monotonic()
+        also = Also(lock_of=lock_of, token=os.urandom(16).hex(), owner=f"{_HOST}:{os.getpid()}",
+                    mine=tuple(sorted(name for name in self.needs if name not in self.also)))
+        batch, grants = self.lock._backend.take_with(self.lock, token=self.hold.token, limit=max(int(limit), 0),
+                                                     also=also)
         self.taken.extend(batch)
+        for name, grant in grants.items():
+            self.also[name] = lock_of(name)._granted(grant, holder, also.token, also.owner, started,
+                                                     blocking=False, wait=0.0)
         return batch
 
-    def reply(self, replies: dict[str, str]) -> None:
-        """Answer taken requests (one round trip). Do it before releasing: a waiter that finds the
-        hold gone without its reply queues again."""
-        if not replies:
-            return
+    def reply(self, replies: dict[str, str]) -> list[Hold]:
+        """Answer taken requests and release the locks taken with the batch (`also`), in one
+        round trip. Do it before releasing the turn: a waiter that finds the hold gone without its
+        reply queues again. The `also` holds found lost (their lease ended, or one was forced
+        out): their writes were fenced. LockUnavailable: nothing was answered or released (the
+        waiters queue again when our hold ends; the other locks end with their leases)."""
+        going = [hold for hold in self.also.values() if _lock_of(hold)._letting_go(hold)]
+        self.also = {}
+        if not replies and not going:
+            return []
         deadlines = {r.token: r.deadline_ms for r in self.taken if r.token in replies}
-        self.lock._backend.reply(self.lock, replies=replies, deadlines=deadlines)
+        try:
+            released = self.lock._backend.reply(self.lock, replies=replies, deadlines=deadlines,
+                                                release=[(hold.lock, hold.token) for hold in going])
+        except LockUnavailable:
+            for hold in going:
+                recorder().ended(hold.lock, hold, released=None)
+            raise
+        lost = []
+        for hold, ok in zip(going, released, strict=True):
+            try:
+                _lock_of(hold)._let_go(hold, released=ok)
+            except LockNotOwned:
+                lost.append(hold)
+        return lost
 
     def release(self) -> None:
         """Release, and count this turn as one batch of 1 + len(taken) requests in the family's
         stats (even if the release finds the lock lost: the batch was formed and worked on).
         Counted once, however often release is called. LockNotOwned if the lock was lost."""
         try:
+            self._release_also()
             self.hold.release()
         finally:
             self._count()
@@ -89,12 +143,19 @@ class Turn:
         already): nothing to undo there, since the caller's writes were fenced. LockUnavailable
         if Redis cannot be reached (the hold then ends with its lease)."""
         try:
+            self._release_also()
             self.hold.release()
         except LockNotOwned:
             return False
         finally:
             self._count()
         return True
+
+    def _release_also(self) -> None:
+        """The locks taken with the batch, if `reply` did not release them (the turn ended early)."""
+        if self.also:
+            holds, self.also = list(self.also.values()), {}
+            release_all(holds)
 
     def _count(self) -> None:
         if not self._recorded:
@@ -113,7 +174,7 @@ class Turn:
 
 
 def submit(lock: Lock, payload: str, *, wait: float | None = None,
-           guards: Sequence[str] = ()) -> Turn | Served | Guarded:
+           guards: Sequence[str] = (), needs: Sequence[str] = ()) -> Turn | Served | Guarded:
     """Queue `payload` on `lock`: a `Turn` if we got the lock (serve ourselves and the batch),
     or `Served` with the reply a combiner sent. `LockTimeout` if neither came within `wait`:
     the request may still have been worked on (see the module docstring). The lock's backend
@@ -122,8 +183,9 @@ def submit(lock: Lock, payload: str, *, wait: float | None = None,
     `guards` (`lock.supports_guards`: plain Redis, not a cluster): keys of the lock's
     Redis that, if any exists, stop the request before it queues: `Guarded` with their values.
     A check the caller would make before queueing anyway (a sold-out marker), without its own
-    round trip."""
-    got = lock.submit(payload, wait=wait, guards=guards)
+    round trip. `needs`: names of other locks whoever serves it must hold (`Turn.take`)."""
+    validate_needs(needs)
+    got = lock.submit(payload, wait=wait, guards=guards, needs=needs)
     if isinstance(got, Served | Guarded):
         return got
-    return Turn(lock, got)
+    return Turn(lock, got, needs=needs)

@@ -27,6 +27,13 @@ def validate_name(name: str) -> str:
 _VALID_NAMES: set[str] = set()
 
 
+def validate_needs(names: object) -> None:
+    """Names of locks a combining request needs: travel comma-separated, so no comma in one."""
+    for name in names:  # type: ignore[attr-defined]
+        if "," in validate_name(name):
+            raise ValueError(f"a needed lock's name may not contain a comma: {name!r}")
+
+
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError("a lock name must be a non-empty string")

@@ -203,13 +203,13 @@ class Lock:
         """Is anyone holding this lock right now?"""
         return self._backend.locked(self)
 
-    def submit(self, payload: str, *, wait: float | None = None, guards: Sequence[str] = ()) -> Hold | Served | Guarded:
+    def submit(self, payload: str, *, wait: float | None = None, guards: Sequence[str] = (),
+               needs: Sequence[str] = ()) -> Hold | Served | Guarded:
         """Queue for the lock carrying a request (combining: see locks/combining.py, its API).
 
         The lock (a `Hold`: serve the requests queued behind you), or `Served` with the reply a
         holder sent for `payload`; `LockTimeout` if neither came within `wait`. Needs a backend
-        that `supports_combining`. `guards`: `Guarded` instead if any of these keys exists.
-        """
+        that `supports_combining`. `guards` (`Guarded` if any exists), `needs`: `combining.submit`."""
         if not payload:
             raise ValueError("a combining request needs a non-empty payload")
         holder = current_holder()
@@ -220,7 +220,7 @@ class Lock:
         token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
         wait = self.wait if wait is None else wait
         got = self._backend.submit(self, token=token, owner=owner, payload=payload, deadline=started + wait,
-                                   guards=guards)
+                                   guards=guards, needs=needs)
         if isinstance(got, Served | Guarded):
             return got
         return self._granted(got, holder, token, owner, started, blocking=True, wait=wait)

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
 
-from locks.backends.base import Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
+from locks.backends.base import Also, Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
 from locks.conf import locks_settings
 
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ["BACKENDS", "Grant", "HeldLock", "LockBackend", "QueuedRequest", "Released", "every_held", "get_backend"]
+__all__ = ["BACKENDS", "Also", "Grant", "HeldLock", "LockBackend", "QueuedRequest", "Released", "every_held",
+           "get_backend"]
 
 BACKENDS = {
     "redis": "locks.backends.redis.RedisBackend",

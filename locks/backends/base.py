@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -75,6 +75,19 @@ class QueuedRequest:
     payload: str
     deadline: float  # time.monotonic() in this process after which its waiter has given up
     deadline_ms: int = field(default=0, repr=False)  # the same moment on the lock service's clock
+    needs: tuple[str, ...] = ()  # other locks its server must hold (`submit(needs=...)`)
+
+
+@dataclass(frozen=True)
+class Also:
+    """The other locks a combiner takes with its batch (`Turn.take(lock_of=...)`): those its own
+    request needs (`mine`) and those the taken requests need, each the lock `lock_of(name)`, all
+    taken with `token` and `owner`."""
+
+    lock_of: Callable[[str], LockLike]
+    token: str
+    owner: str
+    mine: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,10 +191,12 @@ class LockBackend(ABC):
 
     # -- request combining (optional: supports_combining) ------------------------------------
     def submit(self, lock: LockLike, *, token: str, owner: str, payload: str, deadline: float,
-               cancel: CancelToken | None = None, guards: Sequence[str] = ()) -> Grant | Served | Guarded | None:
+               cancel: CancelToken | None = None, guards: Sequence[str] = (),
+               needs: Sequence[str] = ()) -> Grant | Served | Guarded | None:
         """Queue for the lock carrying a request (`payload`): the lock (a `Grant`), or the reply
         a holder sent (`Served`), or None at `deadline`. With `guards` (`supports_guards`): if
-        any of those keys exists the request is not queued, and `Guarded` has their values."""
+        any of those keys exists the request is not queued, and `Guarded` has their values.
+        `needs`: names of other locks whoever serves the request must hold (`take_with`)."""
         raise NotImplementedError(f"the {self.name} backend does not combine requests")
 
     def take(self, lock: LockLike, *, token: str, limit: int) -> list[QueuedRequest]:
@@ -189,8 +204,21 @@ class LockBackend(ABC):
         plain waiter stops it). `LockNotOwned` if the lock is no longer `token`'s."""
         raise NotImplementedError(f"the {self.name} backend does not combine requests")
 
-    def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int]) -> None:
-        """Answer taken requests by token; `deadlines`: their `QueuedRequest.deadline_ms`."""
+    def take_with(self, lock: LockLike, *, token: str, limit: int,
+                  also: Also) -> tuple[list[QueuedRequest], dict[str, Grant]]:
+        """`take`, and the other locks the batch needs (`also.mine` and each request's
+        `needs`) that are free, taken without waiting, in name order: their Grants by name.
+        By default two steps (`take`, then `try_acquire_many`); Redis does it in one call."""
+        batch = self.take(lock, token=token, limit=limit)
+        names = sorted({*also.mine, *(name for request in batch for name in request.needs)})
+        grants = self.try_acquire_many([(also.lock_of(name), also.token, also.owner) for name in names])
+        return batch, {name: grant for name, grant in zip(names, grants, strict=True) if grant is not None}
+
+    def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int],
+              release: Sequence[tuple[LockLike, str]] = ()) -> list[bool]:
+        """Answer taken requests by token; `deadlines`: their `QueuedRequest.deadline_ms`. First
+        release each (lock, token) of `release` (the locks taken with the batch): whether each
+        was still held, as `release_many`."""
         raise NotImplementedError(f"the {self.name} backend does not combine requests")
 
     def close(self) -> None:  # noqa: B027 - optional: most backends have something to close

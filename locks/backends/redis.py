@@ -39,7 +39,7 @@ from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, RedisError
 
-from locks.backends.base import Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
+from locks.backends.base import Also, Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
 from locks.conf import locks_settings
 from locks.connection import (
     UNREACHABLE,
@@ -206,15 +206,16 @@ class RedisBackend(LockBackend):
         return not isinstance(self.client, RedisCluster)
 
     def submit(self, lock: LockLike, *, token: str, owner: str, payload: str, deadline: float,
-               cancel: CancelToken | None = None, guards: Sequence[str] = ()) -> Grant | Served | Guarded | None:
+               cancel: CancelToken | None = None, guards: Sequence[str] = (),
+               needs: Sequence[str] = ()) -> Grant | Served | Guarded | None:
         if guards and not self.supports_guards:
             raise ValueError("guard keys need one Redis server: not on a cluster")
         return self._acquire(lock, token=token, owner=owner, blocking=True, deadline=deadline, cancel=cancel,
-                             payload=payload, guards=guards)
+                             payload=payload, guards=guards, needs=",".join(needs))
 
     def _acquire(self, lock: LockLike, *, token: str, owner: str, blocking: bool, deadline: float,
-                 cancel: CancelToken | None, payload: str = "",
-                 guards: Sequence[str] = ()) -> Grant | Served | Guarded | None:
+                 cancel: CancelToken | None, payload: str = "", guards: Sequence[str] = (),
+                 needs: str = "") -> Grant | Served | Guarded | None:
         started = time.monotonic()
         client = self.client
         keys = lock.keys
@@ -227,7 +228,8 @@ class RedisBackend(LockBackend):
                 sent = time.monotonic()
                 left_ms = int((deadline - sent) * 1000) if blocking else 0
                 args = _acquire_args(lock, token=token, owner=owner, wait_ms=left_ms)
-                acquired, value, now_ms, since_ms, *checked = self._run_acquire(lock, client, key_list, args, payload)
+                acquired, value, now_ms, since_ms, *checked = self._run_acquire(lock, client, key_list, args, payload,
+                                                                                needs)
                 if acquired == Acquire.GUARDED:
                     return Guarded(tuple(None if v is None else text(v) for v in checked[0]))
                 key_list = lock_keys
@@ -312,7 +314,7 @@ class RedisBackend(LockBackend):
                 self._release(lock, client, token)
 
     def _run_acquire(self, lock: LockLike, client: Redis, key_list: list[str], args: list[Any],
-                     payload: str) -> list[Any]:
+                     payload: str, needs: str = "") -> list[Any]:
         """The acquire script; with WAIT_REPLICAS, pipelined with WAIT on the same connection.
 
         It carries the Redis time after which we will have given up on it (our socket timeout):
@@ -324,7 +326,7 @@ class RedisBackend(LockBackend):
         """
         pool = pool_of(client, key_list[0])
         for _ in range(2):
-            reply = self._send_acquire(lock, client, key_list, [*args, give_up_ms(pool), payload])
+            reply = self._send_acquire(lock, client, key_list, [*args, give_up_ms(pool), payload, needs])
             learn_clock(pool, int(reply[2]))
             if reply[0] != Acquire.TOO_LATE:
                 return reply
@@ -452,35 +454,75 @@ class RedisBackend(LockBackend):
 
     # -- combining -------------------------------------------------------------------------
     def take(self, lock: LockLike, *, token: str, limit: int) -> list[QueuedRequest]:
+        return self._take(lock, token=token, limit=limit, also_args=[])[0]
+
+    def take_with(self, lock: LockLike, *, token: str, limit: int,
+                  also: Also) -> tuple[list[QueuedRequest], dict[str, Grant]]:
+        """One call: the batch and the other locks it needs (take.lua's `also`), taken as
+        non-blocking acquires in the same script. Two calls (the default) on a cluster (those
+        locks live in other slots), with WAIT_REPLICAS (each acquire waits for its replicas), or
+        when the combiner's own request needs no lock to model the others on."""
+        if self._pipelined() is None or not also.mine:
+            return super().take_with(lock, token=token, limit=limit, also=also)
+        model = also.lock_of(also.mine[0])
+        params = (model._ttl_ms, model._fence_ttl_ms(), model._handoff_ms(), model.keys.prefix)
+        also_args = [also.token, params[0], also.owner, params[1], params[2], params[3], ",".join(also.mine)]
+        batch, granted, sent = self._take(lock, token=token, limit=limit, also_args=also_args)
+        grants: dict[str, Grant] = {}
+        strays: list[tuple[LockLike, str]] = []
+        for name, fence in granted:
+            other = also.lock_of(name)
+            if (other._ttl_ms, other._fence_ttl_ms(), other._handoff_ms(), other.keys.prefix) != params:
+                strays.append((other, also.token))  # taken on the model's terms, not its own: give it back
+                continue
+            grants[name] = Grant(fence, sent, other.ttl)
+        if strays:
+            self.release_many(strays)
+        return batch, grants
+
+    def _take(self, lock: LockLike, *, token: str, limit: int,
+              also_args: list[Any]) -> tuple[list[QueuedRequest], list[tuple[str, int]], float]:
         keys = lock.keys
         sent = time.monotonic()
         try:
             got = script("take")(keys=[keys.lock, keys.queue, keys.waiters, keys.taken],
-                                 args=[token, int(limit)], client=self.client)
+                                 args=[token, int(limit), *also_args], client=self.client)
         except UNREACHABLE as exc:
             raise LockUnavailable(f"take: Redis unreachable: {exc}", name=lock.name) from exc
         if int(got[0]) == NOT_OURS:
             raise LockNotOwned("take: the lock is no longer ours", name=lock.name)
-        now_ms = int(got[0])
+        now_ms, flat, grants = int(got[0]), got[1], got[2]
         batch = []
-        for i in range(1, len(got), 3):
-            deadline_ms = int(got[i + 1])
-            batch.append(QueuedRequest(token=text(got[i]), payload=text(got[i + 2]),
-                                 deadline=sent + (deadline_ms - now_ms) / 1000, deadline_ms=deadline_ms))
-        return batch
+        for i in range(0, len(flat), 4):
+            deadline_ms, needs = int(flat[i + 1]), text(flat[i + 3])
+            batch.append(QueuedRequest(token=text(flat[i]), payload=text(flat[i + 2]),
+                                       deadline=sent + (deadline_ms - now_ms) / 1000, deadline_ms=deadline_ms,
+                                       needs=tuple(needs.split(",")) if needs else ()))
+        return batch, [(text(grants[i]), int(grants[i + 1])) for i in range(0, len(grants), 2)], sent
 
-    def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int]) -> None:
-        """One script call: each reply on its waiter's list, kept until its deadline (plus a
-        grace), and the requests struck from the holder's `taken` (no longer orphans-to-be) and
-        from the queue, where a waiter that thought us gone (a pause past our lease) queued again."""
+    def reply(self, lock: LockLike, *, replies: dict[str, str], deadlines: dict[str, int],
+              release: Sequence[tuple[LockLike, str]] = ()) -> list[bool]:
+        """One script call: the locks of `release` released (release.lua's work, before the
+        replies), then each reply on its waiter's list, kept until its deadline (plus a grace),
+        and the requests struck from the holder's `taken` (no longer orphans-to-be) and from the
+        queue, where a waiter that thought us gone (a pause past our lease) queued again. On a
+        cluster the releases are their own calls first (their keys live in other slots)."""
+        released: list[bool] = []
+        if release and isinstance(self.client, RedisCluster):
+            released, release = self.release_many(release), ()
         keys = lock.keys
-        args: list[Any] = [keys.signal_prefix, REPLY_GRACE_MS]
+        key_list = [keys.taken, keys.queue, keys.waiters]
+        args: list[Any] = [keys.signal_prefix, REPLY_GRACE_MS, len(release)]
+        for other, other_token in release:
+            key_list += _lock_keys(other.keys)
+            args += [other_token, other.keys.signal_prefix, other._fence_ttl_ms(), other._handoff_ms()]
         for token, reply in replies.items():
             args += [token, reply, deadlines.get(token, 0)]
         try:
-            script("reply")(keys=[keys.taken, keys.queue, keys.waiters], args=args, client=self.client)
+            got = script("reply")(keys=key_list, args=args, client=self.client)
         except UNREACHABLE as exc:
             raise LockUnavailable(f"reply: Redis unreachable: {exc}", name=lock.name) from exc
+        return released or [bool(flag) for flag in got[1]]
 
     # -- reading held locks ----------------------------------------------------------------
     def read_held(self, keys: list[str]) -> list[HeldLock]:

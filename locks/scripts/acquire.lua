@@ -1,6 +1,8 @@
 -- KEYS: lock fence queue waiters wake taken [guard...]
 -- ARGV: token ttl_ms owner wait_ms sigprefix fence_ttl_ms(0: one-shot) handoff_ms give_up_ms
 --       payload ('' or absent: a plain acquire; else a request a holder may serve: combining)
+--       needs (combining: the names of other locks, comma-separated, that the holder who serves
+--       this request must also hold; take.lua takes them with the batch)
 -- -> {1, fence, now_ms, since_ms} acquired (since_ms: when its lease began)
 --  | {-1, 0, now_ms} arrived after give_up_ms: nothing done
 --  | {3, 0, now_ms, 0, {values}} a guard key exists: nothing done; the guards' values (combining)
@@ -53,7 +55,7 @@ if not held[1] then
       local _, _, enq = parse_waiter(redis.call('HGET', waiters, head))
       waited = NOW_US - enq
       redis.call('LPOP', queue)
-      redis.call('HDEL', waiters, head, 'p|' .. head)
+      redis.call('HDEL', waiters, head, 'p|' .. head, 'n|' .. head)
       if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
       redis.call('DEL', sigprefix .. token)
     end
@@ -76,7 +78,10 @@ if wait > 0 then
     redis.call('RPUSH', queue, token)
   end
   redis.call('HSET', waiters, token, num(NOW_MS + wait) .. '|' .. ttl .. '|' .. num(enq) .. '|' .. owner)
-  if payload ~= '' then redis.call('HSET', waiters, 'p|' .. token, payload) end
+  if payload ~= '' then
+    redis.call('HSET', waiters, 'p|' .. token, payload)
+    if (ARGV[10] or '') ~= '' then redis.call('HSET', waiters, 'n|' .. token, ARGV[10]) end
+  end
   -- We look again by ourselves when this lease ends; nudge() needs the latest such time.
   local ends = NOW_MS + math.max(pttl, 0)
   if tonumber(redis.call('HGET', waiters, '~') or '0') < ends then redis.call('HSET', waiters, '~', num(ends)) end

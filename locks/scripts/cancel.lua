@@ -11,7 +11,7 @@ redis.call('HDEL', taken, token)
 for _, message in ipairs(pending) do
   if string.sub(message, 1, 2) == 'd|' then
     redis.call('LREM', queue, 0, token)
-    redis.call('HDEL', waiters, token, 'p|' .. token)
+    redis.call('HDEL', waiters, token, 'p|' .. token, 'n|' .. token)
     return {2, string.sub(message, 3)}
   end
 end
@@ -20,6 +20,6 @@ if held[1] == token then
   return {1, tonumber(held[2]), NOW_MS, math.floor(tonumber(held[3]) / 1000)}
 end
 redis.call('LREM', queue, 0, token)
-redis.call('HDEL', waiters, token, 'p|' .. token)
+redis.call('HDEL', waiters, token, 'p|' .. token, 'n|' .. token)
 if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters, wake) end
 return {0}

@@ -80,7 +80,7 @@ local function purge(queue, waiters)
     local deadline = info and parse_waiter(info) or 0
     if deadline > NOW_MS then return head end
     redis.call('LPOP', queue)
-    redis.call('HDEL', waiters, head, 'p|' .. head)
+    redis.call('HDEL', waiters, head, 'p|' .. head, 'n|' .. head)
     if redis.call('LLEN', queue) == 0 then redis.call('DEL', waiters) end
   end
 end
@@ -91,7 +91,7 @@ end
 local function hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff_ms)
   local deadline, ttl, enq, owner = parse_waiter(redis.call('HGET', waiters, head))
   redis.call('LPOP', queue)
-  redis.call('HDEL', waiters, head, 'p|' .. head)
+  redis.call('HDEL', waiters, head, 'p|' .. head, 'n|' .. head)
   local waited = NOW_US - enq
   local lease = math.min(ttl, handoff_ms)
   local f = grant(lock, fencek, fence_ttl, head, lease, ttl, owner, waited)
@@ -121,4 +121,43 @@ local function wake_orphans(taken, sigprefix, live)
       redis.call('HDEL', taken, entries[i])
     end
   end
+end
+
+-- The keys of the lock named `name` under key prefix `prefix` (locks/keys.py: LockKeys).
+local function lock_keys(prefix, name)
+  local lock = prefix .. 'lock:{' .. name .. '}'
+  return lock, lock .. ':fence', lock .. ':queue', lock .. ':waiters', lock .. ':wake', lock .. ':taken',
+         lock .. ':signal:'
+end
+
+-- A non-blocking acquire by a caller that is not queued (acquire.lua with wait 0, no payload):
+-- the fence if the lock was free and nobody waited; nil if it is held, or if waiters queued
+-- first (it is handed to the head: FIFO holds for them too).
+local function grab(prefix, name, token, ttl, owner, fence_ttl, handoff)
+  local lock, fencek, queue, waiters, wake, taken, sigprefix = lock_keys(prefix, name)
+  if redis.call('EXISTS', lock) == 1 then return nil end
+  wake_orphans(taken, sigprefix, nil)
+  local head = purge(queue, waiters)
+  if head then
+    hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff)
+    return nil
+  end
+  local f = grant(lock, fencek, fence_ttl, token, ttl, ttl, owner, 0)
+  nudge(lock, waiters, wake)
+  return f
+end
+
+-- release.lua's work on one lock: 1 released (and handed to the next waiter, if any), 0 not
+-- owned (its lease ended, or another holds it).
+local function let_go(lock, fencek, queue, waiters, wake, taken, token, sigprefix, fence_ttl, handoff)
+  if redis.call('HGET', lock, 'token') ~= token then return 0 end
+  redis.call('DEL', lock)
+  wake_orphans(taken, sigprefix, nil)  -- taken by this hold and never answered
+  local head = purge(queue, waiters)
+  if head then
+    hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff)
+  elseif fence_ttl <= 0 then
+    forget_one_shot(fencek, wake)
+  end
+  return 1
 end

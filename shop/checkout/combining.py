@@ -20,7 +20,7 @@ from shop.conf import shop_settings
 from shop.models import CheckoutRequest
 from shop.plumbing import hooks, lock_names, stale_transactions
 from shop.plumbing.lock_names import lane_lock, product_lock
-from shop.plumbing.locking import lock_error, release_all_safely, shop_lock
+from shop.plumbing.locking import lock_error, shop_lock
 from shop.plumbing.retries import DEADLOCKS
 from shop.plumbing.transactions import drop_connection, durable_transaction, lost_connection
 
@@ -36,7 +36,9 @@ def queue(mine: Request, *, wait: float, guards: Sequence[str] = ()) -> Result |
     if wait <= 0:
         return _settled(mine) or Refused.of(errors.LockTimeout(details={"lock": lock.name}))
     try:
-        got = combining.submit(lock, mine.payload(), wait=wait, guards=guards)
+        # A lane's holder takes its batch's product locks with the batch (one round trip).
+        needs = [product_lock(mine.lines[0][0])] if lanes > 0 else []
+        got = combining.submit(lock, mine.payload(), wait=wait, guards=guards, needs=needs)
     except (locks.LockTimeout, locks.LockUnavailable) as exc:
         # Committed by a combiner whose reply we did not wait for, or never; or Redis failed us,
         # but a combiner may have taken our request: the request id in MySQL says.
@@ -96,8 +98,9 @@ def _settled(mine: Request) -> Placed | None:
 
 
 def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
-    """Serve our request and the batch queued behind us; reply to each; release."""
-    also: list[locks.Hold] = []  # a lane's holder also holds its batch's product locks
+    """Serve our request and the batch queued behind us; reply to each; release. A lane's
+    holder takes its batch's product locks with the batch (`turn.also`) and lets them go with
+    the replies."""
     replies: dict[str, str] = {}
     try:
         taken: list[Request] = []
@@ -105,7 +108,8 @@ def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
         try:
             try:
                 taken = [Request.from_payload(r.payload, deadline=r.deadline, token=r.token)
-                         for r in turn.take(int(shop_settings.COMBINE_BATCH) - 1)]
+                         for r in turn.take(int(shop_settings.COMBINE_BATCH) - 1,
+                                            lock_of=shop_lock if lanes > 0 else None)]
             except locks.LockUnavailable as exc:
                 # Redis went away under us: nothing committed. Requests the take may have moved
                 # are woken when our hold ends without replying, and queue again.
@@ -118,7 +122,7 @@ def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
                             turn.hold.name)
                 return protocol.AGAIN
             if lanes > 0:
-                results = _write_lane([mine, *taken], also=also)
+                results = _write_lane([mine, *taken], also=turn.also)
             else:
                 stale_transactions.record({turn.hold.name: turn.hold})
                 results = writer.write([mine, *taken], holds={mine.lines[0][0]: turn.hold})
@@ -131,45 +135,41 @@ def _take_turn(turn: combining.Turn, *, mine: Request, lanes: int) -> Result:
             raise
         replies = {r.token: protocol.to_json(results[r.id]) for r in taken if r.token}
     finally:
-        _end_turn(turn, replies, also=also)
+        _end_turn(turn, replies)
     return results[mine.id]
 
 
-def _write_lane(requests: list[Request], *, also: list[locks.Hold]) -> dict[str, Result]:
-    """A lane's batch: take its products' locks at once without waiting (sorted; added to
-    `also`, released after the transaction) and write the orders of every product we got in one
-    transaction; a product whose lock is busy goes back to its buyers (ALONE: they take it
-    themselves, in its own FIFO line)."""
+def _write_lane(requests: list[Request], *, also: dict[str, locks.Hold]) -> dict[str, Result]:
+    """A lane's batch: the orders of every product whose lock came with the batch (`also`:
+    taken without waiting, released after the transaction) in one transaction; a product whose
+    lock was busy goes back to its buyers (ALONE: they take it themselves, in its own FIFO line)."""
     product_ids = sorted({r.lines[0][0] for r in requests})
-    try:
-        got = locks.try_acquire_all([shop_lock(product_lock(pid)) for pid in product_ids])  # one round trip
-    except locks.LockUnavailable as exc:
-        raise lock_error(exc, lock=exc.name) from exc
-    also.extend(got.values())
-    holds: writer.Holds = {pid: got[product_lock(pid)] for pid in product_ids if product_lock(pid) in got}
+    holds: writer.Holds = {pid: also[product_lock(pid)] for pid in product_ids if product_lock(pid) in also}
     results: dict[str, Result] = {r.id: protocol.ALONE for r in requests if r.lines[0][0] not in holds}
     writable = [r for r in requests if r.lines[0][0] in holds]
     if writable:
-        stale_transactions.record(got)
+        stale_transactions.record(also)
         results.update(writer.write(writable, holds=holds))
     return results
 
 
-def _end_turn(turn: combining.Turn, replies: dict[str, str], *, also: list[locks.Hold]) -> None:
-    """Release the product locks a lane's holder took (after COMMIT), reply, then release the
-    turn (its hand-off). Not one round trip for all: the buyers answered while the turn is
-    still held queue again before it moves on, so batches stay larger and the hot product sells
-    more (docs/benchmarks.md, "Checkout lanes": "Tried and dropped"). Kill mode's holder records
-    go last, outside the critical section (until then they name an idle connection)."""
+def _end_turn(turn: combining.Turn, replies: dict[str, str]) -> None:
+    """Release the product locks a lane's holder took (after COMMIT) and reply, in one round
+    trip, then release the turn (its hand-off). Not one round trip for all: the buyers answered
+    while the turn is still held queue again before it moves on, so batches stay larger and the
+    hot product sells more (docs/benchmarks.md, "Checkout lanes": "Tried and dropped"). Kill
+    mode's holder records go last, outside the critical section (until then they name an idle
+    connection)."""
+    also = list(turn.also.values())
     try:
-        if also:
-            release_all_safely(also)
         try:
-            if replies:
-                turn.reply(replies)
+            for hold in turn.reply(replies):
+                log.warning("lock %s expired before release (fence %s); the fence kept the write safe",
+                            hold.name, hold.fence)
         except (RedisError, locks.LockUnavailable):
             # They wait on; when our hold ends without their reply they queue again, and the next
-            # combiner finds their request ids committed (or not) and answers them.
+            # combiner finds their request ids committed (or not) and answers them. The product
+            # locks end with their leases.
             log.warning("combining: replies to %d buyers failed (Redis); they will be answered again", len(replies))
         try:
             if not turn.finish():  # released once, the batch counted (lock stats, metrics)

@@ -27,13 +27,14 @@ import time
 
 import pytest
 
-from locks import HolderChanged, Lock, LockLost, LockNotOwned, inspect, release_all, stats, try_acquire_all
+from locks import HolderChanged, Lock, LockLost, LockNotOwned, combining, inspect, release_all, stats, try_acquire_all
 from locks.backends import get_backend
 
 FORK = multiprocessing.get_context("fork")
 
 __all__ = [
     "test_contract_a_blocked_acquire_times_out",
+    "test_contract_a_combiner_takes_the_locks_its_batch_needs_with_the_batch",
     "test_contract_a_sigkilled_holder_passes_the_lock_on_after_its_lease",
     "test_contract_a_stale_holder_cannot_release_or_extend_the_new_holders_lock",
     "test_contract_a_waiter_is_woken_by_the_release",
@@ -44,6 +45,7 @@ __all__ = [
     "test_contract_fences_strictly_increase_on_the_shared_scale",
     "test_contract_processes_exclude_each_other_and_fences_follow_the_order",
     "test_contract_reentrant_holds_nest",
+    "test_contract_the_batchs_locks_are_renewed_lost_and_released_like_any_hold",
     "test_contract_the_checkout_never_oversells_on_this_backend",
     "test_contract_the_dashboard_and_the_locks_command_show_the_holder",
     "test_contract_try_acquire_all_takes_the_free_locks_and_release_all_lets_them_go",
@@ -353,3 +355,103 @@ def test_contract_the_checkout_never_oversells_on_this_backend(backend, settings
     product.refresh_from_db()
     assert product.stock == 0
     assert check_invariants(product_ids=[product.pk], initial_stock={product.pk: 40}, seen_order_ids=seen) == []
+
+
+# --- combining with the other locks a batch needs (a checkout lane: submit(needs=), take(lock_of=)) ---
+def _submit_needing(lane: str, payload: str, needs: list[str], queue) -> None:
+    got = combining.submit(Lock(lane, ttl=10.0), payload, wait=20.0, needs=needs)
+    queue.put(got.reply if isinstance(got, combining.Served) else "turn")
+    if not isinstance(got, combining.Served):
+        got.finish()
+
+
+def _queued_requests(lane: str, n: int) -> None:
+    deadline = time.monotonic() + 20
+    while (info := inspect.lock_info(lane)) is None or info.queued_requests < n:
+        assert time.monotonic() < deadline, "the requests did not queue"
+        time.sleep(0.02)
+
+
+def _short_lock(name: str) -> Lock:
+    return Lock(name, ttl=5.0)
+
+
+def test_contract_a_combiner_takes_the_locks_its_batch_needs_with_the_batch(backend, name):
+    """Each needed lock is taken as a non-blocking acquire would take it: a fence of its own
+    above the last one, only if free (a held one is skipped, not waited for) and only if nobody
+    queued for it (a lock whose holder lapsed with a waiter queued goes to that waiter)."""
+    lane, mine, free, busy, lapsed = (f"{name}-{c}" for c in ("lane", "mine", "free", "busy", "lapsed"))
+    if not get_backend().supports_combining:
+        with pytest.raises(NotImplementedError):
+            Lock(lane).submit("x", wait=1.0, needs=[mine])
+        return
+    with Lock(free, ttl=5.0) as before:  # a fence to be above
+        last_fence = before.fence
+    ready, done, queue, handed = FORK.Event(), FORK.Event(), FORK.Queue(), FORK.Queue()
+    holder = FORK.Process(target=_hold_until, args=(busy, ready, done))
+    holder.start()
+    assert ready.wait(30)
+    lapsing = Lock(lapsed, ttl=0.4)
+    assert lapsing.acquire(blocking=False)  # never released: its lease lapses with a waiter queued
+    waiter = FORK.Process(target=_wait_for, args=(lapsed, handed))
+    waiter.start()
+    turn = combining.submit(Lock(lane, ttl=10.0), "mine", wait=5.0, needs=[mine])
+    assert isinstance(turn, combining.Turn)
+    senders = [FORK.Process(target=_submit_needing, args=(lane, f"r{i}", [n], queue))
+               for i, n in enumerate((free, busy, lapsed))]
+    try:
+        for p in senders:
+            p.start()
+        _queued_requests(lane, 3)
+        while inspect.lock_info(lapsed) is None or inspect.lock_info(lapsed).waiters < 1:
+            time.sleep(0.02)
+        os.kill(waiter.pid, signal.SIGSTOP)  # queued, and its own timer cannot take the lock at the lease's end
+        time.sleep(0.6)  # the lapsed lock's lease is over; its waiter is still queued
+        batch = turn.take(10, lock_of=_short_lock)
+        os.kill(waiter.pid, signal.SIGCONT)
+        assert sorted(r.payload for r in batch) == ["r0", "r1", "r2"]
+        assert {r.payload: r.needs for r in batch} == {"r0": (free,), "r1": (busy,), "r2": (lapsed,)}
+        assert sorted(turn.also) == sorted([mine, free]), (sorted(turn.also), mine, free)
+        assert turn.also[free].fence > last_fence
+        for n in (mine, free):
+            assert inspect.lock_info(n).fence == turn.also[n].fence
+            assert Lock(n, ttl=5.0).acquire(blocking=False) is False  # ours: excluded
+        assert handed.get(timeout=10) > 0  # the lapsed lock went to its queued waiter, not to us
+        lost = turn.reply({r.token: f"done:{r.payload}" for r in batch})
+        assert lost == []
+        assert turn.also == {}
+        assert inspect.lock_info(mine) is None and inspect.lock_info(free) is None  # released with the reply
+        assert sorted(queue.get(timeout=10) for _ in senders) == ["done:r0", "done:r1", "done:r2"]
+    finally:
+        os.kill(waiter.pid, signal.SIGCONT)
+        done.set()
+        for p in (*senders, holder, waiter):
+            p.join(10)
+        turn.finish()
+
+
+def test_contract_the_batchs_locks_are_renewed_lost_and_released_like_any_hold(backend, name):
+    lane, kept, cut = f"{name}-lane", f"{name}-kept", f"{name}-cut"
+    if not get_backend().supports_combining:
+        assert Lock(lane).supports_combining is False
+        return
+    turn = combining.submit(Lock(lane, ttl=10.0), "mine", wait=5.0, needs=[kept, cut])
+    assert isinstance(turn, combining.Turn)
+    try:
+        assert turn.take(10, lock_of=lambda n: Lock(n, ttl=0.6, renew=True, max_hold=30.0)) == []
+        assert sorted(turn.also) == [cut, kept]
+        time.sleep(1.5)  # well past the 0.6 s lease: renewed meanwhile
+        turn.also[kept].check()
+        force_released = inspect.force_release(cut)  # lost under us: reported, not raised
+        assert force_released is not None
+        lost = turn.reply({})
+        assert [h.name for h in lost] == [cut]
+        assert inspect.lock_info(kept) is None
+    finally:
+        turn.finish()
+    # A turn ended without a reply still lets them go.
+    turn = combining.submit(Lock(lane, ttl=10.0), "again", wait=5.0, needs=[kept])
+    turn.take(10, lock_of=_short_lock)
+    assert kept in turn.also
+    assert turn.finish()
+    assert inspect.lock_info(kept) is None
