@@ -1,14 +1,18 @@
 """The `LOCKS` setting, with defaults (the DRF `api_settings` idea, without the caching).
 
 Values are read from `settings.LOCKS` on every access, so `override_settings` and tests that
-change the prefix work without a reload hook. The lookups are dict reads: cheap.
+change the prefix work without a reload hook. The lookups are dict reads: cheap. What is built
+from settings and kept (the backend, a thread's Redis client) is kept per `generation()`, which
+every change of LOCKS or CACHES moves on.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     # Which coordination service holds the locks (locks/backends/): "redis" (one Redis, Sentinel
@@ -69,11 +73,42 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# Django's LazySettings keeps each setting it read in its own __dict__ and drops it when that
+# setting is set or overridden: read LOCKS from there first (as shop/conf.py does). A read through
+# `settings.LOCKS` costs ~3 us, and a lock reads a dozen settings per acquisition.
+_read_settings: dict[str, Any] = object.__getattribute__(settings, "__dict__")
+_UNSET = object()
+
+
 class LockSettings:
     def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
-            raise AttributeError(f"unknown LOCKS setting {name!r}")
-        return getattr(settings, "LOCKS", {}).get(name, DEFAULTS[name])
+        configured = _read_settings.get("LOCKS")
+        if configured is None:
+            configured = getattr(settings, "LOCKS", {})
+        value = configured.get(name, _UNSET)
+        if value is _UNSET:
+            if name not in DEFAULTS:
+                raise AttributeError(f"unknown LOCKS setting {name!r}")
+            return DEFAULTS[name]
+        return value
 
 
 locks_settings = LockSettings()
+
+_generations = itertools.count(1)
+_generation = 0
+
+
+def generation() -> int:
+    """Moves on whenever LOCKS or CACHES change (override_settings, tests): what was built from
+    them is built again."""
+    return _generation
+
+
+def _settings_changed(*, setting: str, **_: object) -> None:
+    global _generation
+    if setting in ("LOCKS", "CACHES"):
+        _generation = next(_generations)
+
+
+setting_changed.connect(_settings_changed, dispatch_uid="locks.conf.generation")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ImproperlyConfigured
 
 from locks.backends.base import Also, Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
-from locks.conf import locks_settings
+from locks.conf import generation, locks_settings
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -40,6 +40,7 @@ OPTIONS = {
 }
 
 _instances: dict[tuple[object, ...], LockBackend] = {}
+_last: tuple[int, int, LockBackend] | None = None  # (settings generation, pid, backend) of the last lookup
 _guard = threading.Lock()
 
 
@@ -61,6 +62,15 @@ def _freeze(value: object) -> object:
 def get_backend(*, client: Redis | None = None) -> LockBackend:
     if client is not None:
         return backend_class("redis")(client=client)  # type: ignore[call-arg]  # the Redis backend's own argument
+    last = _last
+    if last is not None and last[0] == generation() and last[1] == os.getpid():
+        return last[2]  # settings unchanged: every lock of an order asks, so not rebuilt per call
+    return _lookup()
+
+
+def _lookup() -> LockBackend:
+    global _last
+    seen = generation()
     name = locks_settings.BACKEND
     key = (name, os.getpid(), *(_freeze(getattr(locks_settings, o)) for o in OPTIONS.get(name, ())))
     backend = _instances.get(key)
@@ -70,6 +80,7 @@ def get_backend(*, client: Redis | None = None) -> LockBackend:
             if backend is None:
                 options = {o.lower(): getattr(locks_settings, o) for o in OPTIONS.get(name, ())}
                 backend = _instances[key] = backend_class(name)(**options)
+    _last = (seen, os.getpid(), backend)
     return backend
 
 
@@ -82,7 +93,9 @@ def capabilities() -> tuple[bool, bool]:
 
 def reset() -> None:
     """Close and forget every backend of this process (tests)."""
+    global _last
     with _guard:
+        _last = None
         for backend in _instances.values():
             with contextlib.suppress(Exception):  # a dead connection must not fail a teardown
                 backend.close()
