@@ -198,4 +198,4 @@ def verdict(comparison: HttpComparison) -> list[str]:
 
 NOTE = ("medians over the rounds; busy and errors: totals. CPU ms/request = clients + app + mysqld + redis (mysqld "
         "and redis server-wide: other clients' work counts too); in process the clients run the checkout, over "
-        "HTTP they only send requests (urllib, a new connection each) and the app servers run it.")
+        "HTTP they only send requests (http.client, one kept-alive connection each) and the app servers run it.")

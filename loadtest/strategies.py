@@ -14,13 +14,13 @@ error and keeps its message.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import random
 import socket
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -487,7 +487,9 @@ class ClaimCoupon(Strategy):
 
 
 class Http(Strategy):
-    """The JSON API: POST {url}/api/orders/ with a Bearer token per load user (stdlib urllib).
+    """The JSON API: POST {url}/api/orders/ with a Bearer token per load user (stdlib http.client,
+    one kept-alive connection per worker, as an API client holds one; opened again when the
+    server closes it).
 
     Answers are classified as in process (`outcome_of_code`): a 201 with the order's id is placed;
     the shop's refusals are out of stock, busy or rejected (by code); anything else raises
@@ -505,6 +507,32 @@ class Http(Strategy):
         targets = options.urls or [options.url]
         self.base = targets[options.worker % len(targets)].rstrip("/")
         self.servers: dict[str, dict[str, int]] = {}
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _send(self, method: str, path: str, *, headers: dict[str, str], body: bytes | None = None) -> tuple[int, bytes]:
+        """One request on the kept-alive connection: (status, body). A connection the server had
+        closed meanwhile (its keep-alive timeout, a restart) fails the first send: opened again
+        and sent once more. Safe to repeat: an order carries its Idempotency-Key."""
+        for attempt in range(2):
+            if self._conn is None:
+                url = urllib.parse.urlsplit(self.base)
+                kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+                self._conn = kind(url.hostname or "127.0.0.1", url.port, timeout=30)
+            try:
+                self._conn.request(method, path, body=body, headers=headers)
+                response = self._conn.getresponse()
+                raw = response.read()
+            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
+                self._conn.close()
+                self._conn = None
+                if attempt:
+                    raise
+                continue
+            if response.will_close:
+                self._conn.close()
+                self._conn = None
+            return response.status, raw
+        raise AssertionError("unreachable")
 
     def place(self, user_id: int, lines: Lines) -> Result:
         counts = self.servers.setdefault(self.base, {o: 0 for o in OUTCOMES})
@@ -520,21 +548,13 @@ class Http(Strategy):
         body: dict[str, object] = {"lines": [{"product_id": pid, "quantity": qty} for pid, qty in lines]}
         if self.options.coupon_code:
             body["coupon_code"] = self.options.coupon_code
-        request = urllib.request.Request(
-            self.base + "/api/orders/",
-            data=json.dumps(body).encode(),
+        status, raw = self._send(
+            "POST", "/api/orders/", body=json.dumps(body).encode(),
             headers={"Content-Type": "application/json", "Accept": "application/json",
                      "Authorization": f"Bearer {self.options.tokens[user_id]}",
                      # As a real client sends it (a retry would reuse it): the service must
                      # still refuse a sold-out storm without SQL.
-                     "Idempotency-Key": uuid.uuid4().hex},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            status, raw = exc.code, exc.read()
+                     "Idempotency-Key": uuid.uuid4().hex})
         try:
             data = json.loads(raw)
         except ValueError:
@@ -564,12 +584,9 @@ class Http(Strategy):
 
     def _pay(self, user_id: int, order_id: int) -> None:
         """POST {url}/api/orders/<id>/pay/; a refusal leaves the order unpaid (the books show it)."""
-        request = urllib.request.Request(
-            f"{self.base}/api/orders/{order_id}/pay/", data=b"{}", method="POST",
-            headers={"Content-Type": "application/json", "Accept": "application/json",
-                     "Authorization": f"Bearer {self.options.tokens[user_id]}"})
-        with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(request, timeout=30):
-            pass
+        self._send("POST", f"/api/orders/{order_id}/pay/", body=b"{}",
+                   headers={"Content-Type": "application/json", "Accept": "application/json",
+                            "Authorization": f"Bearer {self.options.tokens[user_id]}"})
 
 
 class Ping(Http):
@@ -583,14 +600,8 @@ class Ping(Http):
     uses_lock = False
 
     def _place(self, user_id: int, lines: Lines) -> Result:
-        request = urllib.request.Request(
-            self.base + "/api/ping/", method="GET",
-            headers={"Accept": "application/json", "Authorization": f"Bearer {self.options.tokens[user_id]}"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            status, raw = exc.code, exc.read()
+        status, raw = self._send("GET", "/api/ping/", headers={
+            "Accept": "application/json", "Authorization": f"Bearer {self.options.tokens[user_id]}"})
         try:
             data = json.loads(raw)
         except ValueError:

@@ -117,6 +117,10 @@ DEFAULTS: dict[str, Any] = {
     # API tokens: a verified token's user is cached this long (seconds; 0 = off). Revoking a
     # token drops it at once; deactivating a user takes effect within this time.
     "TOKEN_CACHE_TTL": 60,
+    # ... and kept in each server process this long (seconds; 0 = off): a request then pays no
+    # Redis round trip nor unpickling for it. A revocation reaches the revoking process at once
+    # and the others within this time.
+    "TOKEN_LOCAL_TTL": 1.0,
     # Orders awaiting payment one buyer may have at once (None: no limit). Without it one account
     # can reserve a whole drop for the payment window and order it again when it expires.
     # Env: SHOP_MAX_UNPAID_ORDERS (a number or "off"). Load tests switch it off for their buyers.

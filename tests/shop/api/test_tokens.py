@@ -3,6 +3,8 @@ sets one, at once even when the token's user is cached (TOKEN_CACHE_TTL)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.tokens import default_token_generator
@@ -113,3 +115,24 @@ def test_a_password_saved_inside_a_transaction_drops_the_cached_user_again_at_co
         user.save()
         tokens._cache().set(tokens._cache_key(ApiToken.hash(cached_token)), user, 60)
     assert api_status(cached_token) == 401
+
+
+def test_a_process_keeps_a_tokens_user_for_token_local_ttl_and_hands_out_copies(user, settings):
+    """In front of the shared cache each process keeps the user TOKEN_LOCAL_TTL seconds: a
+    revocation made elsewhere (another process: the row and the shared cache, not this
+    process's memory) is seen here within that time, and at once where it was made."""
+    from shop.api import tokens
+
+    settings.SHOP = {**settings.SHOP, "TOKEN_LOCAL_TTL": 0.5}
+    raw = ApiToken.issue(user_id=user.pk, name="script")
+    first, second = tokens.user_for_token(raw), tokens.user_for_token(raw)
+    assert first.pk == second.pk == user.pk and first is not second  # a view changing its user changes no other
+    ApiToken.objects.filter(key_hash=ApiToken.hash(raw)).update(revoked_at=user.date_joined)
+    tokens._cache().delete(tokens._cache_key(ApiToken.hash(raw)))  # what another process's revoke() does
+    assert api_status(raw) == 200  # this process has not heard yet
+    time.sleep(0.6)
+    assert api_status(raw) == 401
+    other = ApiToken.issue(user_id=user.pk, name="second")
+    assert api_status(other) == 200
+    tokens.revoke(token=ApiToken.objects.get(key_hash=ApiToken.hash(other)))
+    assert api_status(other) == 401  # revoked here: at once
