@@ -87,8 +87,17 @@ def _lookup() -> LockBackend:
 def capabilities() -> tuple[bool, bool]:
     """(supports_combining, supports_guards) of the configured backend: what `Lock(...)` would
     report, without building a lock (a caller that asks per request, like the checkout)."""
+    global _capabilities
     backend = get_backend()
-    return backend.supports_combining, backend.supports_guards
+    known = _capabilities
+    if known is not None and known[0] is backend and known[1] == generation():
+        return known[2]  # asked per order: supports_guards looks at the client's type
+    found = (backend.supports_combining, backend.supports_guards)
+    _capabilities = (backend, generation(), found)
+    return found
+
+
+_capabilities: tuple[LockBackend, int, tuple[bool, bool]] | None = None
 
 
 def reset() -> None:

@@ -121,7 +121,7 @@ def insert_sql(model: type[models.Model], fields: tuple[str, ...], rows: list[tu
     opts = model._meta
     qn = connection.ops.quote_name
     columns = ", ".join(qn(opts.get_field(f).column) for f in fields)
-    escape = connection.connection.literal
+    escape, encoding = connection.connection.literal, connection.connection.encoding
     seen: dict[tuple[type, object], str] = {}
 
     def literal(value: object) -> str:
@@ -131,7 +131,7 @@ def insert_sql(model: type[models.Model], fields: tuple[str, ...], rows: list[tu
             return "NULL"
         key = (type(value), value)
         if (text := seen.get(key)) is None:
-            text = seen[key] = escape(value).decode(connection.connection.encoding)
+            text = seen[key] = escape(value).decode(encoding)
         return text
 
     values = ", ".join("(" + ", ".join(map(literal, row)) + ")" for row in rows)
