@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 
 import pytest
 from django.test import override_settings
@@ -125,3 +126,18 @@ def test_a_busy_answer_is_sent_even_if_reading_the_request_fails(monkeypatch, ca
         status, headers, body = _split(busy_response(CHECKOUT, "full"))
     assert status.endswith("503 Service Unavailable") and json.loads(body)["error"]["code"] == "busy"
     assert headers["x-content-type-options"] == "nosniff" and "could not be read" in caplog.text
+
+
+def test_the_date_header_is_formatted_once_a_second_and_reads_as_gunicorns():
+    from email.utils import formatdate, parsedate_to_datetime
+
+    from config import gunicorn_worker
+
+    for _ in range(3):
+        before = time.time()
+        text = gunicorn_worker.http_date()
+        after = time.time()
+        assert text in (formatdate(int(before), usegmt=True), formatdate(int(after), usegmt=True))
+        assert int(before) <= parsedate_to_datetime(text).timestamp() <= after
+        time.sleep(0.4)
+    assert gunicorn_worker.http_date(0) == formatdate(0, usegmt=True)  # a given time: as gunicorn does it

@@ -419,3 +419,25 @@ def test_a_request_that_came_while_the_worker_was_behind_is_not_cut_off_as_slow(
         finally:
             for sock in [*socks, newest]:
                 sock.close()
+
+
+def test_answers_on_a_kept_alive_connection_carry_the_current_date(server):
+    """The worker's once-a-second Date header (config/gunicorn_worker.py `http_date`) is the one
+    gunicorn sends, and it moves on with the clock."""
+    from email.utils import parsedate_to_datetime
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10, source_address=(NORMAL, 0))
+    try:
+        dates = []
+        for _ in range(2):
+            before = int(time.time())
+            conn.request("GET", "/api/products/")
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200
+            dates.append(parsedate_to_datetime(response.getheader("Date")).timestamp())
+            assert before <= dates[-1] <= time.time()
+            time.sleep(1.1)
+        assert dates[1] > dates[0]
+    finally:
+        conn.close()
