@@ -201,7 +201,8 @@ def orders(request: HttpRequest) -> JsonResponse:
         except errors.InvalidInput as exc:
             exc.details = {"Idempotency-Key": exc.details.get("idempotency_key", "invalid")}
             raise
-    arrived, arrived_us = arrivals.arrived(request)
+    # When it came matters only to a drop's line (this process's view of which products have one).
+    arrived, arrived_us = arrivals.arrived(request) if lined([pid for pid, _ in lines]) else (None, None)
     try:
         placed = place_order(user=request.user, lines=lines, coupon_code=code, idempotency_key=key,
                              deadline=deadlines.of_request(request), line_ticket=request.headers.get("Line-Ticket"),
