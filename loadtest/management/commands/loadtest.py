@@ -179,14 +179,14 @@ class Command(BaseCommand):
             for scenario in [*faults.SCENARIOS.values(), *httpfaults.SCENARIOS.values()]:
                 self.stdout.write(f"{scenario.name:<22} {scenario.description}")
             return
-        if opts["fault"]:
-            self._faults(opts)
-            return
-        shipped = opts["compare_http"]
+        shipped = opts["compare_http"]  # the shipped server's shape; the others' small default
         if opts["server_workers"] is None:
             opts["server_workers"] = appservers.SHIPPED_WORKERS if shipped else 2
         if opts["server_threads"] is None:
             opts["server_threads"] = appservers.SHIPPED_THREADS if shipped else 4
+        if opts["fault"]:
+            self._faults(opts)
+            return
         opts["url"] = self._urls(opts)
         if opts["profile"] or opts["rate"]:
             self._crowd(opts)

@@ -425,3 +425,14 @@ def test_compare_http_measures_in_process_http_and_the_floor_in_one_run(tmp_path
     assert ratios["http_vs_floor"] == pytest.approx(http["orders_per_s"] / floor["requests_per_s"])
     assert data["warmup"] == {"seconds": 0.5, "invariants": "PASS"}
     assert not Product.objects.exists() and not Order.objects.exists()  # every run cleaned up after itself
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_http_fault_run_starts_its_app_servers_with_the_default_shape():
+    """--fault with an HTTP scenario and no --server-workers/--server-threads: the servers get the
+    small default shape (the options default to nothing so that --compare-http can tell)."""
+    out = run("--fault", "kill-app-server", "--fault-duration", "5", "--fault-length", "1", "--fault-buyers", "3")
+    assert "(2 workers x 4 threads)" in out
+    row = next(line for line in out.splitlines() if line.startswith("kill-app-server "))
+    assert row.endswith("PASS")
