@@ -258,7 +258,7 @@ class Command(BaseCommand):
         bad = [u for u in urls if not u.startswith(("http://", "https://"))]
         if bad:
             raise CommandError(f"--url must start with http:// or https:// (got {bad[0]!r})")
-        if opts["compare_http"]:
+        if opts.get("compare_http"):
             if urls:
                 raise CommandError("--compare-http starts its own app servers: leave out --url")
             if opts["compare"]:
