@@ -132,8 +132,10 @@ class Turn:
         stats (even if the release finds the lock lost: the batch was formed and worked on).
         Counted once, however often release is called. LockNotOwned if the lock was lost."""
         try:
-            self._release_also()
-            self.hold.release()
+            try:
+                self._release_also()
+            finally:  # our own hold is let go even if the others could not be
+                self.hold.release()
         finally:
             self._count()
 
@@ -143,8 +145,10 @@ class Turn:
         already): nothing to undo there, since the caller's writes were fenced. LockUnavailable
         if Redis cannot be reached (the hold then ends with its lease)."""
         try:
-            self._release_also()
-            self.hold.release()
+            try:
+                self._release_also()
+            finally:  # our own hold is let go even if the others could not be
+                self.hold.release()
         except LockNotOwned:
             return False
         finally:

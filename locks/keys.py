@@ -8,6 +8,7 @@ within one lock's slot on Redis Cluster.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from locks.conf import locks_settings
@@ -27,9 +28,9 @@ def validate_name(name: str) -> str:
 _VALID_NAMES: set[str] = set()
 
 
-def validate_needs(names: object) -> None:
+def validate_needs(names: Iterable[str]) -> None:
     """Names of locks a combining request needs: travel comma-separated, so no comma in one."""
-    for name in names:  # type: ignore[attr-defined]
+    for name in names:
         if "," in validate_name(name):
             raise ValueError(f"a needed lock's name may not contain a comma: {name!r}")
 

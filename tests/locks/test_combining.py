@@ -440,3 +440,11 @@ def test_a_reply_that_reaches_a_waiter_as_it_looks_again_does_not_queue_it_again
     assert _client().llen(keys.queue) == 0
     assert turn.finish()
     assert _client().exists(keys.lock, keys.queue, keys.waiters) == 0
+
+
+def test_a_needed_locks_name_travels_comma_separated_so_a_comma_in_one_is_refused(name):
+    with pytest.raises(ValueError, match="comma"):
+        submit(Lock(name), "x", wait=1.0, needs=["product:1,product:2"])
+    with pytest.raises(ValueError):
+        submit(Lock(name), "x", wait=1.0, needs=["{bad}"])
+    assert not Lock(name).locked()  # refused before anything reached Redis
