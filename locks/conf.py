@@ -105,6 +105,13 @@ def generation() -> int:
     return _generation
 
 
+def configured() -> object:
+    """The LOCKS dict as set now (None until read): what is kept per `generation()` checks it is
+    still the same object too, for code that assigns `settings.LOCKS` without the signal (a forked
+    benchmark worker)."""
+    return _read_settings.get("LOCKS")
+
+
 def _settings_changed(*, setting: str, **_: object) -> None:
     global _generation
     if setting in ("LOCKS", "CACHES"):

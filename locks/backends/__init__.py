@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ImproperlyConfigured
 
 from locks.backends.base import Also, Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
-from locks.conf import generation, locks_settings
+from locks.conf import configured, generation, locks_settings
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -40,7 +40,7 @@ OPTIONS = {
 }
 
 _instances: dict[tuple[object, ...], LockBackend] = {}
-_last: tuple[int, int, LockBackend] | None = None  # (settings generation, pid, backend) of the last lookup
+_last: tuple[int, int, LockBackend, object] | None = None  # (generation, pid, backend, LOCKS) of the last lookup
 _guard = threading.Lock()
 
 
@@ -63,7 +63,7 @@ def get_backend(*, client: Redis | None = None) -> LockBackend:
     if client is not None:
         return backend_class("redis")(client=client)  # type: ignore[call-arg]  # the Redis backend's own argument
     last = _last
-    if last is not None and last[0] == generation() and last[1] == os.getpid():
+    if last is not None and last[0] == generation() and last[1] == os.getpid() and last[3] is configured():
         return last[2]  # settings unchanged: every lock of an order asks, so not rebuilt per call
     return _lookup()
 
@@ -71,7 +71,7 @@ def get_backend(*, client: Redis | None = None) -> LockBackend:
 def _lookup() -> LockBackend:
     global _last
     seen = generation()
-    name = locks_settings.BACKEND
+    name = locks_settings.BACKEND  # (read first: it puts LOCKS where `configured` looks)
     key = (name, os.getpid(), *(_freeze(getattr(locks_settings, o)) for o in OPTIONS.get(name, ())))
     backend = _instances.get(key)
     if backend is None:
@@ -80,7 +80,7 @@ def _lookup() -> LockBackend:
             if backend is None:
                 options = {o.lower(): getattr(locks_settings, o) for o in OPTIONS.get(name, ())}
                 backend = _instances[key] = backend_class(name)(**options)
-    _last = (seen, os.getpid(), backend)
+    _last = (seen, os.getpid(), backend, configured())
     return backend
 
 
