@@ -91,14 +91,21 @@ class Turn:
             self.taken.extend(batch)
             return batch
         holder, started = current_holder(), time.monotonic()
-        also = Also(lock_of=lock_of, token=os.urandom(16).hex(), owner=f"{_HOST}:{os.getpid()}",
+        made: dict[str, Lock] = {}  # one Lock per name: the backend reads it, then it gets the hold
+
+        def once(name: str) -> Lock:
+            if name not in made:
+                made[name] = lock_of(name)
+            return made[name]
+
+        also = Also(lock_of=once, token=os.urandom(16).hex(), owner=f"{_HOST}:{os.getpid()}",
                     mine=tuple(sorted(name for name in self.needs if name not in self.also)))
         batch, grants = self.lock._backend.take_with(self.lock, token=self.hold.token, limit=max(int(limit), 0),
                                                      also=also)
         self.taken.extend(batch)
         for name, grant in grants.items():
-            self.also[name] = lock_of(name)._granted(grant, holder, also.token, also.owner, started,
-                                                     blocking=False, wait=0.0)
+            self.also[name] = once(name)._granted(grant, holder, also.token, also.owner, started,
+                                                  blocking=False, wait=0.0)
         return batch
 
     def reply(self, replies: dict[str, str]) -> list[Hold]:

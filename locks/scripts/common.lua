@@ -147,17 +147,23 @@ local function grab(prefix, name, token, ttl, owner, fence_ttl, handoff)
   return f
 end
 
--- release.lua's work on one lock: 1 released (and handed to the next waiter, if any), 0 not
--- owned (its lease ended, or another holds it).
-local function let_go(lock, fencek, queue, waiters, wake, taken, token, sigprefix, fence_ttl, handoff)
-  if redis.call('HGET', lock, 'token') ~= token then return 0 end
+-- End the current hold: the lock goes to the next waiter, if any (a one-shot lock nobody waits
+-- for leaves nothing behind); requests the hold took and never answered are woken.
+local function free(lock, fencek, queue, waiters, wake, taken, sigprefix, fence_ttl, handoff)
   redis.call('DEL', lock)
-  wake_orphans(taken, sigprefix, nil)  -- taken by this hold and never answered
+  wake_orphans(taken, sigprefix, nil)
   local head = purge(queue, waiters)
   if head then
     hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff)
   elseif fence_ttl <= 0 then
     forget_one_shot(fencek, wake)
   end
+end
+
+-- release.lua's work on one lock: 1 released (and handed to the next waiter, if any), 0 not
+-- owned (its lease ended, or another holds it).
+local function let_go(lock, fencek, queue, waiters, wake, taken, token, sigprefix, fence_ttl, handoff)
+  if redis.call('HGET', lock, 'token') ~= token then return 0 end
+  free(lock, fencek, queue, waiters, wake, taken, sigprefix, fence_ttl, handoff)
   return 1
 end

@@ -9,12 +9,5 @@ local held = redis.call('HMGET', lock, 'owner', 'fence', 'since_us', 'token', 'o
 if not held[4] then return {} end
 if expected ~= '0' and held[2] ~= expected then return {'changed', held[1], held[2]} end
 if held[5] == '1' then fence_ttl = 0 end  -- a one-shot lock stays one-shot
-redis.call('DEL', lock)
-wake_orphans(taken, sigprefix, nil)
-local head = purge(queue, waiters)
-if head then
-  hand_off(lock, fencek, fence_ttl, queue, waiters, wake, sigprefix, head, handoff)
-elseif fence_ttl <= 0 then
-  forget_one_shot(fencek, wake)
-end
+free(lock, fencek, queue, waiters, wake, taken, sigprefix, fence_ttl, handoff)
 return {held[1], held[2], held[3], held[4]}

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -484,20 +485,14 @@ class Command(BaseCommand):
             f"loadtest --compare: {len(names)} strategies x {len(chosen)} scenarios x {opts['repeat']} repeats "
             f"= {total} runs of {base.duration:g} s, {base.processes} processes each"
         )
-        done = 0
         progress = self._progress(opts, "compare", final=False)
+        finished = self._run_lines(progress, total)
 
         def on_run(scenario: str, repeat: int, outcome: Outcome) -> None:
-            nonlocal done
-            done += 1
-            if progress:
-                progress.done()
             s = outcome.summaries[-1]
             rate = (f"{s.rejections_per_s:,.0f} rejections/s" if s.phase == report.STORM_PHASE
                     else f"{s.orders_per_s:,.0f} orders/s")
-            self.stderr.write(f"[{done}/{total}] {scenario} #{repeat + 1} {outcome.config.strategy}: "
-                              f"{rate}, p99 {s.latency_ms['p99']:,.1f} ms, "
-                              f"{'PASS' if outcome.passed else 'FAIL'}")
+            finished(f"{scenario} #{repeat + 1} {outcome.config.strategy}", outcome, rate)
 
         scenarios.compare(comparison, spread=opts["spread_products"], sellout_stock=opts["sellout_stock"],
                           progress=progress, on_run=on_run)
@@ -507,6 +502,22 @@ class Command(BaseCommand):
         failed = comparison.unexpected_failures()
         if failed:
             raise CommandError(f"invariant check FAILED for {', '.join(sorted({o.config.strategy for o in failed}))}")
+
+    def _run_lines(self, progress: Any, total: int) -> Callable[[str, Outcome, str], None]:
+        """For a run of runs (--compare, --compare-http): a line on stderr as each one ends,
+        `[done/total] label: rate, p99, PASS|FAIL`, and the progress line moved on."""
+        done = 0
+
+        def finished(label: str, outcome: Outcome, rate: str) -> None:
+            nonlocal done
+            done += 1
+            if progress:
+                progress.done()
+            p99 = outcome.summaries[-1].latency_ms["p99"]
+            self.stderr.write(f"[{done}/{total}] {label}: {rate}, p99 {p99:,.1f} ms, "
+                              f"{'PASS' if outcome.passed else 'FAIL'}")
+
+        return finished
 
     def _print_comparison(self, comparison: Comparison, opts: dict[str, Any]) -> None:
         data: dict[str, Any] = {"strategies": comparison.strategies, "repeat": comparison.repeat,
@@ -588,19 +599,14 @@ class Command(BaseCommand):
             servers.start()
         except RuntimeError as exc:
             raise CommandError(f"an app server did not start: {exc}\n{servers.logs()}") from exc
-        done = 0
         progress = self._progress(opts, "compare-http", final=False)
+        finished = self._run_lines(progress, total)
 
         def on_run(round_: int, mode: str, outcome: Outcome) -> None:
-            nonlocal done
-            done += 1
-            if progress:
-                progress.done()
             s = outcome.summaries[-1]
             rate = (f"{s.attempted / s.window if s.window else 0:,.0f} requests/s" if mode == httpcompare.FLOOR
                     else f"{s.orders_per_s:,.0f} orders/s")
-            self.stderr.write(f"[{done}/{total}] round {round_ + 1} {mode}: {rate}, p99 {s.latency_ms['p99']:,.1f} ms, "
-                              f"{'PASS' if outcome.passed else 'FAIL'}")
+            finished(f"round {round_ + 1} {mode}", outcome, rate)
 
         if comparison.warmup:
             self.stderr.write(f"warming the app servers up: {comparison.warmup:g} s of HTTP orders, not counted")
