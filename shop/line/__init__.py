@@ -151,7 +151,9 @@ def lined(product_ids: Iterable[int]) -> dict[int, LineConfig]:
 
 
 def _read_configs() -> list[LineConfig]:
-    return [c for p in selectors.lined_products(now=clock.now()) if (c := config_of(p)) is not None]
+    return [LineConfig(product_id=pid, opens_at=opens_at, closes_at=closes_at, prequeue_seconds=prequeue,
+                       fifo=order == "fifo", paused=paused)
+            for pid, opens_at, closes_at, prequeue, order, paused in selectors.line_rows(now=clock.now())]
 
 
 def forget(**_: object) -> None:

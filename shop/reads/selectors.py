@@ -45,6 +45,7 @@ from shop.models import (
     ProductQuerySet,
 )
 from shop.plumbing import clock, redis_keys
+from shop.reads.compiled import TimedRead
 
 
 def product_list(*, include_inactive: bool = False) -> QuerySet[Product]:
@@ -219,11 +220,22 @@ def reservations(*, product_ids: Iterable[int]) -> dict[int, dict]:
     return {row.pop("product_id"): row for row in rows}
 
 
+LINE_FIELDS = ("id", "opens_at", "closes_at", "line_prequeue_seconds", "line_order", "line_paused")
+
+
 def lined_products(*, now) -> QuerySet[Product]:
     """Products whose drop has a line now (shop/line/): active, with opens_at, not closed yet."""
     return (Product.objects.filter(active=True, opens_at__isnull=False).not_over(now=now)
             .filter(Q(closes_at__isnull=True) | Q(closes_at__gt=F("opens_at")))  # not called off
-            .only("id", "opens_at", "closes_at", "line_prequeue_seconds", "line_order", "line_paused"))
+            .only(*LINE_FIELDS))
+
+
+_lines = TimedRead(lambda now: lined_products(now=now).values_list(*LINE_FIELDS))
+
+
+def line_rows(*, now) -> list[tuple]:
+    """`lined_products` as rows of LINE_FIELDS: what every process reads every second (compiled once)."""
+    return _lines.rows(now=now)
 
 
 def stock_and_reserved(*, product_id: int) -> tuple[int, int]:
@@ -236,8 +248,11 @@ def stock_and_reserved(*, product_id: int) -> tuple[int, int]:
 def drop_rules(*, now) -> list[tuple[int, timedelta | None, datetime | None]]:
     """(id, min_account_age, opens_at) of the products with a minimum account age or a drop window,
     whose sale is not over: what the checkout's account-age check keeps per process (shop/account_age.py)."""
-    return list(Product.objects.filter(Q(min_account_age__isnull=False) | Q(opens_at__isnull=False))
-                .not_over(now=now).values_list("pk", "min_account_age", "opens_at"))
+    return _drop_rules.rows(now=now)
+
+
+_drop_rules = TimedRead(lambda now: Product.objects.filter(Q(min_account_age__isnull=False) | Q(opens_at__isnull=False))
+                        .not_over(now=now).values_list("pk", "min_account_age", "opens_at"))
 
 
 # An API token made this soon after its account's sign-up is "quick": scripts do that, people rarely.
