@@ -60,6 +60,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from locks.backends import Also, QueuedRequest
+from locks.conf import pid
 from locks.exceptions import LockNotOwned, LockUnavailable
 from locks.hold import Guarded, Hold, Served, current_holder
 from locks.keys import validate_needs
@@ -98,7 +99,7 @@ class Turn:
                 made[name] = lock_of(name)
             return made[name]
 
-        also = Also(lock_of=once, token=os.urandom(16).hex(), owner=f"{_HOST}:{os.getpid()}",
+        also = Also(lock_of=once, token=os.urandom(16).hex(), owner=f"{_HOST}:{pid()}",
                     mine=tuple(sorted(name for name in self.needs if name not in self.also)))
         batch, grants = self.lock._backend.take_with(self.lock, token=self.hold.token, limit=max(int(limit), 0),
                                                      also=also)

@@ -9,6 +9,7 @@ every change of LOCKS or CACHES moves on.
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 from django.conf import settings
@@ -119,3 +120,19 @@ def _settings_changed(*, setting: str, **_: object) -> None:
 
 
 setting_changed.connect(_settings_changed, dispatch_uid="locks.conf.generation")
+
+
+def pid() -> int:
+    """This process's id, kept: `os.getpid()` is a system call, and a lock asks for it several
+    times (who holds, the kept backend and client). Moved on in a forked child before any other
+    of the locks' fork hooks runs (this module registers first)."""
+    return _pid
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+_pid = os.getpid()
+os.register_at_fork(after_in_child=_forked)

@@ -8,7 +8,6 @@ lock.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any
@@ -20,7 +19,7 @@ from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainErro
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from locks.conf import configured, generation, locks_settings
+from locks.conf import configured, generation, locks_settings, pid
 
 # Redis Cluster during a failover also answers CLUSTERDOWN/MASTERDOWN (every slot, for about a
 # second between a master's FAIL and its replica's promotion), or has no node for a slot yet:
@@ -33,12 +32,12 @@ def default_client() -> Redis:
     """The LOCKS cache alias's client. django-redis keeps one per thread, found through the
     cache handler on every call (~4 us); kept here per thread until the settings change."""
     cached = getattr(_clients, "last", None)
-    if cached is not None and cached[0] == generation() and cached[1] == os.getpid() and cached[3] is configured():
+    if cached is not None and cached[0] == generation() and cached[1] == pid() and cached[3] is configured():
         known: Redis = cached[2]
         return known
     seen = generation()
     client: Redis = get_redis_connection(locks_settings.CACHE_ALIAS)
-    _clients.last = (seen, os.getpid(), client, configured())
+    _clients.last = (seen, pid(), client, configured())
     return client
 
 

@@ -23,6 +23,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from locks.conf import pid
 from locks.exceptions import LockLost
 
 if TYPE_CHECKING:
@@ -83,13 +84,12 @@ def _serial_of(table: weakref.WeakKeyDictionary[Any, int], obj: Any) -> int:
 
 
 def current_holder() -> HolderKey:
-    """(pid, thread, asyncio task) of the caller: the identity a hold belongs to."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
+    """(pid, thread, asyncio task) of the caller: the identity a hold belongs to. Asked several
+    times per lock: no exception raised outside an event loop, no getpid() call."""
+    loop = asyncio._get_running_loop()
+    task = asyncio.current_task(loop) if loop is not None else None
     task_serial = _serial_of(_task_serials, task) if task is not None else 0
-    return (os.getpid(), _serial_of(_thread_serials, threading.current_thread()), task_serial)
+    return (pid(), _serial_of(_thread_serials, threading.current_thread()), task_serial)
 
 
 # --- cancelling a wait (asyncio) ------------------------------------------------------------

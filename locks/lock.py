@@ -42,7 +42,7 @@ from redis import Redis
 
 from locks import events
 from locks.backends import Grant, LockBackend, get_backend
-from locks.conf import locks_settings
+from locks.conf import locks_settings, pid
 from locks.connection import default_client
 from locks.exceptions import LockLost, LockNotOwned, LockTimeout, LockUnavailable
 from locks.hold import Cancelled, CancelToken, Guarded, Hold, HolderKey, Served, current_holder
@@ -217,7 +217,7 @@ class Lock:
         if existing is not None:
             return existing
         started = time.monotonic()
-        token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
+        token, owner = os.urandom(16).hex(), f"{_HOST}:{pid()}"
         wait = self.wait if wait is None else wait
         got = self._backend.submit(self, token=token, owner=owner, payload=payload, deadline=started + wait,
                                    guards=guards, needs=needs)
@@ -314,7 +314,7 @@ class Lock:
         if existing is not None:
             return existing
         started = time.monotonic()
-        token, owner = os.urandom(16).hex(), f"{_HOST}:{os.getpid()}"
+        token, owner = os.urandom(16).hex(), f"{_HOST}:{pid()}"
         grant = None
         try:
             grant = self._backend.acquire(self, token=token, owner=owner, blocking=blocking,
@@ -409,7 +409,7 @@ class Lock:
         """Before a release: False for a nested hold (only its count goes down)."""
         if hold.released:
             raise LockNotOwned("this hold was already released", name=self.name)
-        if hold.pid != os.getpid():
+        if hold.pid != pid():
             raise LockNotOwned("a forked child cannot release its parent's hold", name=self.name)
         if hold.count > 1:
             hold.count -= 1
@@ -427,7 +427,7 @@ class Lock:
             raise LockNotOwned("the lock expired or was taken before release", name=self.name)
 
     def _extend_hold(self, hold: Hold, seconds: float, *, replace: bool) -> float:
-        if hold.released or hold.pid != os.getpid():
+        if hold.released or hold.pid != pid():
             raise LockNotOwned("extend of a hold this holder does not own", name=self.name)
         seconds = _seconds(seconds, "extend", positive=True)
         sent = time.monotonic()
@@ -440,7 +440,7 @@ class Lock:
         return int(left_ms) / 1000
 
     def _verify_hold(self, hold: Hold) -> None:
-        if hold.released or hold.pid != os.getpid():
+        if hold.released or hold.pid != pid():
             raise LockLost("this hold was released or belongs to another process", name=self.name)
         sent = time.monotonic()
         left_ms = int(self._backend.check(self, token=hold.token))
@@ -485,7 +485,7 @@ def try_acquire_all(locks: Sequence[Lock]) -> dict[str, Hold]:
             holds[lock.name] = existing
         else:
             fresh.append(lock)
-    started, owner = time.monotonic(), f"{_HOST}:{os.getpid()}"
+    started, owner = time.monotonic(), f"{_HOST}:{pid()}"
     for group in _by_backend(fresh, lambda lock: lock):
         items = [(lock, os.urandom(16).hex(), owner) for lock in group]
         for (lock, token, _), grant in zip(items, group[0]._backend.try_acquire_many(items), strict=True):

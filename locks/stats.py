@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 
 from locks import histogram, metrics
-from locks.conf import locks_settings
+from locks.conf import locks_settings, pid
 from locks.connection import default_client
 from locks.exceptions import LockUnavailable
 from locks.keys import families_key, held_key, held_member, hot_key, stats_key
@@ -84,7 +84,7 @@ class Recorder:
         self._pending: dict[tuple[Any, str], _Pending] = {}
         self._thread: threading.Thread | None = None
         self._inflight: set[tuple[Any, str]] = set()  # clients a flush thread is writing to now
-        self._pid = os.getpid()
+        self._pid = pid()
         self._exit_hooked = False
 
     # -- recording (the lock's hot path: a mutex and a few dict updates) --------------------
@@ -218,7 +218,7 @@ class Recorder:
             interval = max(float(locks_settings.STATS_FLUSH_INTERVAL), 0.01)
             with self._wake:
                 self._wake.wait(max(min(interval - (time.monotonic() - last), 1.0), 0.0))
-            if self._pid != os.getpid():
+            if self._pid != pid():
                 return
             if time.monotonic() - last >= max(float(locks_settings.STATS_FLUSH_INTERVAL), 0.01):
                 last = time.monotonic()
@@ -266,7 +266,7 @@ class Recorder:
             thread.join(max(deadline - time.monotonic(), 0))
 
     def _flush(self, *, only: tuple[Any, str] | None = None, at_exit: bool = False) -> None:
-        if self._pid != os.getpid():
+        if self._pid != pid():
             return
         with self._mutex:
             work = [(client, prefix, p) for (client, prefix), p in self._pending.items()

@@ -9,7 +9,6 @@ Redis client (a `Lock(client=...)`, or a read of one Redis), whatever LOCKS["BAC
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from importlib import import_module
 from typing import TYPE_CHECKING
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ImproperlyConfigured
 
 from locks.backends.base import Also, Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
-from locks.conf import configured, generation, locks_settings
+from locks.conf import configured, generation, locks_settings, pid
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -63,7 +62,7 @@ def get_backend(*, client: Redis | None = None) -> LockBackend:
     if client is not None:
         return backend_class("redis")(client=client)  # type: ignore[call-arg]  # the Redis backend's own argument
     last = _last
-    if last is not None and last[0] == generation() and last[1] == os.getpid() and last[3] is configured():
+    if last is not None and last[0] == generation() and last[1] == pid() and last[3] is configured():
         return last[2]  # settings unchanged: every lock of an order asks, so not rebuilt per call
     return _lookup()
 
@@ -72,7 +71,7 @@ def _lookup() -> LockBackend:
     global _last
     seen = generation()
     name = locks_settings.BACKEND  # (read first: it puts LOCKS where `configured` looks)
-    key = (name, os.getpid(), *(_freeze(getattr(locks_settings, o)) for o in OPTIONS.get(name, ())))
+    key = (name, pid(), *(_freeze(getattr(locks_settings, o)) for o in OPTIONS.get(name, ())))
     backend = _instances.get(key)
     if backend is None:
         with _guard:
@@ -80,7 +79,7 @@ def _lookup() -> LockBackend:
             if backend is None:
                 options = {o.lower(): getattr(locks_settings, o) for o in OPTIONS.get(name, ())}
                 backend = _instances[key] = backend_class(name)(**options)
-    _last = (seen, os.getpid(), backend, configured())
+    _last = (seen, pid(), backend, configured())
     return backend
 
 
