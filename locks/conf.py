@@ -124,8 +124,8 @@ setting_changed.connect(_settings_changed, dispatch_uid="locks.conf.generation")
 
 def pid() -> int:
     """This process's id, kept: `os.getpid()` is a system call, and a lock asks for it several
-    times (who holds, the kept backend and client). Moved on in a forked child before any other
-    of the locks' fork hooks runs (this module registers first)."""
+    times (who holds, the kept backend and client). A forked child's is set by a fork hook;
+    `stats`, which asks in its own fork hook, imports this module first, so this hook runs first."""
     return _pid
 
 
