@@ -10,6 +10,8 @@ from django.db import connection
 from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shop.models import Product
 from shop.reads import selectors
@@ -61,3 +63,29 @@ def test_the_rows_change_with_the_time_of_each_read_and_the_sql_is_compiled_once
     with CaptureQueriesContext(connection) as queries:
         read.rows(now=timezone.now())
     assert len(queries) == 1
+
+
+_offsets = st.one_of(st.none(), st.integers(min_value=-3 * 86400, max_value=3 * 86400))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(windows=st.lists(st.tuples(_offsets, _offsets, st.one_of(st.none(), st.integers(0, 10**6)), st.booleans()),
+                        min_size=1, max_size=6),
+       at=st.integers(min_value=-4 * 86400, max_value=4 * 86400), micro=st.integers(0, 999_999))
+def test_any_windows_at_any_time_read_as_their_querysets(make_product, windows, at, micro):
+    """Generated windows (opening, closing, minimum age in seconds, active) and times to the
+    microsecond: the compiled reads give the querysets' rows, in their order."""
+    base = timezone.now().replace(microsecond=0)
+    Product.objects.all().delete()
+    for opens, closes, age, active in windows:
+        if opens is not None and closes is not None and closes < opens:
+            opens, closes = closes, opens  # the table refuses a close before the opening
+        p = make_product(active=active)
+        p.opens_at = base + timedelta(seconds=opens) if opens is not None else None
+        p.closes_at = base + timedelta(seconds=closes) if closes is not None else None
+        p.min_account_age = timedelta(seconds=age) if age is not None else None
+        p.save()
+    now = base + timedelta(seconds=at, microseconds=micro)
+    rules = Product.objects.filter(Q(min_account_age__isnull=False) | Q(opens_at__isnull=False)).not_over(now=now)
+    assert selectors.drop_rules(now=now) == list(rules.values_list("pk", "min_account_age", "opens_at"))
+    assert selectors.line_rows(now=now) == list(selectors.lined_products(now=now).values_list(*selectors.LINE_FIELDS))
