@@ -1,16 +1,22 @@
-"""Loads the Lua scripts (common.lua is prepended to each) once per process."""
+"""The Lua scripts (common.lua is prepended to each), loaded once per process, and how they are
+sent: EVALSHA on a connection each thread keeps per server (`run_command`), or on a pipeline."""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from enum import IntEnum
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from redis import Redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
+
+from locks.conf import pid
 
 _DIR = Path(__file__).parent / "scripts"
 
@@ -66,11 +72,11 @@ class _Script(Script):
         numkeys, keys_and_args = str(len(keys or ())), [*(keys or ()), *as_text(args or ())]
         if isinstance(client, Pipeline):  # as redis-py's: the pipeline loads it before it runs
             client.scripts.add(self)
-        try:  # execute_command, not evalsha: its argument-deprecation wrapper cost ~3 us a call
-            return client.execute_command("EVALSHA", self.sha, numkeys, *keys_and_args)
+        try:  # not evalsha: its argument-deprecation wrapper cost ~3 us a call; run_command: see there
+            return run_command(client, "EVALSHA", self.sha, numkeys, *keys_and_args)
         except NoScriptError:
             self.sha = client.script_load(self.script)
-            return client.execute_command("EVALSHA", self.sha, numkeys, *keys_and_args)
+            return run_command(client, "EVALSHA", self.sha, numkeys, *keys_and_args)
 
 
 @cache
@@ -109,3 +115,58 @@ def execute_pipeline(client: Any, pipe: Any) -> list[Any]:
         if isinstance(result, Exception):
             raise result
     return results
+
+
+# --- a connection per thread and server, kept for the lock scripts -----------------------------
+class _Kept(threading.local):
+    def __init__(self) -> None:
+        self.pid = pid()
+        self.by_pool: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # pool -> [conn, dirty]
+        self.active = False
+
+
+_kept = _Kept()
+
+
+def run_command(client: Redis, *args: Any) -> Any:
+    """`client.execute_command(*args)` for a command whose reply redis-py does not parse further
+    (EVALSHA), sent on a connection this thread keeps for client's server.
+
+    A lock's scripts are most of its calls, and redis-py's per-command layers around the socket
+    (taking a connection from the pool and checking it with a poll, giving it back, two fork
+    checks, an argument-deprecation check, observability hooks) cost about as much CPU as the
+    send and the reply themselves (issue 39's profile). The kept connection is made like the
+    pool's (Sentinel's finds its master), retried by the connection's own Retry as redis-py
+    retries, and dropped and made again after a call that did not end cleanly: an interrupt
+    between a send and its reply leaves that reply for the next call to read as its own. A call
+    made while this thread is inside one (a signal handler's) takes redis-py's way, as does a
+    cluster client, a pipeline, a single-connection client or a client-side cache.
+    """
+    kept = _kept
+    pool = client.connection_pool if type(client) is Redis and client.connection is None else None
+    if kept.active or pool is None or getattr(pool, "cache", None) is not None:
+        return client.execute_command(*args)
+    try:  # (set inside the try: an interrupt before it must not leave this thread marked as inside a call)
+        kept.active = True
+        if kept.pid != pid():  # a forked child: the parent's sockets are not ours to talk on
+            for conn, _ in list(kept.by_pool.values()):
+                conn.disconnect()  # (in a child, redis-py closes its copy without shutting the socket down)
+            kept.pid, kept.by_pool = pid(), weakref.WeakKeyDictionary()
+        held = kept.by_pool.get(pool)
+        if held is None:
+            held = kept.by_pool[pool] = [pool.connection_class(**pool.connection_kwargs), False]
+        conn = held[0]
+        if held[1]:
+            conn.disconnect()
+        held[1] = True
+        reply = conn.retry.call_with_retry(lambda: _send_and_read(conn, args), lambda _error: conn.disconnect())
+        held[1] = False
+        return reply
+    finally:
+        kept.active = False
+
+
+def _send_and_read(conn: Any, args: tuple[Any, ...]) -> Any:
+    conn.connect()  # as the pool does before handing a connection out: Sentinel's finds the master here
+    conn.send_command(*args)
+    return conn.read_response()
