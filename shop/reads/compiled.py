@@ -5,10 +5,10 @@ account-age rule, read again every second (shop/line/, shop/edge/account_age.py)
 compiling those querysets (Q trees, the window's conditions) was 0.6-0.7 ms of CPU a read, for
 an empty result, against 0.1 ms for sending the SQL; the load test's 16 processes paid it 32
 times a second (issue 39's profile: 4-5% of the checkout's samples). So the queryset is built and
-compiled once, with a stand-in time, and each read sends that same SQL with
-the time of the read in the stand-in's places; Django's own converters turn the rows into values
-(aware datetimes, durations), as evaluating the queryset would. The ORM stays the one place where
-the query is written.
+compiled once, with a stand-in time, and each read sends that same SQL with the time of the read
+in the stand-in's places; Django's own converters turn the rows into values (aware datetimes,
+durations), as evaluating the queryset would. The ORM stays the one place where the query is
+written.
 """
 
 from __future__ import annotations
