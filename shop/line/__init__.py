@@ -82,6 +82,13 @@ class LineConfig:
     def drop(self) -> int:
         return int(self.opens_at.timestamp())
 
+    @classmethod
+    def of(cls, product_id: int, opens_at: datetime, closes_at: datetime | None, prequeue_seconds: int,
+           order: str, paused: bool) -> LineConfig:
+        """From a product's line fields, in `selectors.LINE_FIELDS` order."""
+        return cls(product_id=product_id, opens_at=opens_at, closes_at=closes_at, prequeue_seconds=prequeue_seconds,
+                   fifo=order == "fifo", paused=paused)
+
 
 @dataclass(frozen=True)
 class Position:
@@ -151,9 +158,7 @@ def lined(product_ids: Iterable[int]) -> dict[int, LineConfig]:
 
 
 def _read_configs() -> list[LineConfig]:
-    return [LineConfig(product_id=pid, opens_at=opens_at, closes_at=closes_at, prequeue_seconds=prequeue,
-                       fifo=order == "fifo", paused=paused)
-            for pid, opens_at, closes_at, prequeue, order, paused in selectors.line_rows(now=clock.now())]
+    return [LineConfig.of(*row) for row in selectors.line_rows(now=clock.now())]
 
 
 def forget(**_: object) -> None:
@@ -527,6 +532,4 @@ def config_of(product: Product) -> LineConfig | None:
     """The line of this product's drop (None without a drop), read now (for commands and tests)."""
     if product.opens_at is None:
         return None
-    return LineConfig(product_id=product.pk, opens_at=product.opens_at, closes_at=product.closes_at,
-                      prequeue_seconds=product.line_prequeue_seconds, fifo=product.line_order == "fifo",
-                      paused=product.line_paused)
+    return LineConfig.of(*(getattr(product, f) for f in selectors.LINE_FIELDS))
