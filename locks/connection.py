@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from django_redis import get_redis_connection
 from redis import Redis
@@ -44,6 +44,12 @@ def default_client() -> Redis:
 _clients = threading.local()
 
 
+def is_cluster(client: object) -> TypeGuard[RedisCluster]:
+    """`isinstance(client, RedisCluster)`, without typing's Protocol check for a plain Redis: that
+    isinstance walks RedisCluster's protocol base, 2-4 us a call, several calls per order."""
+    return type(client) is not Redis and isinstance(client, RedisCluster)
+
+
 def node_client(client: Redis | RedisCluster, key: str) -> Redis:
     """The plain client of the server that holds `key`: `client` itself, or on Redis Cluster the
     client of the master that owns key's slot (as the cluster client last learned the slot map).
@@ -52,9 +58,9 @@ def node_client(client: Redis | RedisCluster, key: str) -> Redis:
     one server's connection; and the per-server clock offset. Every key of one lock is in one
     slot ({name} hash tag), so one lock talks to one master.
     """
-    if isinstance(client, RedisCluster):
+    if is_cluster(client):
         return client.get_redis_connection(client.get_node_from_key(key))
-    return client
+    return cast(Redis, client)
 
 
 def pool_of(client: Redis | RedisCluster | None, key: str) -> Any:

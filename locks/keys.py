@@ -51,33 +51,42 @@ class LockKeys:
 
     @classmethod
     def for_name(cls, name: str, prefix: str | None = None) -> LockKeys:
-        return cls(validate_name(name), locks_settings.KEY_PREFIX if prefix is None else prefix)
+        """The keys of lock `name`; kept per name and prefix, as a lock per order asks for the
+        same few names again and again (and each key is a string built once)."""
+        prefix = locks_settings.KEY_PREFIX if prefix is None else prefix
+        keys = _KEYS.get((name, prefix)) if type(name) is str else None
+        if keys is None:
+            keys = cls(validate_name(name), prefix)
+            if len(_KEYS) >= 10_000:  # one-shot names (idempotency keys) must not crowd out the hot ones
+                _KEYS.clear()
+            _KEYS[(name, prefix)] = keys
+        return keys
 
-    @property
+    @functools.cached_property
     def lock(self) -> str:
         return f"{self.prefix}lock:{{{self.name}}}"
 
-    @property
+    @functools.cached_property
     def fence(self) -> str:
         return f"{self.lock}:fence"
 
-    @property
+    @functools.cached_property
     def queue(self) -> str:
         return f"{self.lock}:queue"
 
-    @property
+    @functools.cached_property
     def waiters(self) -> str:
         return f"{self.lock}:waiters"
 
-    @property
+    @functools.cached_property
     def wake(self) -> str:
         return f"{self.lock}:wake"
 
-    @property
+    @functools.cached_property
     def taken(self) -> str:
         return f"{self.lock}:taken"
 
-    @property
+    @functools.cached_property
     def signal_prefix(self) -> str:
         return f"{self.lock}:signal:"
 
@@ -86,6 +95,9 @@ class LockKeys:
 
     def all(self) -> list[str]:
         return [self.lock, self.fence, self.queue, self.waiters, self.wake, self.taken]
+
+
+_KEYS: dict[tuple[str, str], LockKeys] = {}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -14,7 +14,9 @@ from typing import Any
 from redis import Redis
 from redis.client import Pipeline
 from redis.commands.core import Script
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from locks.conf import pid
 
@@ -70,7 +72,8 @@ class _Script(Script):
     def __call__(self, keys: Sequence[Any] | None = None, args: Iterable[Any] | None = None,
                  client: Any = None) -> Any:
         numkeys, keys_and_args = str(len(keys or ())), [*(keys or ()), *as_text(args or ())]
-        if isinstance(client, Pipeline):  # as redis-py's: the pipeline loads it before it runs
+        # as redis-py's: the pipeline loads it before it runs (type first: isinstance walks a Protocol)
+        if type(client) is not Redis and isinstance(client, Pipeline):
             client.scripts.add(self)
         try:  # not evalsha: its argument-deprecation wrapper cost ~3 us a call; run_command: see there
             return run_command(client, "EVALSHA", self.sha, numkeys, *keys_and_args)
@@ -122,7 +125,15 @@ class _Kept(threading.local):
     def __init__(self) -> None:
         self.pid = pid()
         self.by_pool: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # pool -> [conn, dirty]
+        self.waits: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # [conn, busy, dirty]
         self.active = False
+
+    def own(self) -> None:
+        """In a forked child, drop the parent's connections: their sockets are not ours to talk on."""
+        if self.pid != pid():
+            for conn, *_ in [*self.by_pool.values(), *self.waits.values()]:
+                conn.disconnect()  # (in a child, redis-py closes its copy without shutting the socket down)
+            self.pid, self.by_pool, self.waits = pid(), weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
 
 
 _kept = _Kept()
@@ -148,10 +159,7 @@ def run_command(client: Redis, *args: Any) -> Any:
         return client.execute_command(*args)
     try:  # (set inside the try: an interrupt before it must not leave this thread marked as inside a call)
         kept.active = True
-        if kept.pid != pid():  # a forked child: the parent's sockets are not ours to talk on
-            for conn, _ in list(kept.by_pool.values()):
-                conn.disconnect()  # (in a child, redis-py closes its copy without shutting the socket down)
-            kept.pid, kept.by_pool = pid(), weakref.WeakKeyDictionary()
+        kept.own()
         held = kept.by_pool.get(pool)
         if held is None:
             held = kept.by_pool[pool] = [pool.connection_class(**pool.connection_kwargs), False]
@@ -170,3 +178,58 @@ def _send_and_read(conn: Any, args: tuple[Any, ...]) -> Any:
     conn.connect()  # as the pool does before handing a connection out: Sentinel's finds the master here
     conn.send_command(*args)
     return conn.read_response()
+
+
+def wait_connection(pool: Any) -> tuple[Any, bool]:
+    """A connection of pool's server to send a BLPOP on and read at leisure, and whether it is
+    this thread's kept one; give it back with `end_wait`.
+
+    A waiter's BLPOP took a connection from the pool and gave it back for every order, and the
+    pool's get and release were a third of the wait's CPU (issue 39's profile). The kept one is
+    made ready as the pool makes its own: connected, without unread data or a hang-up, and of
+    the pool's server still (Sentinel's pool owns only connections to its current master). A
+    wait inside a wait (a signal handler's) or a client-side cache takes one from the pool."""
+    kept = _kept
+    if getattr(pool, "cache", None) is not None:
+        return pool.get_connection(), False
+    kept.own()
+    held = kept.waits.get(pool)
+    if held is None:
+        held = kept.waits[pool] = [pool.connection_class(**pool.connection_kwargs), False, False]
+    if held[1]:
+        return pool.get_connection(), False
+    conn = held[0]
+    held[1] = True  # busy until end_wait (an interrupt between here and the try: on the pool's from then on)
+    try:
+        owns = getattr(pool, "owns_connection", None)
+        if held[2] or (owns is not None and not owns(conn)):
+            conn.disconnect()  # dirty: a wait or a connect that was cut short, in whatever state it left
+        held[2] = True
+        conn.connect()
+        try:
+            if conn.can_read():
+                raise RedisConnectionError("Connection has data")
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()
+            if conn.can_read():
+                raise RedisConnectionError("Connection not ready") from None
+    except BaseException:
+        held[1] = False
+        raise
+    return conn, True
+
+
+def end_wait(pool: Any, conn: Any, kept: bool, *, clean: bool) -> None:
+    """Give back a `wait_connection`: hung up first unless its last reply was read (`clean`)."""
+    held = _kept.waits.get(pool) if kept else None
+    try:
+        if not clean:
+            conn.disconnect()
+        elif held is not None and held[0] is conn:
+            held[2] = False  # its last reply was read: nothing to drop before the next wait
+    finally:  # even if interrupted: a connection never given back is lost to its pool
+        if not kept:
+            pool.release(conn)
+        elif held is not None and held[0] is conn:
+            held[1] = False

@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from redis import Redis
-from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, RedisError
 
 from locks.backends.base import Also, Grant, HeldLock, LockBackend, QueuedRequest, Released, every_held
@@ -45,6 +44,7 @@ from locks.connection import (
     UNREACHABLE,
     default_client,
     give_up_ms,
+    is_cluster,
     learn_clock,
     node_client,
     pool_of,
@@ -53,7 +53,17 @@ from locks.connection import (
 from locks.exceptions import HolderChanged, LockNotOwned, LockUnavailable
 from locks.hold import Cancelled, CancelToken, Guarded, Served
 from locks.keys import LockKeys, held_key, name_from_key, name_from_member
-from locks.scripts import NOT_OURS, Acquire, Cancel, as_text, execute_pipeline, queue_script, script
+from locks.scripts import (
+    NOT_OURS,
+    Acquire,
+    Cancel,
+    as_text,
+    end_wait,
+    execute_pipeline,
+    queue_script,
+    script,
+    wait_connection,
+)
 
 if TYPE_CHECKING:
     from locks.hold import LockLike
@@ -72,7 +82,8 @@ class ReplicasLagging(Exception):
 
 
 class _Signal:
-    """A waiter's own hand-off list and the lock's wake list, BLPOPped on a connection of the pool.
+    """A waiter's own hand-off list and the lock's wake list, BLPOPped on a connection the thread
+    keeps for the server (`wait_connection`), else one of the pool.
 
     We time the wait ourselves (poll on the socket) instead of relying on BLPOP's timeout:
     Redis checks blocking timeouts from its cron, `hz` times a second, so a BLPOP oversleeps by
@@ -90,6 +101,7 @@ class _Signal:
         self.cancel = cancel
         self.wait_replicas = wait_replicas
         self.conn: Any = None
+        self.kept = False
 
     def wait(self, until: float, server_deadline: float) -> str | None:
         """The next message on the list, or None once `until` (monotonic) has passed."""
@@ -97,7 +109,7 @@ class _Signal:
             # Looked up now, not at __init__: on a cluster, the acquire script that just ran
             # through the cluster client has refreshed the slot map if a failover moved it.
             self.pool = pool_of(self.client, self.keys[0])
-            self.conn = self.pool.get_connection()
+            self.conn, self.kept = wait_connection(self.pool)
             block = max(server_deadline - time.monotonic(), 0.001)
             try:
                 self.conn.send_command("BLPOP", *self.keys, f"{block:.3f}")
@@ -118,8 +130,8 @@ class _Signal:
         except BaseException:
             self.abort()
             raise
-        self.pool.release(self.conn)
-        self.conn = None
+        conn, self.conn = self.conn, None
+        end_wait(self.pool, conn, self.kept, clean=True)
         return text(reply[1]) if reply else None
 
     def _readable(self, timeout: float) -> bool:
@@ -148,10 +160,7 @@ class _Signal:
         """Stop waiting: hang up on a BLPOP still in flight."""
         if self.conn is not None:
             conn, self.conn = self.conn, None
-            try:
-                conn.disconnect()
-            finally:  # even if interrupted: a connection never given back is lost to the pool
-                self.pool.release(conn)
+            end_wait(self.pool, conn, self.kept, clean=False)
 
 
 def _wait_replicas() -> tuple[int, int] | None:
@@ -186,7 +195,7 @@ class RedisBackend(LockBackend):
     @property
     def label(self) -> str:
         client = self.client
-        if isinstance(client, RedisCluster):
+        if is_cluster(client):
             return "redis (cluster)"
         if "sentinel" in type(client.connection_pool).__name__.lower():
             return "redis (sentinel)"
@@ -203,7 +212,7 @@ class RedisBackend(LockBackend):
     @property
     def supports_guards(self) -> bool:  # type: ignore[override]
         """Guard keys ride in the acquire script's KEYS: one server, so not on a cluster."""
-        return not isinstance(self.client, RedisCluster)
+        return not is_cluster(self.client)
 
     def submit(self, lock: LockLike, *, token: str, owner: str, payload: str, deadline: float,
                cancel: CancelToken | None = None, guards: Sequence[str] = (),
@@ -347,7 +356,7 @@ class RedisBackend(LockBackend):
         try:
             reply, acked = execute_pipeline(node, pipe)
         except (*UNREACHABLE, MovedError, AskError) as exc:
-            if isinstance(client, RedisCluster):
+            if is_cluster(client):
                 # We bypassed the cluster client, so it has not seen the failure: have it
                 # re-read the slot map now, or every try would go to the dead master again.
                 with contextlib.suppress(Exception):
@@ -361,7 +370,7 @@ class RedisBackend(LockBackend):
         """The client to batch scripts on, or None where one call each is the safe way: a
         cluster (keys on several masters) and WAIT_REPLICAS (WAIT per connection)."""
         client = self.client
-        return None if isinstance(client, RedisCluster) or _wait_replicas() is not None else client
+        return None if is_cluster(client) or _wait_replicas() is not None else client
 
     def try_acquire_many(self, items: Sequence[tuple[LockLike, str, str]]) -> list[Grant | None]:
         """One round trip: the acquire scripts, non-blocking, in one pipeline."""
@@ -508,7 +517,7 @@ class RedisBackend(LockBackend):
         queue, where a waiter that thought us gone (a pause past our lease) queued again. On a
         cluster the releases are their own calls first (their keys live in other slots)."""
         released: list[bool] = []
-        if release and isinstance(self.client, RedisCluster):
+        if release and is_cluster(self.client):
             released, release = self.release_many(release), ()
         keys = lock.keys
         key_list = [keys.taken, keys.queue, keys.waiters]
@@ -536,7 +545,7 @@ class RedisBackend(LockBackend):
             pipe.pttl(key)
             pipe.llen(f"{key}:queue")
             pipe.hscan(f"{key}:waiters", 0, match="p|*", count=REQUESTS_SCAN)
-        cluster = isinstance(client, RedisCluster)
+        cluster = is_cluster(client)
         if not cluster:
             pipe.time()
         replies = pipe.execute()
@@ -579,7 +588,7 @@ class RedisBackend(LockBackend):
         c = self.client
         match = f"{locks_settings.KEY_PREFIX}lock:{{{prefix}*}}"
         try:
-            if isinstance(c, RedisCluster):
+            if is_cluster(c):
                 # One cursor per master: a single number cannot carry them, so a cluster's "page" is
                 # the whole walk, every master scanned to its end (scan_iter), and the cursor is 0.
                 keys: list[str] = [text(k) for k in c.scan_iter(match=match, count=count, _type="hash")]

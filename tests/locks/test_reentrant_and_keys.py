@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from redis.crc import key_slot
 
 from locks import Lock
@@ -59,3 +61,28 @@ def test_every_key_of_one_lock_is_in_one_cluster_slot(name, redis_client):
     assert {keys.lock, keys.fence, keys.queue, keys.waiters} <= seen
     assert {key_slot(k.encode()) for k in seen} == {key_slot(keys.lock.encode())}
     assert keys.lock.endswith(f"lock:{{{name}}}")
+
+
+def test_a_locks_keys_follow_the_key_prefix_setting_though_kept_per_name(name, settings):
+    """Keys are kept per name (a lock per order asks for the same ones): the prefix is part of
+    what they are kept by, so a changed LOCKS["KEY_PREFIX"] gives the new keys at once."""
+    before = LockKeys.for_name(name)
+    assert LockKeys.for_name(name) is before
+    settings.LOCKS = {**settings.LOCKS, "KEY_PREFIX": "other:"}
+    after = LockKeys.for_name(name)
+    assert after.lock == f"other:lock:{{{name}}}" and after.fence == f"other:lock:{{{name}}}:fence"
+    assert Lock(name).keys.queue == f"other:lock:{{{name}}}:queue"
+    assert LockKeys.for_name(name, "given:").waiters == f"given:lock:{{{name}}}:waiters"
+
+
+def test_a_bad_lock_name_is_refused_every_time_it_is_asked_for():
+    for _ in range(2):  # the second time too: a refused name is never kept
+        with pytest.raises(ValueError, match="braces"):
+            LockKeys.for_name("product:{1}")
+
+
+def test_names_used_once_do_not_crowd_a_hot_name_out_of_the_kept_keys(name):
+    for i in range(10_001):  # more one-shot names (idempotency keys) than are kept
+        LockKeys.for_name(f"once:{i}")
+    hot = LockKeys.for_name(name)
+    assert LockKeys.for_name(name) is hot
