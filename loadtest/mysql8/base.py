@@ -3,10 +3,10 @@ the package's docstring). For load tests and app servers on MariaDB; never for p
 
 from __future__ import annotations
 
-from django.db.backends.mysql import base
 from django.utils.functional import cached_property
 
 from loadtest.mysql8 import dressed, refuse_what_mysql8_lacks
+from shop.plumbing.mysql import base
 
 
 class DatabaseWrapper(base.DatabaseWrapper):

@@ -6,7 +6,6 @@ import asyncio
 import threading
 
 import pytest
-
 from redis.crc import key_slot
 
 from locks import Lock
