@@ -5,6 +5,7 @@ impossible (shop/checkout/writer.py)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -35,6 +36,13 @@ log = logging.getLogger("shop")
 
 
 def request_digest(lines: list[tuple[int, int]], coupon_code: str | None) -> str:
+    """What an Idempotency-Key's order is compared with on a replay (stored with the order)."""
+    return _digest(tuple(lines), coupon_code)
+
+
+@functools.lru_cache(maxsize=4096)
+def _digest(lines: tuple[tuple[int, int], ...], coupon_code: str | None) -> str:
+    """Kept per body: buyers send the same few carts (one product, one unit) again and again."""
     body = json.dumps({"lines": sorted(lines), "coupon": coupon_code or ""}, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
