@@ -302,8 +302,8 @@ VARIABLES: list[Variable] = [
     # database
     Variable("DATABASE_URL", "MySQL/MariaDB only (utf8mb4, READ COMMITTED)", default="mysql://root@127.0.0.1:3306/shop",
              parse=_database_url),
-    Variable("DATABASE_ENGINE", "another Django database backend for the same server (loadtest.mysql8)",
-             shown="from `DATABASE_URL`"),
+    Variable("DATABASE_ENGINE", "the Django database backend (another for the same server: loadtest.mysql8)",
+             shown="`shop.plumbing.mysql`"),
     Variable("CONN_MAX_AGE", "seconds a database connection is kept (health-checked before reuse)", kind="int",
              default=60),
     Variable("TEST_DATABASE_NAME", "the test database (parallel test runs)", default=None, shown="`test_<db>`"),
