@@ -4,10 +4,10 @@ from config.settings.environment import env, value
 
 DATABASE_URL = value("DATABASE_URL")
 _db = env.db_url_config(DATABASE_URL)
-# Another Django backend for the same server, e.g. loadtest.mysql8 (MariaDB dressed as
-# MySQL 8.4: how load tests run the MySQL 8 paths on a machine without MySQL 8).
 # Django's MySQL backend with a transaction opened in one round trip less (shop/plumbing/mysql/).
 _db["ENGINE"] = "shop.plumbing.mysql"
+# Another Django backend for the same server, e.g. loadtest.mysql8 (MariaDB dressed as
+# MySQL 8.4: how load tests run the MySQL 8 paths on a machine without MySQL 8).
 if _engine := value("DATABASE_ENGINE"):
     _db["ENGINE"] = _engine
 # The Redis lock must cover COMMIT, so a request must never be one big transaction.
