@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     # products in one transaction, so a catalog of moderately busy products gets batches as large
     # as a hot product's. The product locks still cover every write; a product whose lock is busy
     # (a cart holds it) is handed back to its buyers, who take it themselves. "auto" (the
-    # default): one per CPU of this machine (shop/plumbing/lock_names.py, `lanes`); 0: a queue per product.
+    # default): one per two CPUs of this machine (shop/plumbing/lock_names.py, `lanes`); 0: a queue per product.
     # Every app server must use the same N: set it where servers differ in size.
     # Env: SHOP_COMBINE_LANES.
     "COMBINE_LANES": "auto",

@@ -333,7 +333,7 @@ VARIABLES: list[Variable] = [
     Variable("SHOP_CURRENCY", "shown before every price (pages, mail, admin)", kind="raw", default="$"),
     Variable("SHOP_COMBINING", "combining checkout for single-product orders", kind="bool", default=True),
     Variable("SHOP_COMBINE_LANES",
-             "checkout lanes: products share this many queues (auto: 1 per CPU, 2 to 32; 0: one per product)",
+             "checkout lanes: products share this many queues (auto: 1 per two CPUs, 1 to 32; 0: one per product)",
              optional=True, parse=_combine_lanes, shop_default="COMBINE_LANES"),
     Variable("SHOP_STALE_TRANSACTIONS", "auto, timeout, kill or off (checked by `manage.py check`, shop.E001)",
              optional=True, shop_default="STALE_TRANSACTIONS"),

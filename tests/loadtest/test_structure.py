@@ -16,9 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # What the shop offers beside it (docs/design.md, "The house"): the verbs and the reads, the
 # models and errors, its values (the deadlines: a dotted name is that module of its package), its
-# lock names and Redis keys, the invariant check, and the checkout's test hook.
+# lock names and Redis keys, the invariant check, the checkout's test hook, and the database
+# backend (settings name it; the MySQL 8 emulation extends it).
 SHOP_PUBLIC = {"services", "reads.selectors", "models", "errors", "conf", "edge.deadlines", "plumbing.lock_names",
-               "plumbing.redis_keys", "ops.invariants", "plumbing.hooks"}
+               "plumbing.redis_keys", "ops.invariants", "plumbing.hooks", "plumbing.mysql"}
 
 
 @pytest.mark.parametrize("package", ["shop", "locks"])
