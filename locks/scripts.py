@@ -1,5 +1,6 @@
 """The Lua scripts (common.lua is prepended to each), loaded once per process, and how they are
-sent: EVALSHA on a connection each thread keeps per server (`run_command`), or on a pipeline."""
+sent: EVALSHA on a connection each thread keeps per server (`run_command`), or on a pipeline;
+and the connection each thread keeps per server for a waiter's BLPOP (`wait_connection`)."""
 
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ def execute_pipeline(client: Any, pipe: Any) -> list[Any]:
     return results
 
 
-# --- a connection per thread and server, kept for the lock scripts -----------------------------
+# --- connections kept per thread and server: one for the lock scripts, one for a waiter's BLPOP ---
 class _Kept(threading.local):
     def __init__(self) -> None:
         self.pid = pid()
@@ -134,6 +135,11 @@ class _Kept(threading.local):
             for conn, *_ in [*self.by_pool.values(), *self.waits.values()]:
                 conn.disconnect()  # (in a child, redis-py closes its copy without shutting the socket down)
             self.pid, self.by_pool, self.waits = pid(), weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
+
+
+def _new_connection(pool: Any) -> Any:
+    """A connection made as pool makes its own, but not one of its connections."""
+    return pool.connection_class(**pool.connection_kwargs)
 
 
 _kept = _Kept()
@@ -162,7 +168,7 @@ def run_command(client: Redis, *args: Any) -> Any:
         kept.own()
         held = kept.by_pool.get(pool)
         if held is None:
-            held = kept.by_pool[pool] = [pool.connection_class(**pool.connection_kwargs), False]
+            held = kept.by_pool[pool] = [_new_connection(pool), False]
         conn = held[0]
         if held[1]:
             conn.disconnect()
@@ -195,7 +201,7 @@ def wait_connection(pool: Any) -> tuple[Any, bool]:
     kept.own()
     held = kept.waits.get(pool)
     if held is None:
-        held = kept.waits[pool] = [pool.connection_class(**pool.connection_kwargs), False, False]
+        held = kept.waits[pool] = [_new_connection(pool), False, False]
     if held[1]:
         return pool.get_connection(), False
     conn = held[0]
