@@ -135,23 +135,37 @@ class _Signal:
         return text(reply[1]) if reply else None
 
     def _readable(self, timeout: float) -> bool:
+        """Whether the BLPOP's answer (or a hang-up, which the read then raises) is there, waiting
+        up to `timeout` seconds, or until `cancel`. One poll on the socket: the connection's
+        `can_read` adds a hang-up check (two polls and a peek) that the read does anyway, and a
+        waiter paid them on every wait (issue 39's syscall count)."""
         timeout = max(timeout, 0.0)
+        cancel = self.cancel
+        if cancel is not None and cancel.cancelled:
+            raise Cancelled
+        sock = getattr(self.conn, "_sock", None)
+        reader = getattr(getattr(self.conn, "_parser", None), "_reader", None)
+        if sock is None or not hasattr(reader, "has_data"):  # not a socket with hiredis's reader
+            return self._readable_in_slices(timeout)
+        if reader.has_data():
+            return True
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        if cancel is None:
+            return bool(poller.poll(timeout * 1000))
+        poller.register(cancel.fileno(), select.POLLIN)
+        ready = poller.poll(timeout * 1000)
+        if cancel.cancelled:
+            raise Cancelled
+        return any(fd == sock.fileno() for fd, _ in ready)
+
+    def _readable_in_slices(self, timeout: float) -> bool:
+        """`_readable` through the connection's own `can_read`, in short slices if cancellable."""
         cancel = self.cancel
         if cancel is None:
             return bool(self.conn.can_read(timeout=timeout))
-        if cancel.cancelled:
-            raise Cancelled
-        if self.conn.can_read(timeout=0):
+        if self.conn.can_read(timeout=min(timeout, 0.05)):
             return True
-        sock = getattr(self.conn, "_sock", None)
-        if sock is None:  # not a plain socket connection: fall back to short slices
-            if self.conn.can_read(timeout=min(timeout, 0.05)):
-                return True
-        else:
-            poller = select.poll()
-            poller.register(sock, select.POLLIN)
-            poller.register(cancel.fileno(), select.POLLIN)
-            poller.poll(timeout * 1000)
         if cancel.cancelled:
             raise Cancelled
         return bool(self.conn.can_read(timeout=0))

@@ -117,3 +117,44 @@ def test_waiters_are_served_in_arrival_order(name, redis_client):
         p.join(10)
     fences = [fence for _, fence, _ in results]
     assert fences == sorted(fences)  # first queued, first served: fences in arrival order
+
+
+@pytest.mark.parametrize("cancellable", [False, True])
+def test_a_waiter_whose_connection_is_cut_hears_of_it_at_once(redis_server, cancellable):
+    """The wait polls its socket itself (not redis-py's can_read): a hang-up must still end it at
+    once (LockUnavailable), not at its deadline or the holder's lease."""
+    import asyncio
+    import threading
+
+    from locks import LockUnavailable
+
+    client = redis_server.client()
+    holder = Lock("cut-wait", ttl=30.0, client=client)
+    assert holder.acquire(blocking=False)
+    outcome: list = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        lock = Lock("cut-wait", ttl=30.0, wait=20.0, client=redis_server.client())
+        try:
+            if cancellable:  # the asyncio twin: its wait polls a cancel pipe beside the socket
+                asyncio.run(lock.aacquire())
+            else:
+                lock.acquire()
+            outcome.append(("acquired", time.monotonic() - started))
+        except Exception as exc:
+            outcome.append((type(exc).__name__, time.monotonic() - started))
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    admin = redis_server.client()
+    deadline = time.monotonic() + 10
+    while not (blpops := [c for c in admin.client_list() if c.get("cmd") == "blpop"]):
+        assert time.monotonic() < deadline, "the waiter never blocked"
+        time.sleep(0.01)
+    cut = time.monotonic()
+    admin.client_kill_filter(_id=blpops[0]["id"])
+    thread.join(15)
+    assert outcome and outcome[0][0] == LockUnavailable.__name__, outcome
+    assert time.monotonic() - cut < 2.0, "the cut was noticed only at the deadline"
+    holder.release()
