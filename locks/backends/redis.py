@@ -144,10 +144,10 @@ class _Signal:
         if cancel is not None and cancel.cancelled:
             raise Cancelled
         sock = getattr(self.conn, "_sock", None)
-        reader = getattr(getattr(self.conn, "_parser", None), "_reader", None)
-        if sock is None or not hasattr(reader, "has_data"):  # not a socket with hiredis's reader
+        buffered = getattr(getattr(getattr(self.conn, "_parser", None), "_reader", None), "has_data", None)
+        if sock is None or buffered is None:  # not a socket read through hiredis's reader
             return self._readable_in_slices(timeout)
-        if reader.has_data():
+        if buffered():
             return True
         poller = select.poll()
         poller.register(sock, select.POLLIN)
