@@ -54,13 +54,7 @@ class LockKeys:
         """The keys of lock `name`; kept per name and prefix, as a lock per order asks for the
         same few names again and again (and each key is a string built once)."""
         prefix = locks_settings.KEY_PREFIX if prefix is None else prefix
-        keys = _KEYS.get((name, prefix)) if type(name) is str else None
-        if keys is None:
-            keys = cls(validate_name(name), prefix)
-            if len(_KEYS) >= 10_000:  # one-shot names (idempotency keys) must not crowd out the hot ones
-                _KEYS.clear()
-            _KEYS[(name, prefix)] = keys
-        return keys
+        return _kept_keys(name, prefix) if type(name) is str else cls(validate_name(name), prefix)
 
     @functools.cached_property
     def lock(self) -> str:
@@ -97,7 +91,11 @@ class LockKeys:
         return [self.lock, self.fence, self.queue, self.waiters, self.wake, self.taken]
 
 
-_KEYS: dict[tuple[str, str], LockKeys] = {}
+@functools.lru_cache(maxsize=10_000)
+def _kept_keys(name: str, prefix: str) -> LockKeys:
+    """LockKeys.for_name's table: the least used go first, so names used once (idempotency keys)
+    never crowd out the hot ones; a refused name raises and is not kept."""
+    return LockKeys(validate_name(name), prefix)
 
 
 @functools.lru_cache(maxsize=4096)
